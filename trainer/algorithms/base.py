@@ -1,0 +1,92 @@
+"""The contract every distributed update rule implements.
+
+An algorithm is a small frozen dataclass holding its hyper-parameters and four
+PURE functions (lists of numpy arrays in, lists of numpy arrays out). It knows
+nothing about sockets, Keras or Spark:
+
+worker side (runs in each Spark task)
+    ``worker_payload(weights, anchor)`` -> arrays to send to the server.
+        ``weights`` are the worker's current weights W, ``anchor`` the
+        weights W0 it had right after its last exchange with the server.
+    ``worker_apply(weights, anchor, reply)`` -> ``(new_weights, new_anchor)``
+        once the server's reply arrives.
+
+server side (runs in the parameter server thread of the driver)
+    asynchronous rules (``synchronous = False``):
+        ``server_commit(center, payload, staleness)`` -> ``(new_center, reply)``
+        applied under a lock as soon as one worker's payload arrives.
+        ``staleness`` is the number of center updates made by other workers
+        since this worker last received the center.
+    synchronous rules (``synchronous = True``):
+        ``server_round(center, payloads)`` -> ``(new_center, replies)``
+        applied once every worker has sent its payload for the round;
+        ``payloads`` and ``replies`` are ordered by worker index.
+
+``window`` is the number of minibatches between two exchanges, or ``None``
+for one exchange at the end of every epoch. Every worker also makes one last
+exchange at the end of training if batches are left since its last one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import numpy as np
+
+Arrays = list[np.ndarray]
+
+
+class AlgorithmConfigError(ValueError):
+    """An algorithm was given hyper-parameters it cannot work with."""
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """Base class; see the module docstring for the contract."""
+
+    window: int | None = None
+
+    name: ClassVar[str] = "algorithm"
+    synchronous: ClassVar[bool] = False
+    #: True when workers send optimizer variables after the model weights.
+    exchanges_optimizer_state: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
+            raise AlgorithmConfigError(
+                f"`window` must be a positive number of batches or None (once per epoch). "
+                f"Received: window={self.window!r}"
+            )
+
+    def check_workers(self, num_workers: int) -> None:
+        """Raise AlgorithmConfigError if this rule cannot run on `num_workers`."""
+
+    # -- worker side -------------------------------------------------------
+    def worker_payload(self, weights: Sequence[np.ndarray], anchor: Sequence[np.ndarray]) -> Arrays:
+        raise NotImplementedError
+
+    def worker_apply(
+        self, weights: Sequence[np.ndarray], anchor: Sequence[np.ndarray], reply: Sequence[np.ndarray]
+    ) -> tuple[Arrays, Arrays]:
+        raise NotImplementedError
+
+    # -- server side -------------------------------------------------------
+    def server_commit(
+        self, center: Sequence[np.ndarray], payload: Sequence[np.ndarray], staleness: int
+    ) -> tuple[Arrays, Arrays]:
+        raise NotImplementedError(f"{self.name} is synchronous; use server_round")
+
+    def server_round(
+        self, center: Sequence[np.ndarray], payloads: Sequence[Sequence[np.ndarray]]
+    ) -> tuple[Arrays, list[Arrays]]:
+        raise NotImplementedError(f"{self.name} is asynchronous; use server_commit")
+
+    def describe(self) -> str:
+        """Short human-readable name with hyper-parameters, for logs and reports."""
+        every = "epoch" if self.window is None else f"{self.window} batches"
+        return f"{self.name}(every {every})"
+
+
+def copy_arrays(arrays: Sequence[np.ndarray]) -> Arrays:
+    return [np.array(a, copy=True) for a in arrays]
