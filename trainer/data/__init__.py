@@ -1,0 +1,1 @@
+"""DataFrame checks and Spark-side data preparation (Spark ML underneath)."""

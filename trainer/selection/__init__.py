@@ -1,0 +1,1 @@
+"""Model selection: search spaces, searches and model hopper parallelism."""
