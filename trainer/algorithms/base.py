@@ -43,9 +43,12 @@ class AlgorithmConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Algorithm:
-    """Base class; see the module docstring for the contract."""
+    """Base class; see the module docstring for the contract.
 
-    window: int | None = None
+    Subclasses are frozen dataclasses that provide a ``window`` field or property.
+    """
+
+    window: ClassVar[int | None] = None
 
     name: ClassVar[str] = "algorithm"
     synchronous: ClassVar[bool] = False
@@ -53,11 +56,7 @@ class Algorithm:
     exchanges_optimizer_state: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        if self.window is not None and (not isinstance(self.window, int) or self.window < 1):
-            raise AlgorithmConfigError(
-                f"`window` must be a positive number of batches or None (once per epoch). "
-                f"Received: window={self.window!r}"
-            )
+        check_window(self.window)
 
     def check_workers(self, num_workers: int) -> None:
         """Raise AlgorithmConfigError if this rule cannot run on `num_workers`."""
@@ -90,3 +89,21 @@ class Algorithm:
 
 def copy_arrays(arrays: Sequence[np.ndarray]) -> Arrays:
     return [np.array(a, copy=True) for a in arrays]
+
+
+def add(a: Sequence[np.ndarray], b: Sequence[np.ndarray], scale: float = 1.0) -> Arrays:
+    """Element-wise ``a + scale * b`` keeping the dtype of ``a``."""
+    return [(x + scale * y).astype(x.dtype, copy=False) for x, y in zip(a, b, strict=True)]
+
+
+def sub(a: Sequence[np.ndarray], b: Sequence[np.ndarray], scale: float = 1.0) -> Arrays:
+    """Element-wise ``scale * (a - b)`` keeping the dtype of ``a``."""
+    return [(scale * (x - y)).astype(x.dtype, copy=False) for x, y in zip(a, b, strict=True)]
+
+
+def check_window(window: int | None, *, allow_epoch: bool = True) -> None:
+    if window is None and allow_epoch:
+        return
+    if isinstance(window, bool) or not isinstance(window, int) or window < 1:
+        expected = "a positive number of batches" + (" or None (once per epoch)" if allow_epoch else "")
+        raise AlgorithmConfigError(f"`window` must be {expected}. Received: window={window!r}")

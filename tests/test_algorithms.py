@@ -1,0 +1,140 @@
+"""Exact values of every update rule on tiny arrays, computed by hand."""
+
+import numpy as np
+import pytest
+
+from trainer.algorithms import (
+    ADAG, AEASGD, DOWNPOUR, EASGD, AlgorithmConfigError, DynSGD, SingleWorker, SyncAveraging,
+    get_algorithm,
+)
+
+
+def arr(*values):
+    return [np.asarray(values, dtype=np.float32)]
+
+
+def assert_arrays(actual, expected):
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype
+        np.testing.assert_allclose(a, e, rtol=0, atol=1e-6)
+
+
+W, W0, C = arr(3.0, 5.0), arr(1.0, 1.0), arr(2.0, 0.0)
+
+
+def test_downpour_commits_delta_and_adopts_center():
+    rule = DOWNPOUR(window=5)
+    payload = rule.worker_payload(W, W0)
+    assert_arrays(payload, arr(2.0, 4.0))
+    center, reply = rule.server_commit(C, payload, staleness=3)
+    assert_arrays(center, arr(4.0, 4.0))
+    assert_arrays(reply, center)
+    weights, anchor = rule.worker_apply(W, W0, reply)
+    assert_arrays(weights, arr(4.0, 4.0))
+    assert_arrays(anchor, arr(4.0, 4.0))
+
+
+def test_adag_normalises_delta_by_window():
+    rule = ADAG(window=4)
+    payload = rule.worker_payload(W, W0)
+    assert_arrays(payload, arr(0.5, 1.0))
+    center, reply = rule.server_commit(C, payload, staleness=0)
+    assert_arrays(center, arr(2.5, 1.0))
+    assert_arrays(rule.worker_apply(W, W0, reply)[0], arr(2.5, 1.0))
+
+
+@pytest.mark.parametrize(("staleness", "expected"), [(0, (4.0, 4.0)), (1, (3.0, 2.0)), (3, (2.5, 1.0))])
+def test_dynsgd_divides_by_staleness_plus_one(staleness, expected):
+    rule = DynSGD(window=5)
+    center, reply = rule.server_commit(C, rule.worker_payload(W, W0), staleness=staleness)
+    assert_arrays(center, arr(*expected))
+    assert_arrays(reply, arr(*expected))
+
+
+def test_aeasgd_elastic_exchange():
+    rule = AEASGD(window=32, rho=5.0, lr=0.1)  # alpha = 0.5
+    payload = rule.worker_payload(W, W0)
+    assert_arrays(payload, W)
+    center, reply = rule.server_commit(C, payload, staleness=7)
+    # E = 0.5 * ([3, 5] - [2, 0]) = [0.5, 2.5]
+    assert_arrays(center, arr(2.5, 2.5))
+    assert_arrays(reply, arr(2.5, 2.5))
+    assert_arrays(rule.worker_apply(W, W0, reply)[0], arr(2.5, 2.5))
+
+
+def test_aeasgd_small_alpha():
+    rule = AEASGD(rho=1.0, lr=0.1)  # alpha = 0.1
+    center, reply = rule.server_commit(arr(0.0), arr(10.0), staleness=0)
+    assert_arrays(center, arr(1.0))
+    assert_arrays(reply, arr(9.0))
+
+
+def test_easgd_synchronous_round():
+    rule = EASGD(window=8, beta=0.9)  # 3 workers: alpha = 0.3
+    payloads = [arr(1.0), arr(2.0), arr(6.0)]
+    center, replies = rule.server_round(arr(0.0), payloads)
+    # E_i = 0.3 * W_i = 0.3, 0.6, 1.8; C = 0 + 2.7
+    assert_arrays(center, arr(2.7))
+    assert_arrays(replies[0], arr(0.7))
+    assert_arrays(replies[1], arr(1.4))
+    assert_arrays(replies[2], arr(4.2))
+
+
+def test_sync_averaging_mean_keeps_dtype():
+    rule = SyncAveraging(every=3)
+    assert rule.window == 3 and rule.synchronous and not rule.exchanges_optimizer_state
+    payloads = [
+        [np.array([1.0, 2.0], np.float32), np.array(4, np.int64)],
+        [np.array([3.0, 6.0], np.float32), np.array(4, np.int64)],
+    ]
+    center, replies = rule.server_round([np.zeros(2, np.float32)], payloads)
+    assert_arrays(center, [np.array([2.0, 4.0], np.float32), np.array(4, np.int64)])
+    assert len(replies) == 2
+    assert_arrays(replies[1], center)
+    replies[0][0][0] = 99.0  # replies are independent copies
+    assert center[0][0] == 2.0
+
+
+def test_sync_averaging_per_epoch_and_optimizer_state():
+    rule = SyncAveraging(average_optimizer_state=True)
+    assert rule.window is None and rule.exchanges_optimizer_state
+
+
+def test_single_worker_keeps_the_weights():
+    rule = SingleWorker()
+    center, reply = rule.server_commit(C, rule.worker_payload(W, W0), staleness=0)
+    assert_arrays(center, W)
+    assert_arrays(reply, W)
+    with pytest.raises(AlgorithmConfigError, match="exactly one worker"):
+        rule.check_workers(2)
+
+
+def test_rules_do_not_modify_inputs():
+    w, w0, c = arr(3.0, 5.0), arr(1.0, 1.0), arr(2.0, 0.0)
+    for rule in (DOWNPOUR(), ADAG(), DynSGD(), AEASGD()):
+        rule.server_commit(c, rule.worker_payload(w, w0), staleness=1)
+        rule.worker_apply(w, w0, c)
+    assert_arrays(w + w0 + c, arr(3.0, 5.0) + arr(1.0, 1.0) + arr(2.0, 0.0))
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        (lambda: DOWNPOUR(window=0), "window"),
+        (lambda: ADAG(window=None), "window"),
+        (lambda: SyncAveraging(every=-1), "window"),
+        (lambda: AEASGD(rho=20.0, lr=0.1), "rho \\* lr"),
+        (lambda: EASGD(beta=1.5), "beta"),
+        (lambda: get_algorithm("hogwild"), "Expected one of: single, sync, downpour, adag"),
+    ],
+)
+def test_bad_hyper_parameters_are_named(factory, message):
+    with pytest.raises(AlgorithmConfigError, match=message):
+        factory()
+
+
+def test_lookup_by_name():
+    assert get_algorithm("ADAG", window=10) == ADAG(window=10)
+    rule = EASGD()
+    assert get_algorithm(rule) is rule

@@ -1,0 +1,39 @@
+"""Distributed update rules: pure numpy functions, one module per rule.
+
+Pick one by instance (``ADAG(window=12)``) or by name through
+:func:`get_algorithm` (``get_algorithm("adag", window=12)``).
+"""
+
+from __future__ import annotations
+
+from .adag import ADAG
+from .base import Algorithm, AlgorithmConfigError
+from .downpour import DOWNPOUR
+from .dynsgd import DynSGD
+from .easgd import AEASGD, EASGD
+from .single import SingleWorker
+from .sync import SyncAveraging
+
+ALGORITHMS: dict[str, type[Algorithm]] = {
+    cls.name: cls for cls in (SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD)
+}
+
+
+def get_algorithm(name: str | Algorithm, **kwargs) -> Algorithm:
+    """Return an algorithm instance from its name (case-insensitive) or pass one through."""
+    if isinstance(name, Algorithm):
+        if kwargs:
+            raise AlgorithmConfigError("Hyper-parameters can only be given with an algorithm name.")
+        return name
+    key = str(name).lower()
+    if key not in ALGORITHMS:
+        raise AlgorithmConfigError(
+            f"Unknown algorithm {name!r}. Expected one of: {', '.join(ALGORITHMS)}."
+        )
+    return ALGORITHMS[key](**kwargs)
+
+
+__all__ = [
+    "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmConfigError", "DOWNPOUR", "DynSGD",
+    "EASGD", "SingleWorker", "SyncAveraging", "get_algorithm",
+]

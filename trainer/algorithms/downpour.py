@@ -1,0 +1,33 @@
+"""DOWNPOUR (Dean et al., 2012): asynchronous accumulated-update SGD.
+
+Every ``window`` batches a worker commits ``delta = W - W0`` (its progress since
+its last exchange); the server adds it to the center (``C += delta``) and the
+worker continues from the new center (``W = W0 = C``). Optimizer state stays
+local to each worker (moments keep tracking the worker's own trajectory).
+Known weakness: diverges with many workers or long windows (>= 12 workers or
+window >= 15 in dist-keras' measurements); prefer ADAG there.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Algorithm, add, copy_arrays, sub
+
+
+@dataclass(frozen=True)
+class DOWNPOUR(Algorithm):
+    window: int | None = 5
+
+    name: ClassVar[str] = "downpour"
+
+    def worker_payload(self, weights, anchor):
+        return sub(weights, anchor)
+
+    def worker_apply(self, weights, anchor, reply):
+        return copy_arrays(reply), copy_arrays(reply)
+
+    def server_commit(self, center, payload, staleness):
+        new_center = add(center, payload)
+        return new_center, copy_arrays(new_center)

@@ -1,0 +1,34 @@
+"""DynSGD (Jiang et al., 2017): staleness-aware asynchronous SGD.
+
+Every ``window`` batches a worker commits ``delta = W - W0``. The server knows
+how many center updates other workers made since this worker last received the
+center (its staleness ``s``) and applies ``C += delta / (s + 1)``: stale work
+counts less. The worker continues from the new center. Optimizer state stays
+local to each worker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from .base import Algorithm, add, copy_arrays, sub
+
+
+@dataclass(frozen=True)
+class DynSGD(Algorithm):
+    window: int | None = 5
+
+    name: ClassVar[str] = "dynsgd"
+
+    def worker_payload(self, weights, anchor):
+        return sub(weights, anchor)
+
+    def worker_apply(self, weights, anchor, reply):
+        return copy_arrays(reply), copy_arrays(reply)
+
+    def server_commit(self, center, payload, staleness):
+        if staleness < 0:
+            raise ValueError(f"staleness must be >= 0. Received: staleness={staleness}")
+        new_center = add(center, payload, scale=1.0 / (staleness + 1))
+        return new_center, copy_arrays(new_center)
