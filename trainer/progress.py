@@ -1,0 +1,45 @@
+"""Driver-side progress bar fed by parameter-server updates (tqdm underneath).
+
+Parameter-server threads call `update` with each update record; the bar shows
+batches done over all workers, the epoch, the number of server updates and the
+latest loss. It is thread-safe and a no-op when disabled.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from tqdm.auto import tqdm
+
+
+class TrainingProgress:
+    def __init__(self, total_steps: int, num_workers: int, epochs: int, enabled: bool = True) -> None:
+        self._lock = threading.Lock()
+        self._steps = [0] * num_workers
+        self._offsets = [0] * num_workers
+        self._epochs = epochs
+        self._updates = 0
+        self._bar = tqdm(total=total_steps, unit="batch", desc="training", disable=not enabled, leave=True)
+
+    def update(self, record) -> None:
+        """Take one UpdateRecord (worker, step, epoch, loss) from the parameter server."""
+        with self._lock:
+            self._updates += 1
+            worker = record.worker
+            if record.step is not None and worker is not None and 0 <= worker < len(self._steps):
+                self._steps[worker] = max(self._steps[worker], self._offsets[worker] + record.step)
+            done = sum(self._steps)
+            self._bar.update(max(0, done - self._bar.n))
+            postfix = {"epoch": f"{(record.epoch or 0) + 1}/{self._epochs}", "updates": self._updates}
+            if record.loss is not None and record.loss == record.loss:
+                postfix["loss"] = f"{record.loss:.4f}"
+            self._bar.set_postfix(postfix, refresh=False)
+
+    def restart(self) -> None:
+        """A retried attempt counts its steps from zero again: keep what was shown."""
+        with self._lock:
+            self._offsets = list(self._steps)
+
+    def close(self) -> None:
+        with self._lock:
+            self._bar.close()

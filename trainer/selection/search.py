@@ -1,0 +1,513 @@
+"""Model-selection searches: which configurations to train, and for how long.
+
+Every search turns a search space (see :mod:`trainer.selection.space`) into a
+list of :class:`Config` and then follows training epoch by epoch. The runner
+drives all of them through one interface:
+
+``configs()``
+    every configuration, in a fixed order, with ids ``c000``, ``c001``...
+``budget(config_id)``
+    how many epochs the configuration may have trained *so far*. Fixed searches
+    (:class:`GridSearch`, :class:`RandomSearch`) grant ``config.epochs`` at
+    once; adaptive ones (:class:`SuccessiveHalving`, :class:`Hyperband`) grant
+    one rung at a time. Use it as the model's epoch count in the
+    :class:`~trainer.selection.scheduler.MopScheduler`.
+``report(config_id, epoch, value)`` -> :class:`Decision`
+    the validation metric after ``epoch`` (0-based, like Keras callbacks).
+    Reports of one configuration must come in epoch order. The decision lists
+    the configurations this report stopped (``scheduler.drop`` them) and the
+    ones whose budget grew (``scheduler.extend`` them).
+``should_continue(config_id)`` / ``active()``
+    whether a configuration will train more epochs (neither stopped nor
+    complete), and the ids of those that will.
+``best()`` / ``leaderboard()``
+    the winner and the ranking, by each configuration's last reported value.
+
+Metric direction is explicit (:class:`Metric`): accuracy-like metrics are
+maximised, losses and errors minimised, and a name that says neither is an
+error rather than a guess (Cerebro ranked accuracy with ``argmin`` and so
+returned the worst model).
+
+Adaptive searches are *synchronous* successive halving: every configuration
+of a bracket trains to the rung, waits until the whole rung has reported,
+then the best ``1/eta`` (at least one) go on and the rest stop. Under model
+hopper parallelism all models advance together anyway, so waiting costs
+little, and the outcome does not depend on timing.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from dataclasses import dataclass, field, replace
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from trainer.selection.space import SearchSpaceError, grid, sample
+
+__all__ = [
+    "SearchError",
+    "Metric",
+    "Config",
+    "Decision",
+    "Search",
+    "GridSearch",
+    "RandomSearch",
+    "SuccessiveHalving",
+    "Hyperband",
+]
+
+
+class SearchError(ValueError):
+    """A search was configured or driven in a way it cannot work with."""
+
+
+# ---------------------------------------------------------------------------
+# Metric direction
+# ---------------------------------------------------------------------------
+_MAX_WORDS = ("acc", "auc", "precision", "recall", "f1", "r2_score")
+_MIN_WORDS = (
+    "loss", "mae", "mse", "mape", "msle", "error",
+    "crossentropy", "hinge", "divergence", "huber", "logcosh",
+)  # fmt: skip
+
+
+def _infer_mode(name: str) -> str:
+    lowered = name.lower()
+    is_max = [w for w in _MAX_WORDS if w in lowered]
+    is_min = [w for w in _MIN_WORDS if w in lowered]
+    if is_max and not is_min:
+        return "max"
+    if is_min and not is_max:
+        return "min"
+    why = (
+        f"it contains both {is_max[0]!r} (higher is better) and {is_min[0]!r} (lower is better)"
+        if is_max
+        else "it names no metric whose direction is known"
+    )
+    raise SearchError(
+        f"Cannot tell whether metric {name!r} should be maximised or minimised: {why}. "
+        f"Known: names containing {', '.join(_MAX_WORDS)} -> 'max'; "
+        f"{', '.join(_MIN_WORDS)} -> 'min'. "
+        f"Fix: pass the direction explicitly, e.g. Metric({name!r}, mode='max')."
+    )
+
+
+@dataclass(frozen=True)
+class Metric:
+    """A validation metric and its direction.
+
+    ``mode`` is ``"max"`` (higher is better) or ``"min"``; when left out it is
+    inferred from the name (see the module docstring), and an unknown name
+    raises :class:`SearchError`. NaN (a diverged model) ranks below every
+    number in either mode.
+    """
+
+    name: str
+    mode: str | None = None
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str) or not self.name:
+            raise SearchError(
+                f"Metric: expected the metric's name, a non-empty str such as 'val_accuracy'. "
+                f"Received {self.name!r}."
+            )
+        mode = _infer_mode(self.name) if self.mode is None else self.mode
+        if mode not in ("max", "min"):
+            raise SearchError(
+                f"Metric {self.name!r}: expected mode 'max' or 'min'. Received mode={self.mode!r}. "
+                "Fix: mode='max' when higher is better (accuracy), 'min' when lower is (loss)."
+            )
+        object.__setattr__(self, "mode", mode)
+
+    @classmethod
+    def of(cls, metric: Metric | str) -> Metric:
+        """``metric`` itself, or ``Metric(metric)`` for a name."""
+        return metric if isinstance(metric, Metric) else cls(metric)
+
+    def _key(self, value: float) -> tuple[int, float]:
+        value = float(value)
+        if math.isnan(value):
+            return (1, 0.0)
+        return (0, -value if self.mode == "max" else value)
+
+    def better(self, a: float, b: float) -> bool:
+        """True when ``a`` is strictly better than ``b``."""
+        return self._key(a) < self._key(b)
+
+    def best(self, values: Iterable[float] | Mapping[Any, float]) -> float:
+        """The best of ``values`` (the values of a mapping). NaN only if all are NaN."""
+        items = list(values.values() if isinstance(values, Mapping) else values)
+        if not items:
+            raise SearchError(f"Metric {self.name!r}: best() of no values. Fix: report some first.")
+        return min(items, key=self._key)
+
+    def argbest(self, values: Sequence[float] | Mapping[Any, float]) -> Any:
+        """Index (or key, for a mapping) of the best value; the first one on ties."""
+        ranked = self.ranked(values)
+        if not ranked:
+            raise SearchError(
+                f"Metric {self.name!r}: argbest() of no values. Fix: report some first."
+            )
+        return ranked[0]
+
+    def ranked(self, values: Sequence[float] | Mapping[Any, float]) -> list[Any]:
+        """Indices (or keys) from best to worst; ties keep their order, NaN last."""
+        keys = list(values.keys()) if isinstance(values, Mapping) else list(range(len(values)))
+        return sorted(keys, key=lambda k: self._key(values[k]))
+
+
+# ---------------------------------------------------------------------------
+# Configurations and decisions
+# ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Config:
+    """One configuration to train.
+
+    ``params`` is the sampled point of the space (``batch_size`` and ``epochs``
+    keys, if the space has them, stay there too). ``epochs`` is the most the
+    configuration can train; an adaptive search may stop it earlier.
+    """
+
+    id: str
+    params: dict[str, Any]
+    batch_size: int
+    epochs: int
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What one :meth:`Search.report` changed.
+
+    ``stopped``: configurations stopped for good (drop them from the scheduler).
+    ``budgets``: configurations promoted, with their new epoch budget (extend them).
+    """
+
+    stopped: tuple[str, ...] = ()
+    budgets: dict[str, int] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self.stopped or self.budgets)
+
+
+def _positive_int(owner: str, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise SearchError(
+            f"{owner}: `{name}` must be a positive int. Received {name}={value!r}. "
+            f"Fix: pass e.g. {name}=1."
+        )
+    return int(value)
+
+
+def _make_configs(points: list[dict[str, Any]], epochs: int, batch_size: int, owner: str,
+                  epochs_from_params: bool = True) -> list[Config]:  # fmt: skip
+    width = max(3, len(str(len(points) - 1)))
+    out = []
+    for i, params in enumerate(points):
+        bs = _positive_int(owner, "batch_size", params.get("batch_size", batch_size))
+        ep = epochs
+        if epochs_from_params and "epochs" in params:
+            ep = _positive_int(owner, "epochs", params["epochs"])
+        out.append(Config(f"c{i:0{width}d}", dict(params), bs, ep))
+    return out
+
+
+# ---------------------------------------------------------------------------
+# Searches
+# ---------------------------------------------------------------------------
+class Search:
+    """Bookkeeping shared by every search; see the module docstring."""
+
+    def __init__(self, configs: list[Config], metric: Metric | str) -> None:
+        self.metric = Metric.of(metric)
+        ids = [c.id for c in configs]
+        if len(set(ids)) != len(ids):
+            dupes = sorted({i for i in ids if ids.count(i) > 1})
+            raise SearchError(f"Config ids must be unique. Received duplicates: {dupes}.")
+        self._configs: dict[str, Config] = {c.id: c for c in configs}
+        self._history: dict[str, list[float]] = {c.id: [] for c in configs}
+        self._stopped: set[str] = set()
+
+    # -- queries -----------------------------------------------------------
+    def configs(self) -> list[Config]:
+        """Every configuration, in a fixed order."""
+        return list(self._configs.values())
+
+    def config(self, config_id: str) -> Config:
+        self._check_id(config_id)
+        return self._configs[config_id]
+
+    def budget(self, config_id: str) -> int:
+        """Epochs ``config_id`` may have trained by now (its scheduler epoch count)."""
+        return self.config(config_id).epochs
+
+    def history(self, config_id: str) -> list[float]:
+        """The values reported for ``config_id``, one per epoch."""
+        self._check_id(config_id)
+        return list(self._history[config_id])
+
+    def stopped(self, config_id: str) -> bool:
+        """True when the search stopped ``config_id`` early."""
+        self._check_id(config_id)
+        return config_id in self._stopped
+
+    def should_continue(self, config_id: str) -> bool:
+        """True while ``config_id`` will train more epochs (not stopped, not complete)."""
+        cfg = self.config(config_id)
+        return config_id not in self._stopped and len(self._history[config_id]) < cfg.epochs
+
+    def active(self) -> list[str]:
+        """Ids of the configurations that will train more epochs."""
+        return [cid for cid in self._configs if self.should_continue(cid)]
+
+    @property
+    def finished(self) -> bool:
+        """True when no configuration will train any more."""
+        return not self.active()
+
+    def leaderboard(self) -> list[tuple[str, float, int]]:
+        """``(config_id, last value, epochs reported)`` from best to worst.
+
+        Configurations with no report yet are left out.
+        """
+        last = {cid: h[-1] for cid, h in self._history.items() if h}
+        return [(cid, last[cid], len(self._history[cid])) for cid in self.metric.ranked(last)]
+
+    def best(self) -> tuple[str, float]:
+        """``(config_id, value)`` of the best configuration by its last reported value."""
+        board = self.leaderboard()
+        if not board:
+            raise SearchError(
+                "best(): no configuration has reported a metric yet. "
+                "Fix: call report(config_id, epoch, value) after each validated epoch."
+            )
+        return board[0][0], board[0][1]
+
+    # -- events ------------------------------------------------------------
+    def report(self, config_id: str, epoch: int, value: float) -> Decision:
+        """Record ``value`` of the metric for ``config_id`` after ``epoch`` (0-based)."""
+        self._record(config_id, epoch, value)
+        return Decision()
+
+    # -- helpers -----------------------------------------------------------
+    def _check_id(self, config_id: str) -> None:
+        if config_id not in self._configs:
+            known = list(self._configs)
+            shown = ", ".join(known[:5]) + (", ..." if len(known) > 5 else "")
+            raise SearchError(
+                f"Unknown config id {config_id!r}. Expected one of this search's ids: {shown}."
+            )
+
+    def _record(self, config_id: str, epoch: int, value: float) -> None:
+        self._check_id(config_id)
+        if config_id in self._stopped:
+            raise SearchError(
+                f"Config {config_id!r} was stopped after {len(self._history[config_id])} "
+                f"epoch(s); received a report for epoch {epoch}. "
+                "Fix: drop a configuration from the scheduler when a Decision stops it."
+            )
+        done = len(self._history[config_id])
+        if isinstance(epoch, bool) or not isinstance(epoch, numbers.Integral) or epoch != done:
+            raise SearchError(
+                f"Config {config_id!r}: expected a report for epoch {done} (0-based, the next "
+                f"after the {done} already reported). Received epoch={epoch!r}. "
+                "Fix: report every epoch of a configuration once, in order."
+            )
+        budget = self.budget(config_id)
+        if epoch >= budget:
+            raise SearchError(
+                f"Config {config_id!r} has a budget of {budget} epoch(s) for now; "
+                f"received a report for epoch {epoch} (0-based). "
+                "Fix: train each configuration only up to budget(config_id) epochs."
+            )
+        if isinstance(value, bool) or not isinstance(value, (numbers.Real, np.floating)):
+            raise SearchError(
+                f"Config {config_id!r}: the metric value must be a real number. "
+                f"Received {value!r} ({type(value).__name__}). "
+                f"Fix: pass logs[{self.metric.name!r}] as a float."
+            )
+        self._history[config_id].append(float(value))
+
+
+class GridSearch(Search):
+    """Every point of a grid space (choices and constants), each trained ``epochs``.
+
+    ``batch_size`` and ``epochs`` given in the space override the defaults here.
+    """
+
+    def __init__(self, space: Mapping[str, Any], epochs: int = 1, batch_size: int = 32,
+                 metric: Metric | str = "val_loss") -> None:  # fmt: skip
+        epochs = _positive_int("GridSearch", "epochs", epochs)
+        points = grid(space)
+        super().__init__(_make_configs(points, epochs, batch_size, "GridSearch"), metric)
+
+
+class RandomSearch(Search):
+    """``n`` configurations sampled from ``space`` with ``seed``, each trained ``epochs``.
+
+    Configuration ``i`` is the ``i``-th :func:`~trainer.selection.space.sample`
+    from ``numpy.random.default_rng(seed)``, so the same seed gives the same
+    configurations, and every parameter draws from its own stream.
+    """
+
+    def __init__(self, space: Mapping[str, Any], n: int, seed: int, epochs: int = 1,
+                 batch_size: int = 32, metric: Metric | str = "val_loss") -> None:  # fmt: skip
+        n = _positive_int("RandomSearch", "n", n)
+        epochs = _positive_int("RandomSearch", "epochs", epochs)
+        points = _sample_points(space, n, seed, "RandomSearch")
+        super().__init__(_make_configs(points, epochs, batch_size, "RandomSearch"), metric)
+
+
+def _sample_points(space: Mapping[str, Any], n: int, seed: Any, owner: str) -> list[dict]:
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise SearchError(
+            f"{owner}: `seed` must be a non-negative int. Received seed={seed!r}. "
+            "Fix: pass e.g. seed=0; record it to reproduce the search."
+        )
+    master = np.random.default_rng(int(seed))
+    try:
+        return [sample(space, master) for _ in range(n)]
+    except SearchSpaceError as exc:
+        raise SearchError(f"{owner}: {exc}") from exc
+
+
+def _rungs(min_epochs: int, max_epochs: int, eta: int) -> list[int]:
+    rungs, r = [], min_epochs
+    while r < max_epochs:
+        rungs.append(r)
+        r *= eta
+    rungs.append(max_epochs)
+    return rungs
+
+
+class SuccessiveHalving(Search):
+    """Synchronous successive halving over a fixed set of configurations.
+
+    Rungs are at ``min_epochs * eta**k`` epochs (below ``max_epochs``) and at
+    ``max_epochs``. Every configuration first gets a budget of the first rung;
+    once all configurations still running have reported the rung's epoch, the
+    best ``max(1, n // eta)`` of them (by that epoch's value) are promoted to
+    the next rung and the others are stopped.
+
+    ``configs`` is a list of :class:`Config` or a search (anything with
+    ``configs()``, e.g. a :class:`RandomSearch`); each configuration's
+    ``epochs`` becomes ``max_epochs``.
+    """
+
+    def __init__(self, configs: Sequence[Config] | Search, min_epochs: int = 1,
+                 max_epochs: int | None = None, eta: int = 3,
+                 metric: Metric | str = "val_loss") -> None:  # fmt: skip
+        owner = "SuccessiveHalving"
+        if max_epochs is None:
+            raise SearchError(
+                f"{owner}: `max_epochs` is required: the most epochs the best configurations "
+                "train. Fix: pass e.g. max_epochs=9."
+            )
+        self.min_epochs = _positive_int(owner, "min_epochs", min_epochs)
+        self.max_epochs = _positive_int(owner, "max_epochs", max_epochs)
+        self.eta = _positive_int(owner, "eta", eta)
+        if self.eta < 2:
+            raise SearchError(f"{owner}: `eta` must be >= 2 (keep 1/eta each rung). Received eta={eta}.")
+        if self.min_epochs > self.max_epochs:
+            raise SearchError(
+                f"{owner}: expected min_epochs <= max_epochs. Received min_epochs={min_epochs}, "
+                f"max_epochs={max_epochs}. Fix: lower min_epochs or raise max_epochs."
+            )
+        if hasattr(configs, "configs"):
+            configs = configs.configs()
+        configs = list(configs)
+        if not configs or not all(isinstance(c, Config) for c in configs):
+            raise SearchError(
+                f"{owner}: expected a non-empty list of Config or a search with configs(). "
+                f"Received {configs!r:.200}."
+            )
+        super().__init__([replace(c, epochs=self.max_epochs) for c in configs], metric)
+        self.rungs: list[int] = _rungs(self.min_epochs, self.max_epochs, self.eta)
+        self._rung = 0  # index into self.rungs of the current budget
+
+    @property
+    def rung(self) -> int:
+        """Index into :attr:`rungs` of the rung being trained to."""
+        return self._rung
+
+    def budget(self, config_id: str) -> int:
+        self._check_id(config_id)
+        if config_id in self._stopped:
+            return len(self._history[config_id])
+        return self.rungs[self._rung]
+
+    def report(self, config_id: str, epoch: int, value: float) -> Decision:
+        self._record(config_id, epoch, value)
+        target = self.rungs[self._rung]
+        alive = [cid for cid in self._configs if cid not in self._stopped]
+        if self._rung == len(self.rungs) - 1:
+            return Decision()  # final rung: configurations just complete
+        if any(len(self._history[cid]) < target for cid in alive):
+            return Decision()  # rung not complete yet: wait for the others
+        keep = max(1, len(alive) // self.eta)
+        ranked = self.metric.ranked({cid: self._history[cid][target - 1] for cid in alive})
+        stopped = tuple(sorted(ranked[keep:], key=list(self._configs).index))
+        self._stopped.update(stopped)
+        self._rung += 1
+        promoted = {cid: self.rungs[self._rung] for cid in self._configs if cid in ranked[:keep]}
+        return Decision(stopped=stopped, budgets=promoted)
+
+
+class Hyperband(Search):
+    """Hyperband: several successive-halving brackets over random configurations.
+
+    With ``R = max_epochs / min_epochs`` and ``s_max = floor(log_eta R)``,
+    bracket ``s`` (``s_max`` down to 0) samples ``ceil((s_max + 1) * eta**s / (s + 1))``
+    configurations and starts them at ``max_epochs / eta**s`` epochs (rounded,
+    at least ``min_epochs``). All brackets run at once, which keeps every worker
+    of the model hopper busy. Configurations are sampled from ``space`` with
+    ``seed`` in bracket order (ids ``c000``... across brackets), as in
+    :class:`RandomSearch`.
+    """
+
+    def __init__(self, space: Mapping[str, Any], max_epochs: int, eta: int = 3, seed: int = 0,
+                 min_epochs: int = 1, batch_size: int = 32,
+                 metric: Metric | str = "val_loss") -> None:  # fmt: skip
+        owner = "Hyperband"
+        max_epochs = _positive_int(owner, "max_epochs", max_epochs)
+        min_epochs = _positive_int(owner, "min_epochs", min_epochs)
+        eta = _positive_int(owner, "eta", eta)
+        if eta < 2:
+            raise SearchError(f"{owner}: `eta` must be >= 2. Received eta={eta}.")
+        if min_epochs > max_epochs:
+            raise SearchError(
+                f"{owner}: expected min_epochs <= max_epochs. Received min_epochs={min_epochs}, "
+                f"max_epochs={max_epochs}."
+            )
+        ratio = max_epochs / min_epochs
+        s_max = int(math.floor(math.log(ratio) / math.log(eta) + 1e-9))
+        plan = []  # (n configs, first rung) per bracket
+        for s in range(s_max, -1, -1):
+            n = math.ceil((s_max + 1) * eta**s / (s + 1))
+            r = max(min_epochs, round(max_epochs / eta**s))
+            plan.append((n, r))
+        points = _sample_points(space, sum(n for n, _ in plan), seed, owner)
+        configs = _make_configs(points, max_epochs, batch_size, owner, epochs_from_params=False)
+        super().__init__(configs, metric)
+        self.eta, self.max_epochs, self.min_epochs = eta, max_epochs, min_epochs
+        self.brackets: list[SuccessiveHalving] = []
+        self._bracket_of: dict[str, SuccessiveHalving] = {}
+        start = 0
+        for n, r in plan:
+            bracket = SuccessiveHalving(configs[start:start + n], r, max_epochs, eta, self.metric)
+            self.brackets.append(bracket)
+            for c in configs[start:start + n]:
+                self._bracket_of[c.id] = bracket
+            start += n
+
+    def budget(self, config_id: str) -> int:
+        self._check_id(config_id)
+        return self._bracket_of[config_id].budget(config_id)
+
+    def report(self, config_id: str, epoch: int, value: float) -> Decision:
+        self._check_id(config_id)
+        decision = self._bracket_of[config_id].report(config_id, epoch, value)
+        self._history[config_id].append(float(value))
+        self._stopped.update(decision.stopped)
+        return decision

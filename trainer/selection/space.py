@@ -1,0 +1,329 @@
+"""Search-space primitives: what a hyper-parameter may take, and how to draw it.
+
+A *space* is a plain ``dict`` from parameter name to either a :class:`Param`
+(a distribution) or any other value (a constant, passed through unchanged)::
+
+    space = {
+        "lr": loguniform(1e-4, 1e-1),
+        "units": choice([32, 64, 128]),
+        "dropout": quniform(0.0, 0.5, 0.1),
+        "optimizer": "adam",                 # a constant
+    }
+    sample(space, rng=7)   # one configuration
+    grid({"units": choice([32, 64]), "lr": choice([1e-3, 1e-2])})   # 4 configurations
+
+Randomness: every parameter draws from its OWN generator. :func:`sample`
+derives, for each parameter, a ``numpy`` generator from the pair (base seed,
+CRC-32 of the parameter's name). Two parameters with the same distribution
+therefore draw different, independent streams (Cerebro seeded every sampler
+with the same constant, so they all drew identical values), adding or removing
+one parameter does not change what the others draw, and the same seed always
+reproduces the same configuration.
+
+Values come back as plain Python objects: ``float`` for the continuous
+distributions, ``int`` for :func:`quniform` when its bounds and step are all
+integers, and the option object itself for :func:`choice`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import numbers
+import zlib
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "SearchSpaceError",
+    "Param",
+    "Choice",
+    "Uniform",
+    "LogUniform",
+    "QUniform",
+    "choice",
+    "uniform",
+    "loguniform",
+    "quniform",
+    "param_rng",
+    "sample",
+    "grid",
+    "grid_size",
+]
+
+
+class SearchSpaceError(ValueError):
+    """A search space or one of its parameters is malformed."""
+
+
+# ---------------------------------------------------------------------------
+# Parameters
+# ---------------------------------------------------------------------------
+class Param:
+    """Base class of every distribution. Subclasses implement :meth:`draw`."""
+
+    def draw(self, rng: np.random.Generator) -> Any:
+        """Draw one value using ``rng`` (a ``numpy.random.Generator``)."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Choice(Param):
+    """One of a fixed, ordered list of options, each equally likely."""
+
+    options: tuple
+
+    def draw(self, rng: np.random.Generator) -> Any:
+        return self.options[int(rng.integers(len(self.options)))]
+
+
+@dataclass(frozen=True)
+class Uniform(Param):
+    """A float drawn uniformly from ``[low, high)``."""
+
+    low: float
+    high: float
+
+    def draw(self, rng: np.random.Generator) -> float:
+        return float(rng.uniform(self.low, self.high))
+
+
+@dataclass(frozen=True)
+class LogUniform(Param):
+    """A float whose logarithm is uniform on ``[log(low), log(high))``."""
+
+    low: float
+    high: float
+
+    def draw(self, rng: np.random.Generator) -> float:
+        value = math.exp(rng.uniform(math.log(self.low), math.log(self.high)))
+        # exp(log(x)) may land a rounding error outside the bounds.
+        return float(min(max(value, self.low), self.high))
+
+
+@dataclass(frozen=True)
+class QUniform(Param):
+    """A multiple of ``q`` inside ``[low, high]``: ``round(uniform(low, high) / q) * q``.
+
+    The rounded value is clamped to the multiples of ``q`` that lie inside the
+    bounds, so it never leaves ``[low, high]``. ``int`` when ``low``, ``high``
+    and ``q`` are all integers, ``float`` otherwise.
+    """
+
+    low: float
+    high: float
+    q: float
+
+    @property
+    def _k_range(self) -> tuple[int, int]:
+        eps = 1e-9
+        return math.ceil(self.low / self.q - eps), math.floor(self.high / self.q + eps)
+
+    @property
+    def _integral(self) -> bool:
+        return all(isinstance(v, numbers.Integral) for v in (self.low, self.high, self.q))
+
+    def _value(self, k: int) -> float | int:
+        if self._integral:
+            return int(k * self.q)
+        # 3 * 0.1 == 0.30000000000000004: print with 15 significant digits
+        # and parse back to land on the nearest "decimal" float.
+        return float(f"{k * self.q:.15g}")
+
+    def draw(self, rng: np.random.Generator) -> float | int:
+        k_lo, k_hi = self._k_range
+        k = round(float(rng.uniform(self.low, self.high)) / self.q)
+        return self._value(min(max(k, k_lo), k_hi))
+
+    def values(self) -> list[float | int]:
+        """Every value this parameter can take, in increasing order."""
+        k_lo, k_hi = self._k_range
+        return [self._value(k) for k in range(k_lo, k_hi + 1)]
+
+
+# ---------------------------------------------------------------------------
+# Constructors with validation
+# ---------------------------------------------------------------------------
+def _check_number(fn: str, name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        raise SearchSpaceError(
+            f"{fn}: `{name}` must be a real number. Received {name}={value!r} "
+            f"({type(value).__name__}). Fix: pass an int or a float."
+        )
+    if not math.isfinite(float(value)):
+        raise SearchSpaceError(
+            f"{fn}: `{name}` must be finite. Received {name}={value!r}. "
+            "Fix: pass finite bounds."
+        )
+    return value
+
+
+def _check_bounds(fn: str, low: Any, high: Any) -> None:
+    _check_number(fn, "low", low)
+    _check_number(fn, "high", high)
+    if not low < high:
+        raise SearchSpaceError(
+            f"{fn}: expected low < high. Received low={low!r}, high={high!r}. "
+            "Fix: swap the bounds, or use a constant (or choice([value])) for a fixed value."
+        )
+
+
+def choice(options: Sequence[Any]) -> Choice:
+    """One of ``options`` (a non-empty list or tuple), each equally likely.
+
+    Options may be any objects (numbers, strings, tuples of layer sizes...).
+    Their order is kept: it is the enumeration order of :func:`grid`.
+    """
+    if isinstance(options, (str, bytes, Mapping, set, frozenset)) or not isinstance(
+        options, Sequence
+    ):
+        hint = (
+            "sets have no order, so draws would not be reproducible; pass sorted(options)"
+            if isinstance(options, (set, frozenset))
+            else "pass a list, e.g. choice(['adam', 'sgd'])"
+        )
+        raise SearchSpaceError(
+            f"choice: expected a list or tuple of options. "
+            f"Received {type(options).__name__}: {options!r}. Fix: {hint}."
+        )
+    if len(options) == 0:
+        raise SearchSpaceError(
+            "choice: expected at least one option. Received an empty list. "
+            "Fix: pass the values to try, e.g. choice([32, 64])."
+        )
+    return Choice(tuple(options))
+
+
+def uniform(low: float, high: float) -> Uniform:
+    """A float uniform on ``[low, high)``; requires finite ``low < high``."""
+    _check_bounds("uniform", low, high)
+    return Uniform(low, high)
+
+
+def loguniform(low: float, high: float) -> LogUniform:
+    """A float log-uniform on ``[low, high]``; requires ``0 < low < high``.
+
+    The usual distribution for learning rates and weight decays.
+    """
+    _check_bounds("loguniform", low, high)
+    if low <= 0:
+        raise SearchSpaceError(
+            f"loguniform: expected 0 < low < high (a logarithm is taken). "
+            f"Received low={low!r}, high={high!r}. "
+            "Fix: use a positive lower bound such as 1e-6, or uniform() for ranges that include 0."
+        )
+    return LogUniform(low, high)
+
+
+def quniform(low: float, high: float, q: float) -> QUniform:
+    """A multiple of ``q`` inside ``[low, high]`` (see :class:`QUniform`)."""
+    _check_bounds("quniform", low, high)
+    _check_number("quniform", "q", q)
+    if q <= 0:
+        raise SearchSpaceError(
+            f"quniform: expected a step q > 0. Received q={q!r}. "
+            "Fix: pass the spacing of the values, e.g. quniform(16, 256, 16)."
+        )
+    param = QUniform(low, high, q)
+    k_lo, k_hi = param._k_range
+    if k_lo > k_hi:
+        raise SearchSpaceError(
+            f"quniform: no multiple of q={q!r} lies inside [low={low!r}, high={high!r}]. "
+            "Fix: widen the bounds or use a smaller q."
+        )
+    return param
+
+
+# ---------------------------------------------------------------------------
+# Spaces
+# ---------------------------------------------------------------------------
+def _check_space(space: Any) -> Mapping[str, Any]:
+    if not isinstance(space, Mapping):
+        raise SearchSpaceError(
+            f"A search space must be a dict of parameter name -> Param or constant. "
+            f"Received {type(space).__name__}: {space!r}. "
+            "Fix: e.g. {'lr': loguniform(1e-4, 1e-1), 'units': choice([32, 64])}."
+        )
+    for name in space:
+        if not isinstance(name, str):
+            raise SearchSpaceError(
+                f"Search-space keys must be parameter names (str). Received key {name!r} "
+                f"({type(name).__name__}). Fix: use string keys."
+            )
+    return space
+
+
+def _base_seed(rng: int | np.random.Generator | None) -> int:
+    if rng is None:
+        raise SearchSpaceError(
+            "sample: expected `rng`, an int seed or a numpy.random.Generator. Received None. "
+            "Fix: pass a seed so that the draw can be reproduced, e.g. sample(space, rng=0)."
+        )
+    if isinstance(rng, np.random.Generator):
+        return int(rng.integers(0, 2**63))
+    if isinstance(rng, bool) or not isinstance(rng, numbers.Integral) or rng < 0:
+        raise SearchSpaceError(
+            f"sample: expected `rng`, a non-negative int seed or a numpy.random.Generator. "
+            f"Received {rng!r} ({type(rng).__name__}). Fix: pass e.g. rng=0."
+        )
+    return int(rng)
+
+
+def param_rng(seed: int, name: str) -> np.random.Generator:
+    """The generator parameter ``name`` draws from under base seed ``seed``.
+
+    Keyed by the name (not by the position in the space), so each parameter
+    has its own stream and the streams do not depend on each other.
+    """
+    return np.random.default_rng([int(seed), zlib.crc32(name.encode("utf-8"))])
+
+
+def sample(space: Mapping[str, Any], rng: int | np.random.Generator) -> dict[str, Any]:
+    """Draw one configuration from ``space``.
+
+    ``rng`` is either an int seed (the same seed gives the same configuration)
+    or a ``numpy.random.Generator``, from which one base seed is taken per call
+    (so successive calls give successive, reproducible configurations). Each
+    parameter then draws from its own generator, see :func:`param_rng`.
+    Constants are copied through unchanged; the key order of ``space`` is kept.
+    """
+    space = _check_space(space)
+    base = _base_seed(rng)
+    out: dict[str, Any] = {}
+    for name, value in space.items():
+        out[name] = value.draw(param_rng(base, name)) if isinstance(value, Param) else value
+    return out
+
+
+def _grid_axis(name: str, value: Any) -> tuple:
+    if isinstance(value, Choice):
+        return value.options
+    if isinstance(value, Param):
+        raise SearchSpaceError(
+            f"grid: parameter {name!r} is {value!r}, a continuous distribution that cannot be "
+            "enumerated. A grid takes only choice([...]) parameters and constants. "
+            f"Fix: use choice([...]) with the values to try for {name!r}, "
+            "or RandomSearch to sample the space instead."
+        )
+    return (value,)
+
+
+def grid(space: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Every configuration of ``space``: the cartesian product of its choices.
+
+    Only :func:`choice` parameters and constants are allowed. The first key
+    varies slowest and the last fastest (``itertools.product`` order). An empty
+    space has exactly one configuration, ``{}``.
+    """
+    space = _check_space(space)
+    names = list(space)
+    axes = [_grid_axis(name, space[name]) for name in names]
+    return [dict(zip(names, combo)) for combo in itertools.product(*axes)]
+
+
+def grid_size(space: Mapping[str, Any]) -> int:
+    """How many configurations :func:`grid` would return, without building them."""
+    space = _check_space(space)
+    return math.prod(len(_grid_axis(name, value)) for name, value in space.items())

@@ -1,0 +1,284 @@
+"""The task-side training loop: one long-lived Spark barrier task per worker.
+
+`train_partition` runs inside a Python worker of an executor. It receives its
+shard as Arrow record batches, builds the Keras model once, pulls the center
+weights from the parameter server, and trains with plain ``model.fit`` for all
+epochs. The `ParameterServerSync` Keras callback does the exchange every
+``window`` batches (or at every epoch end) through the algorithm's pure worker
+rules. It yields one Arrow record with the worker's history.
+
+It knows nothing about how it was launched beyond the Spark task context.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from .algorithms import Algorithm
+from .data.validate import FEATURES, LABEL
+
+RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])
+RESULT_DDL = "worker int, history string"
+
+
+@dataclass
+class ModelSource:
+    """How a task gets its model: a saved ``.keras`` file's bytes or a builder function."""
+
+    keras_bytes: bytes | None = None
+    builder: Callable[[], Any] | None = None
+    custom_objects: dict[str, Any] | None = None
+
+    def build(self):
+        import keras
+
+        if self.builder is not None:
+            return self.builder()
+        return load_keras_bytes(self.keras_bytes, self.custom_objects)
+
+
+@dataclass
+class WorkerConfig:
+    """Everything a worker task needs; serialized into the Spark task closure."""
+
+    model: ModelSource
+    algorithm: Algorithm
+    ps_host: str
+    ps_port: int
+    secret: bytes
+    num_workers: int
+    batch_size: int
+    epochs: int
+    input_shape: tuple[int, ...]
+    label_size: int | None
+    attempt: int = 0
+    seed: int = 0
+    io_timeout: float = 600.0
+    keras_backend: str = "tensorflow"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+def load_keras_bytes(data: bytes, custom_objects=None):
+    """Load a model saved with ``model.save('x.keras')`` from its bytes."""
+    import keras
+
+    with tempfile.TemporaryDirectory(prefix="trainer-model-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        with open(path, "wb") as fh:
+            fh.write(data)
+        return keras.saving.load_model(path, custom_objects=custom_objects, compile=True)
+
+
+def model_to_bytes(model) -> bytes:
+    with tempfile.TemporaryDirectory(prefix="trainer-model-") as tmp:
+        path = os.path.join(tmp, "model.keras")
+        model.save(path)
+        with open(path, "rb") as fh:
+            return fh.read()
+
+
+def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env: dict[str, str]) -> None:
+    """Thread counts, GPU visibility and backend, set before TensorFlow/Keras is imported.
+
+    A reused Python worker may already have TensorFlow loaded; then the thread
+    settings are applied through tf.config when still possible.
+    """
+    os.environ.update(env)
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    os.environ["KERAS_BACKEND"] = keras_backend
+    for var in ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS"):
+        os.environ[var] = str(cpus)
+    os.environ["TF_NUM_INTEROP_THREADS"] = "1" if cpus <= 2 else "2"
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    if keras_backend == "tensorflow":
+        import tensorflow as tf
+
+        try:
+            tf.config.threading.set_intra_op_parallelism_threads(cpus)
+            tf.config.threading.set_inter_op_parallelism_threads(int(os.environ["TF_NUM_INTEROP_THREADS"]))
+        except RuntimeError:
+            pass  # already initialised in this reused Python worker; env vars applied at first init
+
+
+def arrow_to_numpy(
+    batches: Iterator[pa.RecordBatch], input_shape: tuple[int, ...], label_size: int | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Concatenate Arrow batches into (x, y) numpy arrays without per-row Python objects."""
+    batches = list(batches)
+    if not batches or sum(b.num_rows for b in batches) == 0:
+        return np.zeros((0, *input_shape), np.float32), np.zeros((0,), np.float32)
+    table = pa.Table.from_batches(batches)
+    x = _flat_values(table.column(FEATURES)).reshape((table.num_rows, *input_shape))
+    y = None
+    if LABEL in table.column_names:
+        labels = table.column(LABEL)
+        if label_size is None:
+            y = labels.combine_chunks().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        else:
+            y = _flat_values(labels).reshape((table.num_rows, label_size))
+    return x, y
+
+
+def _flat_values(column: pa.ChunkedArray) -> np.ndarray:
+    return column.combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+
+
+def pad_shard(x: np.ndarray, y: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Repeat random rows so that every worker has the same number of batches per epoch.
+
+    Synchronous rules need every worker to reach each exchange; Spark's
+    round-robin repartition leaves shards that differ by a few rows.
+    """
+    missing = size - len(x)
+    if missing <= 0:
+        return x, y
+    idx = np.random.default_rng(seed).integers(0, len(x), size=missing)
+    return np.concatenate([x, x[idx]]), np.concatenate([y, y[idx]])
+
+
+def _get_weights(model, with_optimizer: bool) -> list[np.ndarray]:
+    import keras
+
+    weights = model.get_weights()
+    if with_optimizer:
+        weights += [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables]
+    return weights
+
+
+def _set_weights(model, arrays: list[np.ndarray], with_optimizer: bool) -> None:
+    n = len(model.weights)
+    model.set_weights(arrays[:n])
+    if with_optimizer and len(arrays) > n:
+        opt_vars = model.optimizer.variables
+        if len(arrays) - n != len(opt_vars):
+            raise RuntimeError(
+                f"Optimizer state from the server has {len(arrays) - n} arrays, "
+                f"the local optimizer has {len(opt_vars)}."
+            )
+        for var, value in zip(opt_vars, arrays[n:]):
+            var.assign(value)
+
+
+def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict):
+    """Build the Keras callback (imported lazily: keras must load after configure_process)."""
+    import keras
+
+    class ParameterServerSync(keras.callbacks.Callback):
+        """Exchanges with the parameter server every `window` batches and at epoch/training end."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.with_optimizer = algorithm.exchanges_optimizer_state
+            self.since = 0
+            self.step = 0
+            self.epoch = 0
+            self.anchor: list[np.ndarray] = []
+
+        def on_train_begin(self, logs=None):
+            if self.with_optimizer:
+                self.model.optimizer.build(self.model.trainable_variables)
+            self.anchor = _get_weights(self.model, self.with_optimizer)
+
+        def on_epoch_begin(self, epoch, logs=None):
+            self.epoch = epoch
+            record["epochs"].append({"epoch": epoch, "start": time.time()})
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.step += 1
+            self.since += 1
+            if algorithm.window is not None and self.since >= algorithm.window:
+                self.exchange(logs)
+
+        def on_epoch_end(self, epoch, logs=None):
+            if algorithm.window is None:
+                self.exchange(logs)
+            logs = {k: float(v) for k, v in (logs or {}).items()}
+            record["epochs"][-1].update(end=time.time(), logs=logs)
+            client.epoch_done(epoch, logs)
+
+        def on_train_end(self, logs=None):
+            if self.since:
+                self.exchange(logs)
+
+        def exchange(self, logs) -> None:
+            started = time.perf_counter()
+            weights = _get_weights(self.model, self.with_optimizer)
+            payload = algorithm.worker_payload(weights, self.anchor)
+            loss = float((logs or {}).get("loss", float("nan")))
+            meta = {"worker": worker, "epoch": self.epoch, "step": self.step, "loss": loss}
+            reply, _ = client.commit(payload, meta)
+            new_weights, self.anchor = algorithm.worker_apply(weights, self.anchor, reply)
+            _set_weights(self.model, new_weights, self.with_optimizer)
+            self.since = 0
+            record["commits"] += 1
+            record["comm_s"] += time.perf_counter() - started
+
+    return ParameterServerSync()
+
+
+def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Body of one barrier task (the function given to ``mapInArrow(barrier=True)``)."""
+    from pyspark import BarrierTaskContext
+
+    task_start = time.time()
+    ctx = BarrierTaskContext.get()
+    worker = ctx.partitionId()
+    gpus = ctx.resources()["gpu"].addresses if "gpu" in ctx.resources() else None
+    configure_process(max(1, int(ctx.cpus())), gpus, config.keras_backend, config.env)
+
+    x, y = arrow_to_numpy(batches, config.input_shape, config.label_size)
+    data_ready = time.time()
+    sizes = [int(s) for s in ctx.allGather(str(len(x)))]
+    if min(sizes) == 0:
+        raise RuntimeError(
+            f"Worker shards have sizes {sizes}: at least one worker received no rows. "
+            "Use fewer workers or more rows."
+        )
+    x, y = pad_shard(x, y, max(sizes), seed=config.seed + worker)
+
+    import keras
+
+    from .ps.client import PSClient
+
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(config.seed + 1000 * config.attempt + worker)
+    model = config.model.build()
+    built = time.time()
+    record: dict[str, Any] = {
+        "worker": worker, "attempt": config.attempt, "rows": sizes[worker], "padded_rows": len(x),
+        "task_start": task_start, "data_ready": data_ready, "model_built": built,
+        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(),
+    }
+    client = PSClient(
+        config.ps_host, config.ps_port, config.secret, worker=worker,
+        attempt=config.attempt, timeout=config.io_timeout,
+    )
+    with client:
+        client.connect()
+        center, meta = client.hello()
+        start_epoch = int(meta.get("start_epoch", 0))
+        _set_weights(model, list(center), config.algorithm.exchanges_optimizer_state)
+        record["start_epoch"] = start_epoch
+        callback = make_sync_callback(client, config.algorithm, worker, record)
+        train_start = time.time()
+        if start_epoch < config.epochs:
+            model.fit(
+                x, y, batch_size=config.batch_size, epochs=config.epochs, initial_epoch=start_epoch,
+                shuffle=True, verbose=0, callbacks=[callback],
+            )
+        record.update(
+            train_s=time.time() - train_start, end=time.time(), steps=callback.step,
+            bytes_sent=client.bytes_sent, bytes_received=client.bytes_received,
+        )
+    yield pa.RecordBatch.from_pydict(
+        {"worker": [worker], "history": [json.dumps(record)]}, schema=RESULT_SCHEMA
+    )
