@@ -23,6 +23,7 @@ import json
 import logging
 import math
 import os
+import sys
 import threading
 import time
 import uuid
@@ -44,6 +45,24 @@ from .worker import (
 )
 
 log = logging.getLogger("trainer")
+
+
+def ship_by_value(*objects: Any) -> None:
+    """Make Spark serialize user code (builder functions, custom layers) by value.
+
+    cloudpickle pickles functions and classes of importable modules by
+    reference, which fails on executors that do not have the user's script or
+    test module on their path. Modules outside site-packages are shipped whole.
+    """
+    from pyspark import cloudpickle
+
+    for obj in objects:
+        module = sys.modules.get(getattr(obj, "__module__", None) or "")
+        path = getattr(module, "__file__", None) or ""
+        if module is None or module.__name__ == "__main__" or module.__name__.split(".")[0] == "trainer":
+            continue
+        if path and "-packages" not in path:
+            cloudpickle.register_pickle_by_value(module)
 
 
 def _positive_int(name: str, value: Any) -> int:
@@ -204,10 +223,12 @@ class Trainer:
         import keras
 
         if isinstance(self.model, keras.Model):
+            ship_by_value(*(self.custom_objects or {}).values())
             return self.model, ModelSource(keras_bytes=model_to_bytes(self.model), custom_objects=self.custom_objects)
         model = self.model()
         if not isinstance(model, keras.Model):
             raise TypeError(f"The model function must return a keras.Model. Received: {type(model)}")
+        ship_by_value(self.model, *(self.custom_objects or {}).values())
         return model, ModelSource(builder=self.model, custom_objects=self.custom_objects)
 
     def _ps_addresses(self, spark) -> tuple[str, str, int]:

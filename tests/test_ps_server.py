@@ -1,0 +1,572 @@
+"""Tests of the parameter server and its client over loopback (trainer.ps.server, trainer.ps.client).
+
+The update rules are tiny fakes defined here (async: center += payload,
+sync: mean of the payloads) so these tests do not depend on the real rules.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+
+from trainer.ps import (
+    AuthenticationError,
+    ConnectionClosed,
+    ParameterServer,
+    PSClient,
+    PSError,
+    PSNotStartedError,
+    RemoteError,
+    new_secret,
+)
+from trainer.ps import wire
+from trainer.ps.wire import HEADER, MAGIC, Msg, read_frame, write_frame
+
+SECRET = new_secret()
+SHAPES = [(3,), (2, 2)]
+
+
+def initial_center() -> list[np.ndarray]:
+    return [np.zeros(SHAPES[0], "f4"), np.zeros(SHAPES[1], "f8")]
+
+
+def ones(scale: float = 1.0) -> list[np.ndarray]:
+    return [np.full(SHAPES[0], scale, "f4"), np.full(SHAPES[1], scale, "f8")]
+
+
+class AddRule:
+    """Asynchronous fake: center += payload; reply = new center."""
+
+    name = "add"
+    synchronous = False
+    exchanges_optimizer_state = False
+
+    def __init__(self) -> None:
+        self.staleness: list[int] = []
+
+    def server_commit(self, center, payload, staleness):
+        self.staleness.append(staleness)
+        new = [c + p for c, p in zip(center, payload)]
+        return new, new
+
+
+class MeanRule:
+    """Synchronous fake: center = mean of payloads; each worker gets the mean and its index."""
+
+    name = "mean"
+    synchronous = True
+    exchanges_optimizer_state = False
+
+    def server_round(self, center, payloads):
+        mean = [np.mean([p[i] for p in payloads], axis=0).astype(center[i].dtype) for i in range(len(center))]
+        return mean, [mean + [np.array(k, "i8")] for k in range(len(payloads))]
+
+
+class StatefulRule(AddRule):
+    """Asynchronous fake that appends optimizer state after the weights."""
+
+    exchanges_optimizer_state = True
+
+    def server_commit(self, center, payload, staleness):
+        new = [c + p for c, p in zip(center, payload)] + [np.array(p, copy=True) for p in payload[len(center):]]
+        return new, new
+
+
+class BrokenRule(AddRule):
+    def server_commit(self, center, payload, staleness):
+        raise RuntimeError("boom")
+
+
+class BadReplyRule(AddRule):
+    def server_commit(self, center, payload, staleness):
+        return [c + p for c, p in zip(center, payload)], [np.array(["not a number"])]
+
+
+class BrokenRoundRule(MeanRule):
+    def server_round(self, center, payloads):
+        raise RuntimeError("round boom")
+
+
+def server(rule: Any = None, num_workers: int = 1, **kw) -> ParameterServer:
+    return ParameterServer(rule if rule is not None else AddRule(), initial_center(), num_workers, SECRET, **kw)
+
+
+def client(ps: ParameterServer, worker: int = 0, attempt: int = 0, secret: bytes = SECRET, timeout=10.0) -> PSClient:
+    host, port = ps.address
+    return PSClient(host, port, secret, worker, attempt=attempt, timeout=timeout).connect()
+
+
+def raw_connect(ps: ParameterServer, timeout: float = 10.0) -> socket.socket:
+    sock = socket.create_connection(ps.address, timeout=timeout)
+    return sock
+
+
+def raw_auth(ps: ParameterServer, worker: int = 0) -> socket.socket:
+    """Do the handshake by hand; returns the authenticated socket."""
+    sock = raw_connect(ps)
+    challenge = read_frame(sock, 4096)
+    assert challenge.msg is Msg.CHALLENGE
+    mac = wire.auth_digest(SECRET, bytes.fromhex(challenge.meta["nonce"]), worker, 0)
+    write_frame(sock, Msg.AUTH, {"worker": worker, "attempt": 0, "mac": mac.hex()})
+    assert read_frame(sock, 4096).msg is Msg.OK
+    return sock
+
+
+def closed_by_peer(sock: socket.socket, within: float) -> bool:
+    """True if the peer closes `sock` within `within` seconds (frames before EOF are skipped)."""
+    sock.settimeout(within)
+    deadline = time.monotonic() + within
+    try:
+        while time.monotonic() < deadline:
+            if not sock.recv(65536):
+                return True
+    except (ConnectionResetError, BrokenPipeError):
+        return True
+    except TimeoutError:
+        return False
+    return False
+
+
+def still_serves(ps: ParameterServer, worker: int = 0) -> None:
+    with client(ps, worker) as c:
+        arrays, version = c.pull()
+        assert version == ps.version
+        assert [a.shape for a in arrays[: len(SHAPES)]] == SHAPES
+
+
+def wait_for(predicate, timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+# -- lifecycle -----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(10)
+def test_address_before_start_and_idempotent_stop():
+    ps = server()
+    with pytest.raises(PSNotStartedError, match="start"):
+        ps.address
+    ps.stop()  # stop before start is harmless
+    with server() as ps:
+        host, port = ps.address
+        assert host == "127.0.0.1" and port > 0
+        with pytest.raises(PSNotStartedError):
+            ps.start()
+    ps.stop()
+    ps.stop()
+
+
+@pytest.mark.timeout(10)
+def test_constructor_validation():
+    with pytest.raises(ValueError, match="num_workers"):
+        ParameterServer(AddRule(), initial_center(), 0, SECRET)
+    with pytest.raises(ValueError, match="secret"):
+        ParameterServer(AddRule(), initial_center(), 1, b"")
+    with pytest.raises(ValueError, match="round_timeout"):
+        ParameterServer(AddRule(), initial_center(), 1, SECRET, round_timeout=0)
+
+
+# -- asynchronous requests --------------------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_pull_commit_round_trip_version_and_staleness():
+    rule = AddRule()
+    seen = []
+    with server(rule, num_workers=2, on_update=seen.append) as ps:
+        with client(ps, 0) as c0, client(ps, 1) as c1:
+            center, meta = c0.hello()
+            assert meta == {"version": 0, "start_epoch": 0, "num_workers": 2}
+            np.testing.assert_array_equal(center[1], np.zeros((2, 2)))
+            c1.hello()
+
+            reply, meta = c0.commit(ones(), {"epoch": 0, "step": 5, "loss": np.float32(0.5)})
+            assert meta == {"version": 1, "staleness": 0}
+            np.testing.assert_array_equal(reply[0], np.ones(3, "f4"))
+            reply, meta = c1.commit(ones(2.0), {"epoch": 0, "step": 3, "loss": 1.5})
+            assert meta == {"version": 2, "staleness": 1}  # c0 updated the center since c1's HELLO
+            np.testing.assert_array_equal(reply[1], np.full((2, 2), 3.0))
+            _, meta = c1.commit(ones(), {"epoch": 0, "step": 4})
+            assert meta["staleness"] == 0
+            arrays, version = c0.pull()
+            assert version == 3 == ps.version
+            _, meta = c0.commit(ones(), {"epoch": 1, "step": 0})
+            assert meta["staleness"] == 0  # the pull refreshed c0
+            assert c0.bytes_sent > 0 and c0.bytes_received > 0
+
+        assert rule.staleness == [0, 1, 0, 0]
+        np.testing.assert_array_equal(ps.center()[0], np.full(3, 5.0, "f4"))
+        assert ps.center()[0].flags.writeable
+        records = ps.updates
+        assert [(r.worker, r.version, r.staleness, r.kind) for r in records] == [
+            (0, 1, 0, "commit"),
+            (1, 2, 1, "commit"),
+            (1, 3, 0, "commit"),
+            (0, 4, 0, "commit"),
+        ]
+        assert records[0].epoch == 0 and records[0].step == 5 and records[0].loss == 0.5
+        assert records[2].loss is None
+        assert all(r.bytes_in > 0 and r.bytes_out > 0 for r in records)
+        assert seen == records
+
+
+@pytest.mark.timeout(20)
+def test_bad_payload_and_failing_rule_reply_error_and_keep_connection(caplog):
+    with server() as ps, client(ps) as c:
+        with pytest.raises(RemoteError, match="expected 2"):
+            c.commit(ones()[:1], {})
+        with pytest.raises(RemoteError, match=r"shape \(4,\), expected \(3,\)"):
+            c.commit([np.zeros(4, "f4"), np.zeros((2, 2))], {})
+        with pytest.raises(RemoteError, match="expected 2"):
+            c.commit(ones() + [np.zeros(1)], {})
+        assert c.pull()[1] == 0  # connection still usable
+        assert ps.version == 0
+    with server(BrokenRule()) as ps, client(ps) as c:
+        with caplog.at_level(logging.ERROR, logger="trainer.ps"):
+            with pytest.raises(RemoteError, match="server_commit failed: RuntimeError: boom"):
+                c.commit(ones(), {})
+        assert c.pull()[1] == 0
+    with server(BadReplyRule()) as ps, client(ps) as c:
+        with pytest.raises(RemoteError, match="server_commit failed: ProtocolError"):
+            c.commit(ones(), {})
+        arrays, version = c.pull()  # the center was not changed
+        assert version == 0 and not arrays[0].any()
+
+
+@pytest.mark.timeout(20)
+def test_optimizer_state_payloads_may_carry_extra_arrays():
+    with server(StatefulRule()) as ps, client(ps) as c:
+        reply, meta = c.commit(ones() + [np.arange(4, dtype="f4")], {})
+        assert len(reply) == 3 and meta["version"] == 1
+        assert len(ps.center()) == 3
+        arrays, _ = c.pull()
+        np.testing.assert_array_equal(arrays[2], np.arange(4, dtype="f4"))
+        with pytest.raises(RemoteError, match="at least 2"):
+            c.commit(ones()[:1], {})
+
+
+@pytest.mark.timeout(20)
+def test_on_update_exceptions_are_logged_not_raised(caplog):
+    def explode(record):
+        raise ValueError("callback bug")
+
+    with server(on_update=explode) as ps, client(ps) as c:
+        with caplog.at_level(logging.ERROR, logger="trainer.ps"):
+            _, meta = c.commit(ones(), {})
+        assert meta["version"] == 1
+        assert "on_update" in caplog.text
+
+
+@pytest.mark.timeout(20)
+def test_hello_start_epoch_after_epoch_done_and_new_attempt():
+    with server(num_workers=2) as ps:
+        with client(ps, 0) as c:
+            assert c.hello()[1]["start_epoch"] == 0
+            c.epoch_done(0, {"loss": np.float64(0.75)})
+            c.epoch_done(1, {"loss": 0.5})
+        assert ps.epochs_done[0]["epoch"] == 1
+        assert ps.epochs_done[0]["logs"] == {"loss": 0.5}
+        with client(ps, 0, attempt=1) as retried:  # a retried Spark task resumes
+            _, meta = retried.hello()
+            assert meta["start_epoch"] == 2
+        with client(ps, 1) as other:
+            assert other.hello()[1]["start_epoch"] == 0
+        assert any(e["kind"] == "new_attempt" and e["attempt"] == 1 for e in ps.events)
+
+
+@pytest.mark.timeout(20)
+def test_worker_mismatch_and_bad_epoch_done_are_errors():
+    with server(num_workers=2) as ps:
+        sock = raw_auth(ps, worker=0)
+        with sock:
+            write_frame(sock, Msg.PULL, {"worker": 1})
+            reply = read_frame(sock, 1 << 20)
+            assert reply.msg is Msg.ERROR and "authenticated as worker 0" in reply.meta["error"]
+            write_frame(sock, Msg.EPOCH_DONE, {"epoch": "x"})
+            assert read_frame(sock, 1 << 20).msg is Msg.ERROR
+            write_frame(sock, Msg.CHALLENGE, {})
+            assert read_frame(sock, 1 << 20).msg is Msg.ERROR
+            write_frame(sock, Msg.PULL, {})
+            assert read_frame(sock, 1 << 20).msg is Msg.OK
+
+
+# -- authentication and hostile peers -----------------------------------------------------
+
+
+@pytest.mark.timeout(20)
+def test_silent_unauthenticated_peer_is_closed_after_handshake_timeout():
+    with server(handshake_timeout=0.5) as ps:
+        sock = raw_connect(ps)
+        with sock:
+            start = time.monotonic()
+            assert closed_by_peer(sock, within=5)
+            assert time.monotonic() - start < 4
+        still_serves(ps)
+        assert any(e["kind"] == "auth_failed" for e in ps.events)
+
+
+@pytest.mark.timeout(20)
+def test_trickling_peer_cannot_extend_the_handshake():
+    with server(handshake_timeout=0.6) as ps:
+        sock = raw_connect(ps)
+        with sock:
+            read_frame(sock, 4096)
+            start = time.monotonic()
+            header = HEADER.pack(MAGIC, int(Msg.AUTH), 100, 0)
+            closed = False
+            for byte in header:  # one byte every 0.2 s: each recv is quick, the frame is not
+                try:
+                    sock.send(bytes([byte]))
+                except OSError:
+                    closed = True
+                    break
+                time.sleep(0.2)
+            assert closed or closed_by_peer(sock, within=3)
+            assert time.monotonic() - start < 4.5
+        still_serves(ps)
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
+        HEADER.pack(MAGIC, int(Msg.AUTH), 10, 1 << 20),  # oversize body before auth
+        HEADER.pack(MAGIC, int(Msg.AUTH), 1 << 19, 0),  # oversize meta before auth
+        HEADER.pack(MAGIC, int(Msg.PULL), 2, 0) + b"{}",  # not AUTH
+        HEADER.pack(MAGIC, int(Msg.AUTH), 2, 0) + b"{}",  # AUTH without fields
+    ],
+)
+def test_garbage_before_auth_is_rejected(garbage):
+    with server(handshake_timeout=5) as ps:
+        sock = raw_connect(ps)
+        with sock:
+            read_frame(sock, 4096)
+            start = time.monotonic()
+            sock.sendall(garbage)
+            assert closed_by_peer(sock, within=3)
+            assert time.monotonic() - start < 2  # rejected at once, not after handshake_timeout
+        still_serves(ps)
+
+
+@pytest.mark.timeout(20)
+def test_wrong_secret_and_bad_worker_index_are_rejected(caplog):
+    with server(num_workers=2) as ps:
+        with caplog.at_level(logging.WARNING, logger="trainer.ps"):
+            with pytest.raises(AuthenticationError, match="secret"):
+                client(ps, 0, secret=new_secret())
+        assert "127.0.0.1" in caplog.text  # the peer address is logged
+        with pytest.raises(AuthenticationError, match="out of range"):
+            client(ps, 2)
+        still_serves(ps, worker=1)
+        assert sum(e["kind"] == "auth_failed" for e in ps.events) == 2
+
+
+@pytest.mark.timeout(20)
+@pytest.mark.parametrize(
+    "garbage",
+    [
+        HEADER.pack(MAGIC, int(Msg.COMMIT), 100, 0) + b"{",  # truncated frame, then EOF
+        HEADER.pack(MAGIC, int(Msg.COMMIT), 2, 1 << 40) + b"{}",  # body over max_body
+        b"\x00" * 64,  # garbage
+        HEADER.pack(MAGIC, int(Msg.COMMIT), 4, 0) + b"[1]x",  # invalid meta
+    ],
+)
+def test_bad_frames_after_auth_close_only_that_connection(garbage):
+    with server(num_workers=2) as ps:
+        with client(ps, 1) as bystander:
+            bystander.hello()
+            sock = raw_auth(ps, worker=0)
+            with sock:
+                sock.sendall(garbage)
+                if garbage.endswith(b"{"):
+                    sock.shutdown(socket.SHUT_WR)
+                assert closed_by_peer(sock, within=3)
+            assert bystander.pull()[1] == 0  # the other connection is unaffected
+        still_serves(ps)
+        assert any(e["kind"] in ("protocol_error", "disconnect") for e in ps.events)
+
+
+@pytest.mark.timeout(20)
+def test_max_connections_enforced():
+    with server(max_connections=2, handshake_timeout=10) as ps:
+        a, b = raw_connect(ps), raw_connect(ps)
+        read_frame(a, 4096), read_frame(b, 4096)
+        with pytest.raises(PSError, match="too many connections"):
+            client(ps)
+        a.close()
+        assert wait_for(lambda: _try_pull(ps))
+        b.close()
+        assert any(e["kind"] == "connection_refused" for e in ps.events)
+
+
+def _try_pull(ps: ParameterServer) -> bool:
+    try:
+        still_serves(ps)
+        return True
+    except PSError:
+        return False
+
+
+# -- synchronous rounds ---------------------------------------------------------------------
+
+
+def run_in_thread(fn, *args) -> tuple[threading.Thread, dict]:
+    out: dict = {}
+
+    def target():
+        try:
+            out["result"] = fn(*args)
+        except BaseException as exc:  # reported to the test thread
+            out["error"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    return t, out
+
+
+@pytest.mark.timeout(20)
+def test_synchronous_round_with_two_workers():
+    with server(MeanRule(), num_workers=2) as ps:
+        c0, c1 = client(ps, 0), client(ps, 1)
+        with c0, c1:
+            c0.hello(), c1.hello()
+            t0, out0 = run_in_thread(c0.commit, ones(1.0), {"epoch": 0, "step": 1, "loss": 1.0})
+            t1, out1 = run_in_thread(c1.commit, ones(3.0), {"epoch": 0, "step": 1, "loss": 2.0})
+            t0.join(10), t1.join(10)
+            assert "error" not in out0 and "error" not in out1, (out0, out1)
+            (r0, m0), (r1, m1) = out0["result"], out1["result"]
+            np.testing.assert_array_equal(r0[0], np.full(3, 2.0, "f4"))
+            assert int(r0[2]) == 0 and int(r1[2]) == 1  # each worker gets its own reply
+            assert m0["version"] == m1["version"] == 1 == ps.version
+            # A second round.
+            t0, out0 = run_in_thread(c0.commit, ones(0.0), {})
+            t1, out1 = run_in_thread(c1.commit, ones(0.0), {})
+            t0.join(10), t1.join(10)
+            assert out0["result"][1]["version"] == 2
+        records = ps.updates
+        assert len(records) == 4 and {r.kind for r in records} == {"round"}
+        assert sorted((r.version, r.worker) for r in records) == [(1, 0), (1, 1), (2, 0), (2, 1)]
+
+
+@pytest.mark.timeout(20)
+def test_disconnect_mid_round_aborts_promptly():
+    with server(MeanRule(), num_workers=2, round_timeout=60) as ps:
+        c0, c1 = client(ps, 0), client(ps, 1)
+        with c0:
+            t0, out0 = run_in_thread(c0.commit, ones(), {})
+            assert wait_for(lambda: ps.pending_workers == [0])  # worker 0 is waiting in the barrier
+            start = time.monotonic()
+            c1.close()  # worker 1 dies before committing
+            t0.join(10)
+            assert time.monotonic() - start < 5
+            assert isinstance(out0.get("error"), RemoteError)
+            assert "round aborted" in str(out0["error"]) and "worker 1" in str(out0["error"])
+            assert c0.pull()[1] == 0  # the connection of worker 0 is still fine
+        assert any(e["kind"] == "round_aborted" for e in ps.events)
+
+
+@pytest.mark.timeout(20)
+def test_failing_round_rule_aborts_the_round_for_everyone():
+    with server(BrokenRoundRule(), num_workers=2) as ps:
+        c0, c1 = client(ps, 0), client(ps, 1)
+        with c0, c1:
+            t0, out0 = run_in_thread(c0.commit, ones(), {})
+            t1, out1 = run_in_thread(c1.commit, ones(), {})
+            t0.join(10), t1.join(10)
+            for out in (out0, out1):
+                assert isinstance(out.get("error"), RemoteError)
+                assert "round aborted: server_round failed: RuntimeError: round boom" in str(out["error"])
+            assert c0.pull()[1] == 0 == ps.version
+
+
+@pytest.mark.timeout(20)
+def test_round_timeout_aborts_round():
+    with server(MeanRule(), num_workers=2, round_timeout=0.5) as ps, client(ps, 0) as c0:
+        start = time.monotonic()
+        with pytest.raises(RemoteError, match=r"round aborted: .*timed out.*\[1\]"):
+            c0.commit(ones(), {})
+        assert time.monotonic() - start < 5
+
+
+@pytest.mark.timeout(20)
+def test_duplicate_commit_in_a_round_is_refused():
+    with server(MeanRule(), num_workers=2, round_timeout=60) as ps:
+        c0, dup = client(ps, 0), client(ps, 0)
+        with c0, dup:
+            t0, out0 = run_in_thread(c0.commit, ones(), {})
+            assert wait_for(lambda: ps.pending_workers == [0])
+            with pytest.raises(RemoteError, match="already committed"):
+                dup.commit(ones(), {})
+            ps.stop()
+            t0.join(10)
+            assert isinstance(out0.get("error"), PSError)
+
+
+@pytest.mark.timeout(30)
+def test_stop_with_connected_and_waiting_clients_is_prompt_and_frees_port():
+    ps = server(MeanRule(), num_workers=3, round_timeout=60)
+    host, port = ps.start()
+    idle = client(ps, 2)
+    c0, c1 = client(ps, 0), client(ps, 1)
+    t0, out0 = run_in_thread(c0.commit, ones(), {})
+    t1, out1 = run_in_thread(c1.commit, ones(), {})
+    assert wait_for(lambda: ps.pending_workers == [0, 1])
+    silent = raw_connect(ps)  # unauthenticated connection, too
+    start = time.monotonic()
+    ps.stop()
+    assert time.monotonic() - start < 3
+    t0.join(5), t1.join(5)
+    assert isinstance(out0.get("error"), PSError) and isinstance(out1.get("error"), PSError)
+    with pytest.raises(PSError):
+        idle.pull()
+    for c in (idle, c0, c1):
+        c.close()
+    silent.close()
+    again = ParameterServer(AddRule(), initial_center(), 1, SECRET, port=port)
+    with again:
+        assert again.address == (host, port)
+        still_serves(again)
+
+
+@pytest.mark.timeout(30)
+def test_no_thread_leak_over_start_stop_cycles():
+    before = threading.active_count()
+    for _ in range(20):
+        with server(num_workers=2) as ps:
+            with client(ps, 0) as c:
+                c.hello()
+            lingering = client(ps, 1)  # still connected when the server stops
+        lingering.close()
+    assert wait_for(lambda: threading.active_count() <= before, timeout=3), threading.enumerate()
+
+
+@pytest.mark.timeout(20)
+def test_client_errors():
+    with pytest.raises(ConnectionClosed, match="cannot connect"):
+        s = socket.socket()
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+        s.close()
+        PSClient("127.0.0.1", port, SECRET, 0, timeout=2).connect()
+    with server() as ps:
+        c = PSClient(*ps.address, SECRET, 0)
+        with pytest.raises(PSError, match="not connected"):
+            c.pull()
+        c.connect()
+        with pytest.raises(wire.ProtocolError, match="allowed"):
+            c.commit([np.array(["x"])], {})
+        assert c.pull()[1] == 0  # a bad argument does not break the connection
+        c.close()
+        c.close()

@@ -1,0 +1,152 @@
+"""Integration: real Spark standalone cluster (2 worker daemons), real TensorFlow training."""
+
+from __future__ import annotations
+
+import time
+
+import keras
+import numpy as np
+import pytest
+from pyspark.sql import functions as F
+
+from trainer import (
+    ADAG, AEASGD, DOWNPOUR, EASGD, ClusterCapacityError, DataValidationError, DynSGD, SingleWorker,
+    SyncAveraging, Trainer,
+)
+
+pytestmark = pytest.mark.spark
+
+
+def digits_model(lr: float = 0.01) -> keras.Model:
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(10, activation="softmax"),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(lr), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+@pytest.fixture(scope="module")
+def digits(spark):
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(x))
+    rows = [(x[i].tolist(), int(data.target[i]), bool(k < 1500)) for k, i in enumerate(order)]
+    df = spark.createDataFrame(rows, "features array<float>, label int, train boolean").cache()
+    train, test = df.filter("train").drop("train").cache(), df.filter("not train").drop("train").cache()
+    assert train.count() == 1500 and test.count() == 297
+    return train, test
+
+
+ALGORITHMS = [
+    pytest.param(DOWNPOUR(window=4), 2, id="downpour"),
+    pytest.param(ADAG(window=4), 2, id="adag"),
+    pytest.param(DynSGD(window=4), 2, id="dynsgd"),
+    pytest.param(AEASGD(window=4, rho=2.0, lr=0.1), 2, id="aeasgd"),
+    pytest.param(EASGD(window=4), 2, id="easgd"),
+    pytest.param(SyncAveraging(every=4), 2, id="sync-every-4"),
+    pytest.param(SyncAveraging(average_optimizer_state=True), 2, id="sync-epoch-optimizer-state"),
+    pytest.param(SingleWorker(), 1, id="single"),
+]
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("algorithm", "workers"), ALGORITHMS)
+def test_algorithm_trains_digits(digits, algorithm, workers):
+    train, test = digits
+    fitted = Trainer(digits_model(), algorithm=algorithm, num_workers=workers, batch_size=32, epochs=8,
+                     verbose=False).fit(train)
+    metrics = fitted.evaluate(test)
+    assert metrics["accuracy"] >= 0.88, f"{algorithm.describe()}: {metrics}"
+    history = fitted.history
+    assert history.num_workers == workers
+    assert len(history.epochs) == 8
+    assert history.loss[-1] < history.loss[0]
+    assert history.num_updates > 0 and history.bytes_moved > 0
+    assert {w["worker"] for w in history.workers} == set(range(workers))
+    assert all(w["commits"] > 0 and w["bytes_sent"] > 0 for w in history.workers)
+    assert history.timings["data_delivery_s"] > 0
+
+
+@pytest.mark.timeout(300)
+def test_transform_evaluate_and_second_fit(digits, spark):
+    train, test = digits
+    fitted = Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=3, verbose=False).fit(train)
+    # A second fit in the same driver process, with a builder function this time.
+    fitted2 = Trainer(digits_model, algorithm=DOWNPOUR(window=4), num_workers=2, epochs=3, verbose=False).fit(train)
+    for model in (fitted, fitted2):
+        predicted = model.transform(test.repartition(7))  # more partitions than rows per partition
+        rows = predicted.select("label", "prediction").collect()
+        assert len(rows) == 297
+        probs = np.array([r.prediction for r in rows])
+        assert probs.shape == (297, 10)
+        np.testing.assert_allclose(probs.sum(axis=1), 1.0, atol=1e-3)
+        accuracy = float(np.mean(probs.argmax(axis=1) == np.array([r.label for r in rows])))
+        metrics = model.evaluate(test)
+        assert abs(metrics["accuracy"] - accuracy) < 1e-6
+        # local predictions from the fitted Keras model agree with the distributed ones
+        sample = test.limit(5).collect()
+        x = np.array([r.features for r in sample], np.float32)
+        local = model.keras_model.predict(x, verbose=0)
+        dist = model.transform(spark.createDataFrame(sample, test.schema).coalesce(1)).select("prediction").collect()
+        np.testing.assert_allclose(local, np.array([r.prediction for r in dist]), atol=1e-4)
+
+
+@pytest.mark.timeout(300)
+def test_transform_handles_empty_partitions(digits, spark):
+    train, _ = digits
+    fitted = Trainer(digits_model(), num_workers=2, epochs=1, verbose=False).fit(train)
+    few = train.limit(3).repartition(6)  # at least 3 empty partitions
+    assert few.rdd.glom().map(len).collect().count(0) >= 3
+    assert fitted.transform(few).count() == 3
+    scalar = spark.createDataFrame([([1.0, 2.0],), ([3.0, 4.0],)], "features array<float>")
+    regressor = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    regressor.compile(optimizer="sgd", loss="mse")
+    reg_df = spark.createDataFrame([([1.0, 2.0], 3.0), ([3.0, 4.0], 7.0)], "features array<float>, label double")
+    fitted_reg = Trainer(regressor, num_workers=2, batch_size=1, epochs=1, verbose=False).fit(reg_df)
+    values = [r.prediction for r in fitted_reg.transform(scalar).collect()]
+    assert all(isinstance(v, float) for v in values)
+
+
+# -- bad input: a clear error within seconds, before any training job -------------
+
+def _fails_fast(df, match, **kwargs):
+    trainer = Trainer(kwargs.pop("model", None) or digits_model(), verbose=False, **kwargs)
+    started = time.monotonic()
+    with pytest.raises((DataValidationError, ClusterCapacityError), match=match):
+        trainer.fit(df)
+    elapsed = time.monotonic() - started
+    assert elapsed < 10, f"error took {elapsed:.1f} s"
+
+
+@pytest.mark.timeout(120)
+def test_bad_input_fails_fast(digits, spark):
+    train, _ = digits
+    _fails_fast(train.withColumnRenamed("features", "feature"), "Did you mean 'feature'")
+    _fails_fast(train, "not in the DataFrame", label_col="labels")
+    _fails_fast(train.withColumn("features", F.slice("features", 1, 60)), "60 values but the model's input shape is \\(64\\)")
+    nan = train.withColumn("features", F.when(F.col("label") == 3, F.array_repeat(F.lit(float("nan")), 64)).otherwise(F.col("features")))
+    _fails_fast(nan, "NaN or infinite feature values")
+    _fails_fast(train.filter("label > 99"), "empty")
+    _fails_fast(train.withColumn("label", F.col("label") + 5), "Labels range from 5 to 14")
+    _fails_fast(train.withColumn("label", F.col("label").cast("string")), "type string")
+    _fails_fast(train, "needs 3 task slots .* offers 2", num_workers=3, slot_timeout=2)
+    _fails_fast(train.limit(1), "1 rows but at least 2", num_workers=2)
+    uncompiled = keras.Sequential([keras.Input((64,)), keras.layers.Dense(10)])
+    _fails_fast(train, "not compiled", model=uncompiled)
+
+
+def test_bad_arguments_are_named():
+    with pytest.raises(ValueError, match="num_workers"):
+        Trainer(digits_model(), num_workers=0)
+    with pytest.raises(ValueError, match="exactly one worker"):
+        Trainer(digits_model(), algorithm=SingleWorker(), num_workers=2)
+    with pytest.raises(ValueError, match="Unknown algorithm 'hogwild'"):
+        Trainer(digits_model(), algorithm="hogwild")
+    with pytest.raises(TypeError, match="compiled keras.Model"):
+        Trainer("model.h5")

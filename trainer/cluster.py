@@ -1,0 +1,891 @@
+"""The embedded default cluster: a real Spark standalone master and workers on this machine.
+
+``LocalCluster`` starts a Spark standalone master and N worker daemons as
+separate OS processes from the installed ``pyspark`` wheel (no Spark download,
+no ``start-master.sh``), waits until all workers are ALIVE, and hands out a
+``SparkSession`` connected to it whose N executors have registered.  Unlike
+``local[*]`` this exercises the real distributed code paths: separate executor
+JVMs and Python workers, barrier stages across executors, serialization of
+everything that crosses a process boundary.
+
+Every daemon runs in its own session, so ``stop()`` can kill its whole process
+group (worker -> executor JVMs); the Python daemons that executors fork are
+found by an environment marker.  ``stop()`` is idempotent, also runs at
+interpreter exit, and works after a failed ``start()``.
+
+Usage::
+
+    with LocalCluster(workers=2) as cluster:
+        spark = cluster.session("my-app")
+        ...
+
+or from a shell (blocks until Ctrl-C / SIGTERM)::
+
+    python -m trainer.cluster up --workers 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import json
+import logging
+import os
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+from trainer.session import executor_env_defaults, spark_session
+
+log = logging.getLogger("trainer.cluster")
+
+__all__ = [
+    "LocalCluster",
+    "ClusterError",
+    "JavaError",
+    "check_java",
+    "find_spark_home",
+    "parse_memory_mb",
+    "main",
+]
+
+MIN_JAVA = 17
+MIN_WORKER_MEMORY_MB = 512  # Spark refuses executors below ~450m
+MARKER_ENV = "TRAINER_LOCAL_CLUSTER"
+STOP_GRACE_S = 10.0
+_MASTER_CLASS = "org.apache.spark.deploy.master.Master"
+_WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
+_JAVA_FIX = (
+    "install Java 17 or newer (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) "
+    "and put it on PATH, or set JAVA_HOME to its home directory"
+)
+
+_LOG4J2 = """\
+# Written by trainer.cluster.LocalCluster: quiet Spark daemons and executors.
+rootLogger.level = warn
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+# Keep the few lifecycle lines of master and worker (start, registration).
+logger.master.name = org.apache.spark.deploy.master.Master
+logger.master.level = info
+logger.worker.name = org.apache.spark.deploy.worker.Worker
+logger.worker.level = info
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = warn
+logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoop.level = error
+"""
+
+_SPARK_DEFAULTS = """\
+# Written by trainer.cluster.LocalCluster; read by the master and worker daemons.
+# Several clusters may run on one machine: no fixed-port REST server, and a
+# port that is taken is an error (not a silent move to port+1).
+spark.master.rest.enabled   false
+spark.port.maxRetries       0
+"""
+
+
+class ClusterError(RuntimeError):
+    """The local cluster could not be started (or a daemon died)."""
+
+
+class JavaError(ClusterError):
+    """No usable Java runtime (missing, or older than 17)."""
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def find_spark_home() -> str:
+    """SPARK_HOME of the installed pyspark wheel (or $SPARK_HOME if it has bin/spark-class)."""
+    from pyspark.find_spark_home import _find_spark_home
+
+    home = _find_spark_home()
+    if not os.path.isfile(os.path.join(home, "bin", "spark-class")):
+        raise ClusterError(
+            f"expected bin/spark-class under SPARK_HOME, but {home!r} has none; unset SPARK_HOME "
+            f"or reinstall pyspark (pip install pyspark)"
+        )
+    return home
+
+
+def parse_memory_mb(text: str) -> int:
+    """Parse a Spark memory string ('512m', '2g', '1t', '2048mb') into MiB."""
+    m = re.fullmatch(r"\s*(\d+)\s*([kmgt])b?\s*", str(text), flags=re.IGNORECASE)
+    if not m:
+        raise ValueError(
+            f"expected a memory size like '512m' or '2g' (a number with unit k/m/g/t), got {text!r}"
+        )
+    value, unit = int(m.group(1)), m.group(2).lower()
+    factor = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[unit]
+    return int(value * factor)
+
+
+def _java_binary(env: dict[str, str]) -> str:
+    java_home = env.get("JAVA_HOME")
+    if java_home:
+        java = os.path.join(java_home, "bin", "java")
+        if not os.access(java, os.X_OK):
+            raise JavaError(
+                f"expected a Java runtime at $JAVA_HOME/bin/java, but JAVA_HOME={java_home!r} has "
+                f"no executable bin/java; unset JAVA_HOME or {_JAVA_FIX}"
+            )
+        return java
+    java = shutil.which("java", path=env.get("PATH", os.defpath))
+    if not java:
+        raise JavaError(f"expected a 'java' executable on PATH (Java {MIN_JAVA}+), found none; {_JAVA_FIX}")
+    return java
+
+
+def check_java(env: dict[str, str] | None = None) -> tuple[str, int]:
+    """Return (java executable, major version); raise JavaError if missing or older than 17."""
+    env = dict(os.environ) if env is None else env
+    java = _java_binary(env)
+    try:
+        out = subprocess.run(
+            [java, "-version"], capture_output=True, text=True, timeout=60, env=env, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        raise JavaError(f"expected '{java} -version' to run, it failed: {exc}; {_JAVA_FIX}") from exc
+    text = (out.stderr or "") + (out.stdout or "")
+    m = re.search(r'version "(\d+)(?:\.(\d+))?', text)
+    if out.returncode != 0 or not m:
+        raise JavaError(
+            f"expected '{java} -version' to print a Java version, got exit code {out.returncode} "
+            f"and output {text.strip()[:500]!r}; {_JAVA_FIX}"
+        )
+    major = int(m.group(1))
+    if major == 1 and m.group(2):  # "1.8.0_392" -> 8
+        major = int(m.group(2))
+    if major < MIN_JAVA:
+        raise JavaError(
+            f"expected Java {MIN_JAVA} or newer for Spark 4, but {java} is Java {major}; {_JAVA_FIX}"
+        )
+    return java, major
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def _ensure_port_free(host: str, port: int, what: str) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind((host, port))
+        except OSError as exc:
+            raise ClusterError(
+                f"expected {what} port {host}:{port} to be free, but binding it failed ({exc}); "
+                f"another process uses it: choose another port or pass None to pick a free one"
+            ) from exc
+
+
+def _tail(path: Path | None, lines: int = 40) -> str:
+    if path is None:
+        return "(no log)"
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            size = f.tell()
+            f.seek(max(0, size - 16384))
+            data = f.read().decode("utf-8", errors="replace")
+    except OSError as exc:
+        return f"(log {path} unreadable: {exc})"
+    tail = "\n".join(data.splitlines()[-lines:])
+    return tail if tail.strip() else "(log is empty)"
+
+
+def _pdeathsig_prefix() -> list[str]:
+    """`setpriv --pdeathsig TERM --` so daemons get SIGTERM if this process dies without cleanup.
+
+    Only on Linux with util-linux setpriv, and only from the main thread (the
+    signal fires when the *thread* that forked the child exits).
+    """
+    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
+        return []
+    setpriv = shutil.which("setpriv")
+    if not setpriv:
+        return []
+    global _SETPRIV_OK
+    if _SETPRIV_OK is None:
+        try:
+            out = subprocess.run([setpriv, "--help"], capture_output=True, text=True, timeout=10)
+            _SETPRIV_OK = "--pdeathsig" in (out.stdout + out.stderr)
+        except (OSError, subprocess.TimeoutExpired):
+            _SETPRIV_OK = False
+    return [setpriv, "--pdeathsig", "TERM", "--"] if _SETPRIV_OK else []
+
+
+_SETPRIV_OK: bool | None = None
+
+
+def _proc_state(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            stat = f.read().decode(errors="replace")
+        return stat.rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return None
+
+
+def _group_alive(pgid: int) -> bool:
+    """True if process group ``pgid`` has a member that is not a zombie."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.isdir("/proc"):
+        return True
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            if os.getpgid(int(entry)) == pgid and _proc_state(int(entry)) not in (None, "Z", "X"):
+                return True
+        except (ProcessLookupError, PermissionError, OSError):
+            continue
+    return False
+
+
+def _marked_pids(marker: str) -> list[int]:
+    """PIDs of live processes whose environment carries ``MARKER_ENV=marker`` (Linux only)."""
+    if not os.path.isdir("/proc"):
+        return []
+    needle = f"{MARKER_ENV}={marker}".encode() + b"\0"
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                environ = f.read() + b"\0"
+        except OSError:
+            continue
+        if needle in environ and _proc_state(int(entry)) not in (None, "Z", "X"):
+            found.append(int(entry))
+    return found
+
+
+class _Daemon:
+    def __init__(self, name: str, proc: subprocess.Popen, log_path: Path):
+        self.name = name
+        self.proc = proc
+        self.log_path = log_path
+
+    @property
+    def pgid(self) -> int:
+        return self.proc.pid  # start_new_session=True: the child leads its own group
+
+    def describe_exit(self) -> str:
+        return (
+            f"the {self.name} process (pid {self.proc.pid}) exited with code {self.proc.returncode}; "
+            f"last lines of {self.log_path}:\n{_tail(self.log_path)}"
+        )
+
+
+# --------------------------------------------------------------------------- the cluster
+
+
+class LocalCluster:
+    """A Spark standalone master plus ``workers`` worker daemons on this machine.
+
+    Use as a context manager, or call ``start()`` / ``stop()`` (both idempotent).
+    ``master_port`` / ``ui_port`` default to free ports.  Logs of the daemons go
+    to ``log_dir`` (a temporary directory by default, removed by ``stop()``
+    unless ``keep_logs``); executor logs are in ``<log_dir>/work/worker-*/``.
+    """
+
+    def __init__(
+        self,
+        workers: int = 2,
+        cores_per_worker: int = 1,
+        worker_memory: str = "2g",
+        host: str = "127.0.0.1",
+        master_port: int | None = None,
+        ui_port: int | None = None,
+        start_timeout: float = 90.0,
+        log_dir: str | os.PathLike | None = None,
+        keep_logs: bool = False,
+    ):
+        if int(workers) < 1:
+            raise ValueError(f"expected workers >= 1, got {workers!r}")
+        if int(cores_per_worker) < 1:
+            raise ValueError(f"expected cores_per_worker >= 1, got {cores_per_worker!r}")
+        mem_mb = parse_memory_mb(worker_memory)
+        if mem_mb < MIN_WORKER_MEMORY_MB:
+            raise ValueError(
+                f"expected worker_memory >= {MIN_WORKER_MEMORY_MB}m (Spark executors need ~450m), "
+                f"got {worker_memory!r}; pass e.g. worker_memory='1g'"
+            )
+        for name, port in (("master_port", master_port), ("ui_port", ui_port)):
+            if port is not None and not (0 < int(port) < 65536):
+                raise ValueError(f"expected {name} in 1..65535 or None (pick a free one), got {port!r}")
+        if start_timeout <= 0:
+            raise ValueError(f"expected start_timeout > 0 seconds, got {start_timeout!r}")
+        self.workers = int(workers)
+        self.cores_per_worker = int(cores_per_worker)
+        self.worker_memory = str(worker_memory)
+        self.worker_memory_mb = mem_mb
+        self.host = host
+        self.start_timeout = float(start_timeout)
+        self.keep_logs = bool(keep_logs)
+        self._want_master_port = master_port
+        self._want_ui_port = ui_port
+        self._user_log_dir = Path(log_dir) if log_dir is not None else None
+        self._lock = threading.RLock()
+        self._reset()
+
+    def _reset(self) -> None:
+        self._root: Path | None = None
+        self._owns_root = False
+        self._master: _Daemon | None = None
+        self._worker_daemons: list[_Daemon] = []
+        self._master_port: int | None = None
+        self._ui_port: int | None = None
+        self._marker: str | None = None
+        self._session = None
+        self._started = False
+        self._atexit_registered = False
+        self.start_seconds: float | None = None
+
+    # ------------------------------------------------------------------ properties
+
+    def _require_started(self) -> None:
+        if not self._started:
+            raise ClusterError("expected a started LocalCluster; call start() or use it in a 'with' block first")
+
+    @property
+    def master_url(self) -> str:
+        """``spark://host:port`` of the master."""
+        self._require_started()
+        return f"spark://{self.host}:{self._master_port}"
+
+    @property
+    def ui_url(self) -> str:
+        """``http://host:port`` of the master's web UI."""
+        self._require_started()
+        return f"http://{self.host}:{self._ui_port}"
+
+    @property
+    def master_port(self) -> int | None:
+        return self._master_port
+
+    @property
+    def ui_port(self) -> int | None:
+        return self._ui_port
+
+    @property
+    def log_dir(self) -> Path | None:
+        """Directory holding master.log, worker-*.log and the workers' work dirs."""
+        return self._root
+
+    @property
+    def running(self) -> bool:
+        return self._started
+
+    def process_groups(self) -> list[int]:
+        """Process-group ids of the daemons (workers first, then the master)."""
+        daemons = list(self._worker_daemons) + ([self._master] if self._master else [])
+        return [d.pgid for d in daemons]
+
+    def pids(self) -> list[int]:
+        """Live processes of this cluster: daemons, executors and their Python workers (Linux)."""
+        pids = set()
+        if self._marker:
+            pids.update(_marked_pids(self._marker))
+        for d in self._all_daemons():
+            if d.proc.poll() is None:
+                pids.add(d.proc.pid)
+        return sorted(pids)
+
+    def _all_daemons(self) -> list[_Daemon]:
+        return list(self._worker_daemons) + ([self._master] if self._master else [])
+
+    def status(self, timeout: float = 5.0) -> dict[str, Any]:
+        """The master's JSON status (``GET <ui_url>/json/``), parsed."""
+        if self._ui_port is None:
+            self._require_started()
+        return self._fetch_status(timeout)
+
+    def _fetch_status(self, timeout: float) -> dict[str, Any]:
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never via a proxy
+        with opener.open(f"http://{self.host}:{self._ui_port}/json/", timeout=timeout) as resp:
+            return json.loads(resp.read().decode("utf-8"))
+
+    def alive_workers(self) -> list[dict[str, Any]]:
+        """The workers the master lists with state ALIVE."""
+        return [w for w in self.status().get("workers", []) if w.get("state") == "ALIVE"]
+
+    def dead_daemons(self) -> list[str]:
+        """Descriptions (with log tails) of daemons that have exited; empty while all run."""
+        return [d.describe_exit() for d in self._all_daemons() if d.proc.poll() is not None]
+
+    # ------------------------------------------------------------------ start
+
+    def __enter__(self) -> "LocalCluster":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+    def start(self) -> "LocalCluster":
+        """Start master and workers; return once all workers are ALIVE (or raise ClusterError)."""
+        with self._lock:
+            if self._started:
+                return self
+            self._reset()
+            t0 = time.monotonic()
+            env = self._daemon_env()
+            check_java(env)
+            spark_home = find_spark_home()
+            if not self._atexit_registered:
+                atexit.register(self._stop_at_exit)
+                self._atexit_registered = True
+            try:
+                self._prepare_dirs()
+                self._start_master(spark_home, env, t0)
+                self._start_workers(spark_home, env, t0)
+                self._started = True
+            except BaseException:
+                self.stop()
+                raise
+            self.start_seconds = time.monotonic() - t0
+            log.info(
+                "local Spark cluster up in %.1fs: %s (UI %s), %d worker(s) x %d core(s), %s each; logs in %s",
+                self.start_seconds, self.master_url, self.ui_url, self.workers,
+                self.cores_per_worker, self.worker_memory, self._root,
+            )
+            return self
+
+    def _daemon_env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        self._marker = f"{os.getpid()}-{uuid.uuid4().hex[:12]}"
+        env.update(executor_env_defaults(self.cores_per_worker))
+        env.update(
+            {
+                MARKER_ENV: self._marker,
+                "PYSPARK_PYTHON": sys.executable,
+                "SPARK_LOCAL_IP": self.host,
+                "TF_CPP_MIN_LOG_LEVEL": "2",
+                "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
+            }
+        )
+        env.setdefault("SPARK_DAEMON_MEMORY", "512m")
+        # Master and worker only do bookkeeping: a small heap, one GC thread and
+        # the quick JIT tier start faster and leave the cores to the executors.
+        env["SPARK_DAEMON_JAVA_OPTS"] = (
+            env.get("SPARK_DAEMON_JAVA_OPTS", "") + " -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+        ).strip()
+        # A driver-side SPARK_CONF_DIR / spark-env.sh must not leak into our daemons.
+        env.pop("SPARK_ENV_LOADED", None)
+        env.pop("PYSPARK_DRIVER_PYTHON", None)
+        return env
+
+    def _prepare_dirs(self) -> None:
+        if self._user_log_dir is not None:
+            self._root = self._user_log_dir.resolve()
+            self._root.mkdir(parents=True, exist_ok=True)
+            self._owns_root = False
+        else:
+            self._root = Path(tempfile.mkdtemp(prefix="trainer-cluster-"))
+            self._owns_root = True
+        conf = self._root / "conf"
+        conf.mkdir(exist_ok=True)
+        (conf / "log4j2.properties").write_text(_LOG4J2)
+        (conf / "spark-defaults.conf").write_text(_SPARK_DEFAULTS)
+        (self._root / "work").mkdir(exist_ok=True)
+
+    def _launch(self, name: str, args: list[str], spark_home: str, env: dict[str, str]) -> _Daemon:
+        assert self._root is not None
+        env = dict(env, SPARK_HOME=spark_home, SPARK_CONF_DIR=str(self._root / "conf"))
+        log_path = self._root / f"{name}.log"
+        cmd = _pdeathsig_prefix() + [os.path.join(spark_home, "bin", "spark-class"), *args]
+        log.debug("starting %s: %s", name, " ".join(cmd))
+        with open(log_path, "ab") as logf:
+            proc = subprocess.Popen(
+                cmd,
+                stdin=subprocess.DEVNULL,
+                stdout=logf,
+                stderr=subprocess.STDOUT,
+                env=env,
+                cwd=str(self._root),
+                start_new_session=True,
+                close_fds=True,
+            )
+        return _Daemon(name, proc, log_path)
+
+    def _start_master(self, spark_home: str, env: dict[str, str], t0: float) -> None:
+        auto_ports = self._want_master_port is None or self._want_ui_port is None
+        attempts = 3 if auto_ports else 1
+        for attempt in range(1, attempts + 1):
+            self._master_port = self._want_master_port or _free_port(self.host)
+            self._ui_port = self._want_ui_port or _free_port(self.host)
+            while self._ui_port == self._master_port:
+                self._ui_port = _free_port(self.host)
+            if self._want_master_port is not None:
+                _ensure_port_free(self.host, self._master_port, "master")
+            if self._want_ui_port is not None:
+                _ensure_port_free(self.host, self._ui_port, "master web UI")
+            self._master = self._launch(
+                "master",
+                [_MASTER_CLASS, "--host", self.host, "--port", str(self._master_port),
+                 "--webui-port", str(self._ui_port)],
+                spark_home, env,
+            )
+            try:
+                self._wait_master(t0)
+                return
+            except ClusterError:
+                log_text = _tail(self._master.log_path, 200)
+                lost_race = "BindException" in log_text or "Address already in use" in log_text
+                if not (lost_race and attempt < attempts):
+                    raise
+                log.warning("master lost a race for its port, retrying with new ports")
+                self._kill_daemons([self._master])
+                self._master = None
+
+    def _deadline_left(self, t0: float) -> float:
+        return self.start_timeout - (time.monotonic() - t0)
+
+    def _wait_master(self, t0: float) -> None:
+        assert self._master is not None
+        last_error: Exception | None = None
+        while True:
+            if self._master.proc.poll() is not None:
+                raise ClusterError(
+                    f"expected the Spark master to start on {self.host}:{self._master_port} "
+                    f"(UI port {self._ui_port}), but {self._master.describe_exit()}"
+                )
+            try:
+                status = self._fetch_status(timeout=2.0)
+                if status.get("status") == "ALIVE":
+                    return
+                last_error = ClusterError(f"master status is {status.get('status')!r}")
+            except (urllib.error.URLError, OSError, ValueError) as exc:
+                last_error = exc
+            if self._deadline_left(t0) <= 0:
+                raise ClusterError(
+                    f"expected the Spark master to answer on http://{self.host}:{self._ui_port}/json/ "
+                    f"with status ALIVE within {self.start_timeout:.0f}s, last error: {last_error}; "
+                    f"raise start_timeout on a slow machine. Last lines of {self._master.log_path}:\n"
+                    f"{_tail(self._master.log_path)}"
+                )
+            time.sleep(0.2)
+
+    def _start_workers(self, spark_home: str, env: dict[str, str], t0: float) -> None:
+        assert self._root is not None
+        for i in range(self.workers):
+            work_dir = self._root / "work" / f"worker-{i}"
+            work_dir.mkdir(parents=True, exist_ok=True)
+            self._worker_daemons.append(
+                self._launch(
+                    f"worker-{i}",
+                    [_WORKER_CLASS, "--host", self.host, "--cores", str(self.cores_per_worker),
+                     "--memory", f"{self.worker_memory_mb}m", "--work-dir", str(work_dir),
+                     "--webui-port", "0", f"spark://{self.host}:{self._master_port}"],
+                    spark_home, env,
+                )
+            )
+        alive: list[dict[str, Any]] = []
+        while True:
+            for d in self._all_daemons():
+                if d.proc.poll() is not None:
+                    raise ClusterError(
+                        f"expected {self.workers} Spark worker(s) to register with the master, but "
+                        f"{d.describe_exit()}"
+                    )
+            try:
+                status = self._fetch_status(timeout=2.0)
+                alive = [w for w in status.get("workers", []) if w.get("state") == "ALIVE"]
+                if len(alive) >= self.workers:
+                    return
+            except (urllib.error.URLError, OSError, ValueError):
+                pass
+            if self._deadline_left(t0) <= 0:
+                tails = "\n".join(
+                    f"--- {d.log_path}:\n{_tail(d.log_path, 15)}" for d in self._worker_daemons
+                )
+                raise ClusterError(
+                    f"expected {self.workers} ALIVE worker(s) at {self.ui_url}/json/ within "
+                    f"{self.start_timeout:.0f}s, got {len(alive)}; raise start_timeout on a slow "
+                    f"machine or read the worker logs:\n{tails}"
+                )
+            time.sleep(0.25)
+
+    # ------------------------------------------------------------------ session
+
+    def executor_memory_mb(self) -> int:
+        """Default spark.executor.memory: half the worker memory (at least 512m, at most all of it)."""
+        return min(self.worker_memory_mb, max(self.worker_memory_mb // 2, MIN_WORKER_MEMORY_MB))
+
+    def session(self, app_name: str = "trainer", *, executor_timeout: float | None = None, **conf: Any):
+        """A SparkSession connected to this cluster; returns once all its executors registered.
+
+        Keyword arguments are Spark properties overriding the defaults, e.g.
+        ``cluster.session("app", **{"spark.executor.memory": "1500m"})``.
+        """
+        self._require_started()
+        settings: dict[str, Any] = {
+            "spark.executor.memory": f"{self.executor_memory_mb()}m",
+            "spark.cores.max": str(self.workers * self.cores_per_worker),
+            "spark.driver.host": self.host,
+            "spark.driver.bindAddress": self.host,
+        }
+        settings.update(conf)
+        expected = self._expected_executors(settings)
+        # Executor JVMs start after the driver's; on a loaded machine that takes a while.
+        timeout = max(self.start_timeout, 180.0) if executor_timeout is None else executor_timeout
+        spark = spark_session(
+            self.master_url,
+            app_name,
+            cores_per_worker=self.cores_per_worker,
+            expected_executors=expected,
+            executor_timeout=timeout,
+            **settings,
+        )
+        self._session = spark
+        return spark
+
+    def _expected_executors(self, settings: dict[str, Any]) -> int:
+        exec_cores = int(settings.get("spark.executor.cores") or self.cores_per_worker)
+        exec_mb = parse_memory_mb(str(settings.get("spark.executor.memory") or "1g"))
+        cores_max = int(settings.get("spark.cores.max") or self.workers * self.cores_per_worker)
+        if exec_cores > self.cores_per_worker:
+            raise ValueError(
+                f"expected spark.executor.cores <= cores_per_worker ({self.cores_per_worker}), got "
+                f"{exec_cores}; no worker could host such an executor: lower it or start the cluster "
+                f"with more cores_per_worker"
+            )
+        if exec_mb > self.worker_memory_mb:
+            raise ValueError(
+                f"expected spark.executor.memory <= worker_memory ({self.worker_memory}), got "
+                f"{settings.get('spark.executor.memory')}; no worker could host such an executor: "
+                f"lower it or start the cluster with more worker_memory"
+            )
+        per_worker = min(self.cores_per_worker // exec_cores, self.worker_memory_mb // exec_mb)
+        return max(1, min(self.workers * per_worker, cores_max // exec_cores))
+
+    def _stop_session(self) -> None:
+        spark, self._session = self._session, None
+        if spark is None:
+            return
+        try:
+            sc = spark.sparkContext
+            if sc._jsc is not None:
+                spark.stop()
+        except Exception as exc:  # the gateway may already be gone at interpreter exit
+            log.debug("stopping the SparkSession failed: %s", exc)
+
+    # ------------------------------------------------------------------ stop
+
+    def _kill_daemons(self, daemons: list[_Daemon], grace: float = STOP_GRACE_S) -> None:
+        for d in daemons:
+            if _group_alive(d.pgid):
+                try:
+                    os.killpg(d.pgid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace
+        for d in daemons:
+            try:
+                d.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+        while time.monotonic() < deadline and any(_group_alive(d.pgid) for d in daemons):
+            time.sleep(0.1)
+        for d in daemons:
+            if _group_alive(d.pgid):
+                log.warning("%s (process group %d) ignored SIGTERM for %.0fs; killing it", d.name, d.pgid, grace)
+                try:
+                    os.killpg(d.pgid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for d in daemons:
+            try:
+                d.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                log.warning("%s (pid %d) survived SIGKILL", d.name, d.proc.pid)
+
+    def _wait_groups_reaped(self, timeout: float = 5.0) -> None:
+        """Wait until no process (not even a zombie awaiting its reaper) is left in our groups."""
+        deadline = time.monotonic() + timeout
+        for pgid in self.process_groups():
+            while True:
+                try:
+                    os.killpg(pgid, 0)
+                except ProcessLookupError:
+                    break
+                except PermissionError:
+                    break
+                if time.monotonic() >= deadline:
+                    if _group_alive(pgid):
+                        log.warning("process group %d still has live processes after stop()", pgid)
+                    break
+                time.sleep(0.1)
+
+    def stop(self) -> None:
+        """Stop the session this cluster created, then workers, then the master; remove temp files.
+
+        Idempotent; safe after a failed start().  Afterwards none of the cluster's
+        processes (daemons, executors, their Python workers) is left.
+        """
+        with self._lock:
+            self._stop_session()
+            self._kill_daemons(self._worker_daemons)
+            if self._master is not None:
+                self._kill_daemons([self._master])
+            # Python daemons forked by executors run in their own process groups; they
+            # exit when their executor dies, but do not rely on it.
+            if self._marker:
+                deadline = time.monotonic() + 5.0
+                leftovers = _marked_pids(self._marker)
+                while leftovers and time.monotonic() < deadline:
+                    time.sleep(0.2)
+                    leftovers = _marked_pids(self._marker)
+                for pid in leftovers:
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+            self._wait_groups_reaped()
+            if self._root is not None and self._owns_root and not self.keep_logs:
+                shutil.rmtree(self._root, ignore_errors=True)
+            if self._atexit_registered:
+                atexit.unregister(self._stop_at_exit)
+                self._atexit_registered = False
+            if self._started:
+                log.info("local Spark cluster %s stopped", self.master_url)
+            self._started = False
+
+    def _stop_at_exit(self) -> None:
+        try:
+            self.stop()
+        except Exception as exc:
+            log.warning("stopping the local Spark cluster at exit failed: %s", exc)
+
+    def __repr__(self) -> str:
+        where = self.master_url if self._started else "not started"
+        return (
+            f"LocalCluster(workers={self.workers}, cores_per_worker={self.cores_per_worker}, "
+            f"worker_memory={self.worker_memory!r}, {where})"
+        )
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m trainer.cluster",
+        description="Run a local Spark standalone cluster (master + workers) from the installed pyspark.",
+    )
+    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    up = sub.add_parser(
+        "up",
+        help="start a cluster and keep it running until Ctrl-C / SIGTERM",
+        description="Start a Spark master and workers, print the master URL, block until Ctrl-C or SIGTERM.",
+    )
+    up.add_argument("--workers", type=int, default=2, help="number of worker daemons (default: 2)")
+    up.add_argument("--cores-per-worker", type=int, default=1, help="cores each worker offers (default: 1)")
+    up.add_argument("--worker-memory", default="2g", help="memory each worker offers, e.g. 2g (default: 2g)")
+    up.add_argument("--host", default="127.0.0.1", help="address to bind master and workers (default: 127.0.0.1)")
+    up.add_argument("--master-port", type=int, default=None, help="master RPC port (default: a free port)")
+    up.add_argument("--ui-port", type=int, default=None, help="master web UI port (default: a free port)")
+    up.add_argument("--start-timeout", type=float, default=90.0,
+                    help="seconds to wait for all workers to be ALIVE (default: 90)")
+    up.add_argument("--log-dir", default=None, help="directory for daemon logs (default: a temporary directory)")
+    up.add_argument("--keep-logs", action="store_true", help="keep the log directory after stopping")
+    up.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Entry point of ``python -m trainer.cluster``; returns the exit code."""
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    stop_requested = threading.Event()
+    received: list[int] = []
+    starting = True
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        received.append(signum)
+        stop_requested.set()
+        if starting:  # abort start(); it stops whatever it launched
+            raise KeyboardInterrupt
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, on_signal)
+
+    cluster = LocalCluster(
+        workers=args.workers,
+        cores_per_worker=args.cores_per_worker,
+        worker_memory=args.worker_memory,
+        host=args.host,
+        master_port=args.master_port,
+        ui_port=args.ui_port,
+        start_timeout=args.start_timeout,
+        log_dir=args.log_dir,
+        keep_logs=args.keep_logs,
+    )
+    try:
+        cluster.start()
+    except (ClusterError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        cluster.stop()
+        return 1
+    except KeyboardInterrupt:
+        cluster.stop()
+        print("interrupted while starting; cluster stopped", file=sys.stderr, flush=True)
+        return 130
+    finally:
+        starting = False
+    exit_code = 0
+    try:
+        print(
+            f"Spark standalone cluster is up ({cluster.workers} worker(s) x {cluster.cores_per_worker} "
+            f"core(s), {cluster.worker_memory} each, started in {cluster.start_seconds:.1f}s)\n"
+            f"  master URL     : {cluster.master_url}\n"
+            f"  web UI         : {cluster.ui_url}\n"
+            f"  logs           : {cluster.log_dir}\n"
+            f"  process groups : {' '.join(str(g) for g in cluster.process_groups())}\n"
+            f"Press Ctrl-C to stop.",
+            flush=True,
+        )
+        while not stop_requested.wait(1.0):
+            dead = cluster.dead_daemons()
+            if dead:
+                print("error: a cluster daemon died:\n" + "\n".join(dead), file=sys.stderr, flush=True)
+                exit_code = 1
+                break
+        if received:
+            log.info("received %s, stopping", signal.Signals(received[0]).name)
+    finally:
+        cluster.stop()
+    print("cluster stopped", flush=True)
+    return exit_code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,411 @@
+"""Wire format of the parameter server: framing, array codec, limits and auth.
+
+Every message is one *frame*::
+
+    header   struct "!4sBIQ": magic b"KPS1", message type (u8),
+             meta_len (u32), body_len (u64)
+    meta     meta_len bytes of UTF-8 JSON holding one object
+    body     body_len bytes: the raw bytes of the arrays, concatenated, C order
+
+The arrays are described in the meta under the reserved key ``"arrays"``: a
+list of ``[dtype_name, shape]`` pairs, e.g. ``[["float32", [3, 4]], ...]``.
+Only plain little-endian numeric dtypes are allowed (see ``ALLOWED_DTYPES``);
+nothing is ever pickled and nothing is ever handed to ``np.load``.
+
+Decoding is defensive: the header is checked against the limits (meta at most
+``MAX_META`` bytes, body at most the caller's ``max_body``) *before* anything
+else is read or allocated, and every violation raises ``ProtocolError``.
+
+Decoded arrays are zero-copy ``np.frombuffer`` views into the received body;
+they are writable when the body is a ``bytearray`` (as with ``read_frame``) and
+read-only when it is ``bytes``. They share one buffer, so copy an array if it
+must outlive or be isolated from the others.
+
+Authentication is an HMAC-SHA256 challenge/response: the server sends
+CHALLENGE with meta ``{"nonce": 32 random bytes as hex, "protocol",
+"num_workers"}``; the client answers AUTH with meta ``{"worker", "attempt",
+"mac"}`` where ``mac`` is the hex of ``auth_digest(secret, nonce, worker,
+attempt)``; the server answers OK, or ERROR and closes. Until then frames
+are limited to ``PREAUTH_MAX_BODY`` / ``PREAUTH_MAX_META`` bytes.
+"""
+
+from __future__ import annotations
+
+import enum
+import hashlib
+import hmac
+import json
+import math
+import secrets
+import socket
+import struct
+import time
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+
+MAGIC = b"KPS1"
+HEADER = struct.Struct("!4sBIQ")
+HEADER_SIZE = HEADER.size
+#: Largest accepted meta section (bytes).
+MAX_META = 1 << 20
+#: Largest body and meta accepted from a peer that has not authenticated yet (bytes).
+PREAUTH_MAX_BODY = 4096
+PREAUTH_MAX_META = 4096
+MAX_NDIM = 8
+NONCE_SIZE = 32
+#: Protocol revision, sent in the CHALLENGE so mismatched peers fail clearly.
+PROTOCOL_VERSION = 1
+
+ALLOWED_DTYPES: dict[str, np.dtype] = {
+    name: np.dtype(name).newbyteorder("<")
+    for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
+}
+
+_MAX_DIM = 1 << 62
+
+# sendmsg() accepts at most IOV_MAX (usually 1024) buffers per call.
+_MAX_IOV = 512
+
+
+class PSError(Exception):
+    """Base class of every parameter-server error."""
+
+
+class ProtocolError(PSError):
+    """A peer sent (or we were asked to send) something that is not a valid frame."""
+
+
+class ConnectionClosed(PSError):
+    """The peer closed the connection (``mid_frame`` tells whether a frame was cut short)."""
+
+    def __init__(self, message: str, *, mid_frame: bool = True) -> None:
+        super().__init__(message)
+        self.mid_frame = mid_frame
+
+
+class PSTimeout(PSError):
+    """A socket operation did not complete within its timeout."""
+
+
+class AuthenticationError(PSError):
+    """The handshake was rejected (wrong secret, or a worker index the server refuses)."""
+
+
+class Msg(enum.IntEnum):
+    CHALLENGE = 1  # server -> client: nonce
+    AUTH = 2  # client -> server: worker, attempt, HMAC
+    OK = 3  # reply to a successful request (meta and arrays depend on the request)
+    ERROR = 4  # reply to a failed request: meta {"error": "..."}
+    HELLO = 5  # client -> server: first request, returns center and start epoch
+    PULL = 6  # client -> server: returns the current center
+    COMMIT = 7  # client -> server: payload of the update rule, returns its reply
+    EPOCH_DONE = 8  # client -> server: epoch finished, with its logs
+    BYE = 9  # client -> server: closing
+
+
+_MSG_VALUES = frozenset(int(m) for m in Msg)
+
+
+@dataclass
+class Frame:
+    """One decoded frame. ``nbytes`` is its size on the wire (header included)."""
+
+    msg: Msg
+    meta: dict[str, Any]
+    arrays: list[np.ndarray] = field(default_factory=list)
+    nbytes: int = 0
+
+
+# -- encoding ----------------------------------------------------------------
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray) and obj.size <= 64:
+        return obj.tolist()
+    raise TypeError(f"object of type {type(obj).__name__} is not JSON serializable")
+
+
+def _prepare_array(a: Any, index: int) -> np.ndarray:
+    arr = np.asarray(a)
+    name = arr.dtype.name
+    if name not in ALLOWED_DTYPES or arr.dtype.fields is not None:
+        raise ProtocolError(
+            f"cannot send array #{index}: dtype {arr.dtype.str!r} is not allowed. "
+            f"Expected one of {sorted(ALLOWED_DTYPES)}; cast the array (e.g. .astype('float32'))."
+        )
+    if arr.ndim > MAX_NDIM:
+        raise ProtocolError(
+            f"cannot send array #{index}: it has {arr.ndim} dimensions, at most {MAX_NDIM} are "
+            f"allowed. Reshape it before sending."
+        )
+    wire_dtype = ALLOWED_DTYPES[name]
+    # No copy when the array already is C-contiguous little-endian (0-d arrays stay 0-d).
+    return np.asarray(arr, dtype=wire_dtype, order="C")
+
+
+def encode(msg: Msg | int, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = ()) -> list:
+    """Encode one frame as a list of buffers (no copy of the array data).
+
+    The first buffer holds header and meta; the others are byte views of the
+    arrays. ``sum(len(b) for b in buffers)`` is the frame size on the wire.
+    """
+    if int(msg) not in _MSG_VALUES:
+        raise ProtocolError(f"cannot send message type {int(msg)}: expected one of {[m.name for m in Msg]}")
+    meta = {} if meta is None else meta
+    if not isinstance(meta, dict):
+        raise ProtocolError(f"frame meta must be a dict, received {type(meta).__name__}")
+    if "arrays" in meta:
+        raise ProtocolError("frame meta key 'arrays' is reserved for the array descriptors; rename it")
+    prepared = [_prepare_array(a, i) for i, a in enumerate(arrays)]
+    full_meta = dict(meta)
+    full_meta["arrays"] = [[a.dtype.name, list(a.shape)] for a in prepared]
+    try:
+        meta_bytes = json.dumps(full_meta, default=_json_default, separators=(",", ":")).encode("utf-8")
+    except (TypeError, ValueError) as exc:
+        raise ProtocolError(f"frame meta is not JSON serializable: {exc}. Send plain numbers/strings.") from exc
+    if len(meta_bytes) > MAX_META:
+        raise ProtocolError(
+            f"frame meta is {len(meta_bytes)} bytes, at most {MAX_META} are allowed; "
+            f"send large data as arrays instead of metadata."
+        )
+    body_len = sum(a.nbytes for a in prepared)
+    buffers: list = [HEADER.pack(MAGIC, int(msg), len(meta_bytes), body_len) + meta_bytes]
+    for a in prepared:
+        if a.nbytes:
+            buffers.append(memoryview(a.reshape(-1).view(np.uint8)))
+    return buffers
+
+
+# -- decoding ----------------------------------------------------------------
+
+
+def decode_header(
+    data: bytes | bytearray | memoryview, max_body: int | None = None, *, max_meta: int = MAX_META
+) -> tuple[Msg, int, int]:
+    """Parse and check a frame header; returns ``(msg, meta_len, body_len)``.
+
+    ``max_body=None`` means no limit beyond what the header can express;
+    ``max_meta`` can only lower ``MAX_META``.
+    """
+    if len(data) != HEADER_SIZE:
+        raise ProtocolError(f"frame header must be {HEADER_SIZE} bytes, received {len(data)}")
+    magic, msg, meta_len, body_len = HEADER.unpack(data)
+    if magic != MAGIC:
+        raise ProtocolError(
+            f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: the peer does not speak the parameter-server "
+            f"protocol (wrong port, or an incompatible version of trainer)."
+        )
+    if msg not in _MSG_VALUES:
+        raise ProtocolError(f"unknown message type {msg}; expected one of {sorted(_MSG_VALUES)}")
+    if meta_len > min(max_meta, MAX_META):
+        raise ProtocolError(f"frame meta of {meta_len} bytes exceeds the limit of {min(max_meta, MAX_META)} bytes")
+    if max_body is not None and body_len > max_body:
+        raise ProtocolError(
+            f"frame body of {body_len} bytes exceeds the limit of {max_body} bytes; "
+            f"raise max_body on the receiving side if the model really is that large."
+        )
+    return Msg(msg), meta_len, body_len
+
+
+def _check_shape(shape: Any, index: int) -> tuple[int, ...]:
+    if not isinstance(shape, list) or len(shape) > MAX_NDIM:
+        raise ProtocolError(
+            f"array #{index}: shape must be a list of at most {MAX_NDIM} non-negative ints, received {shape!r:.80}"
+        )
+    for dim in shape:
+        if type(dim) is not int or not 0 <= dim <= _MAX_DIM:
+            raise ProtocolError(f"array #{index}: shape must hold non-negative ints, received {shape!r:.80}")
+    return tuple(shape)
+
+
+def decode_payload(
+    meta_bytes: bytes | bytearray | memoryview,
+    body: bytes | bytearray | memoryview,
+    max_body: int | None = None,
+) -> tuple[dict[str, Any], list[np.ndarray]]:
+    """Decode meta and body; returns ``(meta, arrays)`` (``"arrays"`` removed from meta).
+
+    The arrays are zero-copy views into ``body`` (see the module docstring).
+    """
+    body = memoryview(body).cast("B")
+    if len(meta_bytes) > MAX_META:
+        raise ProtocolError(f"frame meta of {len(meta_bytes)} bytes exceeds the limit of {MAX_META} bytes")
+    if max_body is not None and len(body) > max_body:
+        raise ProtocolError(f"frame body of {len(body)} bytes exceeds the limit of {max_body} bytes")
+    try:
+        meta = json.loads(bytes(meta_bytes).decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+        raise ProtocolError(f"frame meta is not valid UTF-8 JSON: {exc}"[:300]) from None
+    if not isinstance(meta, dict):
+        raise ProtocolError(f"frame meta must be a JSON object, received {type(meta).__name__}")
+    descriptors = meta.pop("arrays", [])
+    if not isinstance(descriptors, list):
+        raise ProtocolError(f"meta 'arrays' must be a list of [dtype, shape], received {type(descriptors).__name__}")
+    specs: list[tuple[np.dtype, tuple[int, ...], int]] = []
+    total = 0
+    for i, desc in enumerate(descriptors):
+        if not isinstance(desc, list) or len(desc) != 2:
+            raise ProtocolError(f"array #{i}: descriptor must be [dtype, shape], received {desc!r:.80}")
+        name, shape = desc
+        if not isinstance(name, str) or name not in ALLOWED_DTYPES:
+            raise ProtocolError(
+                f"array #{i}: dtype {name!r:.40} is not allowed; expected one of {sorted(ALLOWED_DTYPES)}"
+            )
+        dims = _check_shape(shape, i)
+        dtype = ALLOWED_DTYPES[name]
+        nbytes = math.prod(dims) * dtype.itemsize
+        total += nbytes
+        if total > len(body):
+            break
+        specs.append((dtype, dims, nbytes))
+    if total != len(body):
+        raise ProtocolError(
+            f"array descriptors need {total} body bytes but the frame body has {len(body)}; "
+            f"the frame is corrupt or was built by an incompatible encoder."
+        )
+    arrays = []
+    offset = 0
+    for dtype, dims, nbytes in specs:
+        chunk = body[offset : offset + nbytes]
+        try:
+            arrays.append(np.frombuffer(chunk, dtype=dtype).reshape(dims))
+        except (ValueError, OverflowError) as exc:
+            raise ProtocolError(f"array #{len(arrays)}: shape {list(dims)} cannot be built: {exc}") from None
+        offset += nbytes
+    return meta, arrays
+
+
+def decode_frame(data: bytes | bytearray | memoryview, max_body: int | None = None) -> Frame:
+    """Decode one complete frame held in memory (no trailing bytes allowed)."""
+    view = memoryview(data).cast("B")
+    if len(view) < HEADER_SIZE:
+        raise ProtocolError(f"frame is {len(view)} bytes, shorter than its {HEADER_SIZE}-byte header")
+    msg, meta_len, body_len = decode_header(view[:HEADER_SIZE], max_body)
+    if len(view) != HEADER_SIZE + meta_len + body_len:
+        raise ProtocolError(
+            f"frame length mismatch: header announces {HEADER_SIZE + meta_len + body_len} bytes, "
+            f"received {len(view)}"
+        )
+    meta, arrays = decode_payload(view[HEADER_SIZE : HEADER_SIZE + meta_len], view[HEADER_SIZE + meta_len :], max_body)
+    return Frame(msg, meta, arrays, len(view))
+
+
+# -- sockets -----------------------------------------------------------------
+
+
+def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) -> bytearray:
+    """Receive exactly ``n`` bytes.
+
+    Raises ``ConnectionClosed`` on EOF (``mid_frame`` is False when EOF came
+    before the first byte), ``PSTimeout`` when the socket timeout (or the
+    absolute ``time.monotonic()`` ``deadline``) expires.
+    """
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        if deadline is not None:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise PSTimeout(f"timed out after receiving {got} of {n} bytes")
+            sock.settimeout(remaining)
+        try:
+            k = sock.recv_into(view[got:], n - got)
+        except TimeoutError:
+            raise PSTimeout(f"timed out after receiving {got} of {n} bytes") from None
+        except OSError as exc:
+            raise ConnectionClosed(f"connection lost after {got} of {n} bytes: {exc}") from None
+        if k == 0:
+            raise ConnectionClosed(f"peer closed the connection after {got} of {n} bytes", mid_frame=got > 0)
+        got += k
+    return buf
+
+
+def read_frame(
+    sock: socket.socket, max_body: int | None, *, max_meta: int = MAX_META, deadline: float | None = None
+) -> Frame:
+    """Read and decode one frame; limits are checked before the body is allocated.
+
+    ``deadline`` (``time.monotonic()`` based) bounds the whole frame, not just
+    each ``recv``, so a peer trickling bytes cannot hold the reader forever.
+    """
+    try:
+        header = recv_exact(sock, HEADER_SIZE, deadline=deadline)
+    except ConnectionClosed as exc:
+        if not exc.mid_frame:
+            raise ConnectionClosed("peer closed the connection", mid_frame=False) from None
+        raise
+    msg, meta_len, body_len = decode_header(header, max_body, max_meta=max_meta)
+    rest = recv_exact(sock, meta_len + body_len, deadline=deadline) if meta_len + body_len else bytearray()
+    view = memoryview(rest)
+    meta, arrays = decode_payload(view[:meta_len], view[meta_len:], max_body)
+    return Frame(msg, meta, arrays, HEADER_SIZE + meta_len + body_len)
+
+
+def send_buffers(sock: socket.socket, buffers: Sequence) -> int:
+    """Send all buffers (scatter/gather, no copy); returns the number of bytes sent."""
+    views = [memoryview(b).cast("B") for b in buffers]
+    views = [v for v in views if len(v)]
+    total = sum(len(v) for v in views)
+    try:
+        if not hasattr(sock, "sendmsg"):
+            for v in views:
+                sock.sendall(v)
+            return total
+        while views:
+            sent = sock.sendmsg(views[:_MAX_IOV])
+            while sent and views:
+                if sent >= len(views[0]):
+                    sent -= len(views.pop(0))
+                else:
+                    views[0] = views[0][sent:]
+                    sent = 0
+    except TimeoutError:
+        raise PSTimeout("timed out while sending a frame") from None
+    except OSError as exc:
+        raise ConnectionClosed(f"connection lost while sending a frame: {exc}") from None
+    return total
+
+
+def write_frame(
+    sock: socket.socket, msg: Msg | int, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = ()
+) -> int:
+    """Encode and send one frame; returns the number of bytes written."""
+    return send_buffers(sock, encode(msg, meta, arrays))
+
+
+def frame_size(buffers: Sequence) -> int:
+    """Size on the wire of an encoded frame."""
+    return sum(memoryview(b).nbytes for b in buffers)
+
+
+# -- authentication ------------------------------------------------------------
+
+
+def new_secret() -> bytes:
+    """A fresh random shared secret for one training run."""
+    return secrets.token_bytes(32)
+
+
+def new_nonce() -> bytes:
+    return secrets.token_bytes(NONCE_SIZE)
+
+
+def auth_digest(secret: bytes, nonce: bytes, worker: int, attempt: int) -> bytes:
+    """HMAC-SHA256 over the server's nonce and the worker's identity."""
+    message = nonce + f"worker:{int(worker)}:attempt:{int(attempt)}".encode("ascii")
+    return hmac.new(secret, message, hashlib.sha256).digest()
+
+
+def check_secret(secret: Any) -> bytes:
+    if not isinstance(secret, (bytes, bytearray)) or len(secret) < 16:
+        raise ValueError(
+            f"the parameter-server secret must be bytes of length >= 16, received "
+            f"{type(secret).__name__} of length {len(secret) if hasattr(secret, '__len__') else '?'}; "
+            f"use trainer.ps.new_secret()."
+        )
+    return bytes(secret)

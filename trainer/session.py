@@ -1,0 +1,183 @@
+"""Build a SparkSession with this project's training defaults for any master URL.
+
+``spark_session`` is the one place that decides how a driver talks to a cluster:
+``local[*]``, a standalone ``spark://`` master (for example the embedded
+``trainer.cluster.LocalCluster``), ``yarn`` or ``k8s://``.  The defaults keep
+executors from oversubscribing their cores (one BLAS/TensorFlow thread pool per
+task slot), make executors run the driver's Python where that Python exists on
+the executors (local and standalone masters; this also sets $PYSPARK_PYTHON in
+this process, which is what PySpark actually ships to executors), and make an impossible barrier
+stage fail fast instead of waiting forever.  Every default can be overridden by
+passing the Spark property as a keyword, e.g.
+``spark_session("local[2]", **{"spark.executor.memory": "4g"})``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger("trainer.session")
+
+__all__ = ["spark_session", "executor_env_defaults", "wait_for_executors", "registered_executors"]
+
+
+def executor_env_defaults(cores: int) -> dict[str, str]:
+    """Environment variables every executor (and its Python workers) should get.
+
+    ``cores`` is the number of task slots per executor: the native thread pools
+    (OpenMP, TensorFlow intra/inter-op) are capped at it so that N executors on
+    N cores do not each start a pool as large as the machine.
+    """
+    if int(cores) < 1:
+        raise ValueError(f"cores must be >= 1, got {cores!r}; pass the number of cores per executor")
+    n = str(int(cores))
+    return {
+        "TF_CPP_MIN_LOG_LEVEL": "2",
+        "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
+        "OMP_NUM_THREADS": n,
+        "TF_NUM_INTRAOP_THREADS": n,
+        "TF_NUM_INTEROP_THREADS": n,
+    }
+
+
+def _is_local(master: str) -> bool:
+    return master == "local" or master.startswith("local[") or master.startswith("local-cluster[")
+
+
+def _default_conf(master: str, app_name: str, cores_per_worker: int) -> dict[str, str]:
+    conf: dict[str, str] = {
+        "spark.app.name": app_name,
+        "spark.ui.showConsoleProgress": "false",
+        "spark.sql.execution.arrow.pyspark.enabled": "true",
+        # A barrier stage that cannot get all its slots at once fails after one
+        # check instead of retrying for minutes.
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
+        "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+    }
+    if not _is_local(master):
+        conf["spark.executor.cores"] = str(int(cores_per_worker))
+    # The driver's interpreter path only exists on the executors when they run
+    # on this machine (local mode, or a standalone cluster started from here);
+    # on YARN/Kubernetes the executor image decides.
+    if _is_local(master) or master.startswith("spark://"):
+        conf["spark.pyspark.python"] = sys.executable
+    for key, value in executor_env_defaults(cores_per_worker).items():
+        conf[f"spark.executorEnv.{key}"] = value
+    return conf
+
+
+def registered_executors(spark: Any) -> int:
+    """Number of executors (the driver not counted) registered with the driver."""
+    sc = spark.sparkContext if hasattr(spark, "sparkContext") else spark
+    jsc = sc._jsc
+    if jsc is None:  # stopped
+        return 0
+    if _is_local(sc.master):
+        return 1
+    # getExecutorMemoryStatus has one entry per block manager, the driver's included.
+    return max(0, int(jsc.sc().getExecutorMemoryStatus().size()) - 1)
+
+
+def wait_for_executors(spark: Any, count: int, timeout: float = 120.0, interval: float = 0.25) -> int:
+    """Block until ``count`` executors have registered, so that a barrier stage has all its slots.
+
+    Returns the number registered.  Raises ``TimeoutError`` after ``timeout`` seconds.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        n = registered_executors(spark)
+        if n >= count:
+            return n
+        if time.monotonic() >= deadline:
+            sc = spark.sparkContext if hasattr(spark, "sparkContext") else spark
+            raise TimeoutError(
+                f"expected {count} executor(s) to register with the driver within {timeout:.0f}s, "
+                f"got {n} (master {sc.master}); check that the cluster has enough free cores and "
+                f"memory for spark.executor.cores/spark.executor.memory, and read the executor "
+                f"logs in the workers' work dirs"
+            )
+        time.sleep(interval)
+
+
+def spark_session(
+    master: str,
+    app_name: str = "trainer",
+    cores_per_worker: int = 1,
+    *,
+    expected_executors: int = 0,
+    executor_timeout: float = 120.0,
+    **conf: Any,
+):
+    """Create (or reuse) the process's SparkSession connected to ``master``.
+
+    ``cores_per_worker`` is the number of task slots per executor
+    (``spark.executor.cores``; thread pools are capped at it).  Extra keyword
+    arguments are Spark properties and override the defaults; ``None`` removes a
+    default.  With ``expected_executors > 0`` the call returns only once that
+    many executors have registered (bounded by ``executor_timeout`` seconds;
+    on timeout the session is stopped and ``TimeoutError`` raised).
+
+    Spark allows one SparkContext per process: if one is already running for a
+    different master this raises ``RuntimeError``; stop it first.
+    """
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+
+    if not master or not isinstance(master, str):
+        raise ValueError(
+            f"expected a Spark master URL such as 'local[*]', 'spark://host:7077', 'yarn' or "
+            f"'k8s://https://host:443', got {master!r}"
+        )
+    settings: dict[str, Any] = _default_conf(master, app_name, cores_per_worker)
+    for key, value in conf.items():
+        if value is None:
+            settings.pop(key, None)
+        else:
+            settings[key] = value if isinstance(value, str) else _to_conf_string(value)
+
+    active = SparkContext._active_spark_context
+    if active is not None and active._jsc is not None and active.master != master:
+        raise RuntimeError(
+            f"expected no SparkContext or one for master {master!r}, but one for master "
+            f"{active.master!r} (app {active.appName!r}) is already running in this process; "
+            f"Spark allows one per process: call spark.stop() on it first"
+        )
+
+    python = settings.get("spark.pyspark.python")
+    if python:
+        # PySpark ships the interpreter path to executors from the driver's
+        # $PYSPARK_PYTHON (read when the SparkContext is created), not from the
+        # spark.pyspark.python property, unless launched through spark-submit.
+        previous = os.environ.get("PYSPARK_PYTHON")
+        if previous not in (None, python):
+            log.info("PYSPARK_PYTHON=%s replaced by spark.pyspark.python=%s", previous, python)
+        os.environ["PYSPARK_PYTHON"] = python
+
+    t0 = time.monotonic()
+    builder = SparkSession.builder.master(master)
+    for key, value in settings.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel("WARN")
+    t1 = time.monotonic()
+    if expected_executors > 0:
+        try:
+            wait_for_executors(spark, expected_executors, timeout=executor_timeout)
+        except BaseException:
+            spark.stop()  # do not leave a half-usable context holding the process's only slot
+            raise
+    log.info(
+        "SparkSession %r connected to %s in %.1fs (+%.1fs until %d executor(s) registered)",
+        app_name, master, t1 - t0, time.monotonic() - t1, expected_executors,
+    )
+    return spark
+
+
+def _to_conf_string(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
