@@ -258,6 +258,10 @@ class Trainer:
             model.name, spec.num_rows, self.num_workers, self.algorithm.describe(), self.batch_size,
             self.epochs, time.time() - started,
         )
+        if spec.num_rows < 1000 * self.num_workers:
+            # Round-robin from a single partition deals rows evenly; from many tiny
+            # partitions it can leave a worker without any row.
+            frame = frame.coalesce(1)
         host, bind, port = self._ps_addresses(spark)
         steps = math.ceil(math.ceil(spec.num_rows / self.num_workers) / self.batch_size)
         progress = TrainingProgress(steps * self.num_workers * self.epochs, self.num_workers, self.epochs,

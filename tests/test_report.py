@@ -1,0 +1,117 @@
+"""Results files, speed-up arithmetic, the speed-up plot and MAPE."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import numpy as np
+import pytest
+
+from trainer.report import COLUMNS, mape, markdown_table, plot_speedup, speedup_rows, write_results
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _rows():
+    # seed 000 Table 1 times (LSTM/GRU, 1/2/4 executors) as a realistic example
+    return [
+        {"model": "lstm", "workers": 1, "time_s": 381.8, "epoch_time_s": 95.45, "metric_name": "mape",
+         "metric_value": 3.80, "updates": 1000, "bytes": 12_345_678, "timing_valid": True},
+        {"model": "lstm", "workers": 2, "time_s": 223.0, "epoch_time_s": 55.75, "metric_name": "mape",
+         "metric_value": 4.64, "updates": 1000, "bytes": 12_345_678, "timing_valid": True},
+        {"model": "lstm", "workers": 4, "time_s": 151.9, "epoch_time_s": 37.98, "metric_name": "mape",
+         "metric_value": 5.25, "updates": 1000, "bytes": 12_345_678, "timing_valid": False},
+        {"model": "gru", "workers": 1, "time_s": 341.3, "epoch_time_s": 85.3, "metric_name": "mape",
+         "metric_value": 3.38, "updates": 900, "bytes": 9_000_000, "timing_valid": True},
+        {"model": "gru", "workers": 2, "time_s": 188.9, "epoch_time_s": 47.2, "metric_name": "mape",
+         "metric_value": 3.37, "updates": 900, "bytes": 9_000_000, "timing_valid": True, "algorithm": "adag"},
+        {"model": "gru", "workers": 4, "time_s": 127.2, "epoch_time_s": 31.8, "metric_name": "mape",
+         "metric_value": float("nan"), "updates": 900, "bytes": 9_000_000, "timing_valid": False},
+    ]
+
+
+def test_speedup_and_efficiency_arithmetic():
+    rows = speedup_rows(_rows())
+    by = {(r["model"], r["workers"]): r for r in rows}
+    assert by["lstm", 1]["speedup"] == 1.0 and by["lstm", 1]["efficiency"] == 1.0
+    assert by["lstm", 4]["speedup"] == pytest.approx(381.8 / 151.9)
+    assert by["lstm", 4]["efficiency"] == pytest.approx(381.8 / 151.9 / 4)
+    assert by["gru", 2]["speedup"] == pytest.approx(341.3 / 188.9)
+    assert by["gru", 2]["efficiency"] == pytest.approx(341.3 / 188.9 / 2)
+    assert "speedup" not in _rows()[0]  # inputs are not modified
+
+
+def test_speedup_groups_by_run_and_averages_repeats():
+    rows = [
+        {"run": "a", "model": "m", "workers": 1, "time_s": 10.0},
+        {"run": "a", "model": "m", "workers": 1, "time_s": 12.0},
+        {"run": "a", "model": "m", "workers": 2, "time_s": 5.5},
+        {"run": "b", "model": "m", "workers": 2, "time_s": 5.0},  # no 1-worker row in run b
+        {"run": "a", "model": "m", "workers": 3, "time_s": None},
+    ]
+    out = speedup_rows(rows)
+    assert out[2]["speedup"] == pytest.approx(2.0) and out[2]["efficiency"] == pytest.approx(1.0)
+    assert out[3]["speedup"] is None and out[3]["efficiency"] is None
+    assert out[4]["speedup"] is None
+
+
+def test_write_results_files_are_parseable(tmp_path):
+    paths = write_results(_rows(), tmp_path / "out", "forecast", metadata={"spark_master": "local[2]"})
+    assert set(paths) == {"json", "csv", "md"}
+    data = json.loads(paths["json"].read_text())  # strict JSON: NaN became null
+    meta = data["metadata"]
+    assert meta["cores"] >= 1 and meta["usable_cores"] >= 1 and meta["host"]
+    assert meta["versions"]["numpy"] == np.__version__
+    assert "pyspark" in meta["versions"] and meta["timestamp"].endswith("+00:00")
+    assert meta["spark_master"] == "local[2]"
+    assert len(data["rows"]) == 6 and data["rows"][5]["metric_value"] is None
+    assert data["rows"][2]["speedup"] == pytest.approx(381.8 / 151.9)
+
+    with open(paths["csv"], newline="") as f:
+        reader = csv.DictReader(f)
+        table = list(reader)
+    assert reader.fieldnames[: len(COLUMNS)] == COLUMNS and reader.fieldnames[-1] == "algorithm"
+    assert len(table) == 6
+    assert table[2]["model"] == "lstm" and int(table[2]["workers"]) == 4
+    assert float(table[2]["efficiency"]) == pytest.approx(381.8 / 151.9 / 4)
+    assert table[2]["timing_valid"] == "False" and table[0]["algorithm"] == ""
+    assert table[5]["metric_value"] == ""
+
+    md = paths["md"].read_text()
+    assert md.startswith("# forecast")
+    assert "spark_master: local[2]" in md
+    assert "| model | workers | time_s |" in md
+    assert "| lstm | 4 | 151.9 | 37.98 | 2.51 | 0.6284 | mape | 5.25 | 1000 | 12,345,678 | no |" in md
+
+
+def test_markdown_table_columns_and_alignment():
+    rows = [{"model": "cnn", "workers": 2, "acc": 0.98971, "note": "a|b"}, {"model": "mlp", "workers": 1}]
+    text = markdown_table(rows, ["model", "workers", "acc", "note"])
+    lines = text.splitlines()
+    assert lines[0] == "| model | workers | acc | note |"
+    assert lines[1] == "|---|---:|---:|---|"
+    assert lines[2] == "| cnn | 2 | 0.9897 | a\\|b |"
+    assert lines[3] == "| mlp | 1 |  |  |"
+    assert markdown_table(rows).splitlines()[0] == "| model | workers | acc | note |"
+
+
+def test_plot_speedup_writes_png(tmp_path):
+    out = plot_speedup(_rows(), tmp_path / "plots" / "speedup.png", "mape", title="forecast")
+    data = out.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+    with pytest.raises(ValueError, match="no result rows"):
+        plot_speedup([], tmp_path / "empty.png", "mape")
+
+
+def test_mape_percent_in_original_units():
+    assert mape([100.0, 200.0], [110.0, 180.0]) == pytest.approx(10.0)
+    assert mape(np.array([[4.0], [5.0]]), np.array([5.0, 5.0])) == pytest.approx(12.5)  # (n,1) vs (n,)
+    assert math.isclose(mape([-2.0], [-1.0]), 50.0)
+    with pytest.raises(ValueError, match="zero value"):
+        mape([0.0, 1.0], [0.1, 1.0])
+    with pytest.raises(ValueError, match="shape"):
+        mape([1.0, 2.0, 3.0], [1.0, 2.0])
+    with pytest.raises(ValueError, match="finite"):
+        mape([1.0], [float("nan")])

@@ -1,0 +1,390 @@
+"""Benchmark results: speed-up arithmetic, JSON/CSV/Markdown files and a plot.
+
+A result row is a plain dict, one per (model, number of workers) run::
+
+    model          str    model name ("cnn", "lstm", ...)
+    workers        int    number of Spark workers that trained it
+    time_s         float  wall-clock training time
+    epoch_time_s   float  mean time per epoch
+    speedup        float  time_s of the 1-worker row / time_s  (speedup_rows)
+    efficiency     float  speedup / workers                     (speedup_rows)
+    metric_name    str    "accuracy", "mape", ...
+    metric_value   float  the metric on the test set
+    updates        int    parameter-server updates (commits) made
+    bytes          int    bytes exchanged with the parameter server
+    timing_valid   bool   False when the timing is not trustworthy (e.g. more
+                          worker processes than cores), drawn hollow in plots
+
+Rows may carry more keys (``run``, ``algorithm``, ...); they are kept, and
+written after the standard columns.
+
+Functions: ``speedup_rows``, ``write_results``, ``markdown_table``,
+``plot_speedup`` (matplotlib Agg canvas, no pyplot, no global backend change)
+and ``mape``.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import json
+import math
+import os
+import platform
+import socket
+from importlib import metadata as _metadata
+from pathlib import Path
+from typing import Any, Iterable, Mapping, Sequence
+
+import numpy as np
+
+__all__ = [
+    "COLUMNS",
+    "speedup_rows",
+    "write_results",
+    "markdown_table",
+    "plot_speedup",
+    "mape",
+    "run_metadata",
+]
+
+COLUMNS = [
+    "model",
+    "workers",
+    "time_s",
+    "epoch_time_s",
+    "speedup",
+    "efficiency",
+    "metric_name",
+    "metric_value",
+    "updates",
+    "bytes",
+    "timing_valid",
+]
+
+_VERSIONED = ("pyspark", "tensorflow", "tensorflow-cpu", "keras", "numpy", "pandas", "pyarrow", "matplotlib")
+
+
+def _number(value: Any) -> float | None:
+    """``value`` as a finite float, or None."""
+    if value is None or isinstance(value, bool):
+        return None
+    try:
+        f = float(value)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+# ----------------------------------------------------------------------- speed-up
+
+
+def speedup_rows(
+    rows: Iterable[Mapping[str, Any]],
+    group_by: Sequence[str] = ("run", "model"),
+    time_key: str = "time_s",
+) -> list[dict]:
+    """Return copies of ``rows`` with ``speedup`` and ``efficiency`` filled in.
+
+    Within each group (rows with equal values for the ``group_by`` keys that
+    are present; by default the same run and model), the baseline is the
+    1-worker row (the mean time when the run was repeated):
+    ``speedup = t(1) / t(N)``, ``efficiency = speedup / N``. Rows of a group
+    without a 1-worker row, or without a positive time, get None.
+    """
+    out = [dict(r) for r in rows]
+
+    def key(r: dict) -> tuple:
+        return tuple(r.get(k) for k in group_by)
+
+    baselines: dict[tuple, list[float]] = {}
+    for r in out:
+        t = _number(r.get(time_key))
+        if _number(r.get("workers")) == 1 and t is not None and t > 0:
+            baselines.setdefault(key(r), []).append(t)
+    for r in out:
+        base = baselines.get(key(r))
+        t = _number(r.get(time_key))
+        n = _number(r.get("workers"))
+        if base and t is not None and t > 0 and n is not None and n > 0:
+            r["speedup"] = (sum(base) / len(base)) / t
+            r["efficiency"] = r["speedup"] / n
+        else:
+            r["speedup"] = None
+            r["efficiency"] = None
+    return out
+
+
+# -------------------------------------------------------------------------- files
+
+
+def run_metadata(extra: Mapping[str, Any] | None = None) -> dict:
+    """Where and when results were produced: host, cores, versions, UTC timestamp."""
+    versions = {}
+    for dist in _VERSIONED:
+        try:
+            versions[dist] = _metadata.version(dist)
+        except _metadata.PackageNotFoundError:
+            continue
+    try:
+        usable = len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        usable = os.cpu_count()
+    meta = {
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "host": socket.gethostname(),
+        "cores": os.cpu_count(),
+        "usable_cores": usable,
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "versions": versions,
+    }
+    if extra:
+        meta.update(extra)
+    return meta
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return _jsonable(value.tolist())
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, (float, np.floating)):
+        f = float(value)
+        return f if math.isfinite(f) else None  # strict JSON has no NaN/inf
+    if isinstance(value, (_dt.datetime, _dt.date)):
+        return value.isoformat()
+    if isinstance(value, Path):
+        return str(value)
+    if value is None or isinstance(value, (int, str)):
+        return value
+    return str(value)
+
+
+def _columns_of(rows: Sequence[Mapping[str, Any]], columns: Sequence[str] | None = None) -> list[str]:
+    if columns is not None:
+        return list(columns)
+    present = {k for r in rows for k in r}
+    cols = [c for c in COLUMNS if c in present]
+    for r in rows:
+        for k in r:
+            if k not in cols:
+                cols.append(k)
+    return cols
+
+
+def write_results(
+    rows: Iterable[Mapping[str, Any]],
+    out_dir: str | Path,
+    name: str,
+    metadata: Mapping[str, Any] | None = None,
+) -> dict[str, Path]:
+    """Write ``rows`` as ``<name>.json``, ``<name>.csv`` and ``<name>.md`` in ``out_dir``.
+
+    * JSON: ``{"metadata": run_metadata(metadata), "rows": [...]}``; NaN and
+      infinities become null.
+    * CSV: one row per result; the standard ``COLUMNS`` first (all of them,
+      empty where unknown), then any extra keys in order of appearance.
+    * Markdown: a heading, the metadata and ``markdown_table(rows)``.
+
+    ``speedup``/``efficiency`` are filled with ``speedup_rows`` when a row lacks
+    them. Returns ``{"json": path, "csv": path, "md": path}``.
+    """
+    rows = [dict(r) for r in rows]
+    if not name or any(sep in name for sep in ("/", "\\")):
+        raise ValueError(f"write_results: name must be a plain file stem like 'mnist', got {name!r}.")
+    if any("speedup" not in r for r in rows):
+        rows = speedup_rows(rows)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = run_metadata(metadata)
+    paths = {"json": out / f"{name}.json", "csv": out / f"{name}.csv", "md": out / f"{name}.md"}
+
+    with open(paths["json"], "w", encoding="utf-8") as f:
+        json.dump(_jsonable({"metadata": meta, "rows": rows}), f, indent=2, allow_nan=False)
+        f.write("\n")
+
+    columns = COLUMNS + [c for c in _columns_of(rows) if c not in COLUMNS]
+    with open(paths["csv"], "w", encoding="utf-8", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=columns, extrasaction="ignore")
+        writer.writeheader()
+        for r in rows:
+            writer.writerow({c: ("" if (v := _jsonable(r.get(c))) is None else v) for c in columns})
+
+    versions = ", ".join(f"{k} {v}" for k, v in meta["versions"].items())
+    lines = [
+        f"# {name}",
+        "",
+        f"- produced: {meta['timestamp']} on {meta['host']} ({meta['cores']} cores, {meta['usable_cores']} usable)",
+        f"- python {meta['python']}; {versions}",
+    ]
+    for k, v in meta.items():
+        if k not in {"timestamp", "host", "cores", "usable_cores", "python", "versions", "platform"}:
+            lines.append(f"- {k}: {_jsonable(v)}")
+    lines += ["", markdown_table(rows), ""]
+    paths["md"].write_text("\n".join(lines), encoding="utf-8")
+    return paths
+
+
+def _fmt(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, (bool, np.bool_)):
+        return "yes" if value else "no"
+    if isinstance(value, (int, np.integer)):
+        return f"{int(value):,}" if abs(int(value)) >= 10_000 else str(int(value))
+    if isinstance(value, (float, np.floating)):
+        f = float(value)
+        if not math.isfinite(f):
+            return str(f)
+        if f == int(f) and abs(f) >= 1_000:
+            return f"{int(f):,}"
+        if abs(f) >= 100:
+            return f"{f:,.1f}"
+        if abs(f) >= 1:
+            return f"{f:.2f}"
+        return f"{f:.4f}"
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
+    """A GitHub-flavoured Markdown table of ``rows``.
+
+    ``columns`` defaults to the standard ``COLUMNS`` present in the rows, then
+    the extra keys. Numeric columns are right-aligned; floats get 4 decimals
+    below 1, 2 below 100, 1 above; booleans read yes/no; missing cells are empty.
+    """
+    rows = list(rows)
+    cols = _columns_of(rows, columns)
+    if not cols:
+        return ""
+    numeric = {
+        c: all(v is None or (isinstance(v, (int, float, np.number)) and not isinstance(v, bool)) for v in (r.get(c) for r in rows))
+        for c in cols
+    }
+    lines = [
+        "| " + " | ".join(cols) + " |",
+        "|" + "|".join("---:" if numeric[c] else "---" for c in cols) + "|",
+    ]
+    for r in rows:
+        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------- plot
+
+
+def _metric_value(row: Mapping[str, Any], metric: str) -> float | None:
+    if metric in row:
+        return _number(row[metric])
+    if row.get("metric_name") in (None, metric):
+        return _number(row.get("metric_value"))
+    return None
+
+
+def plot_speedup(rows: Iterable[Mapping[str, Any]], out_png: str | Path, metric: str, title: str | None = None) -> Path:
+    """Two panels: speed-up vs workers (with the ideal line) and ``metric`` vs workers.
+
+    One line per model through the mean at each worker count; every row is
+    also drawn as a marker, hollow (and listed in the legend) when its
+    ``timing_valid`` is False. ``metric`` is the value plotted on the right:
+    the row's ``metric`` key if present, else ``metric_value`` of rows whose
+    ``metric_name`` is ``metric``. Speed-ups are computed with
+    ``speedup_rows`` when missing. Written with the Agg canvas (no display
+    needed); returns the PNG path.
+    """
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+
+    rows = [dict(r) for r in rows]
+    if not rows:
+        raise ValueError("plot_speedup: no result rows to plot.")
+    if any("speedup" not in r for r in rows):
+        rows = speedup_rows(rows)
+    models: list[str] = []
+    for r in rows:
+        if r.get("model") not in models:
+            models.append(r.get("model"))
+
+    fig = Figure(figsize=(11, 4.2), layout="constrained")
+    FigureCanvasAgg(fig)
+    ax_s, ax_m = fig.subplots(1, 2)
+    workers_all = sorted({int(n) for r in rows if (n := _number(r.get("workers"))) is not None})
+    any_invalid = False
+    colors = [f"C{i % 10}" for i in range(len(models))]
+    for model, color in zip(models, colors):
+        mine = [r for r in rows if r.get("model") == model]
+        for ax, getter in ((ax_s, lambda r: _number(r.get("speedup"))), (ax_m, lambda r: _metric_value(r, metric))):
+            points = [(_number(r.get("workers")), getter(r), r.get("timing_valid", True) is not False) for r in mine]
+            points = [(w, v, ok) for w, v, ok in points if w is not None and v is not None]
+            if not points:
+                continue
+            xs = sorted({w for w, _, _ in points})
+            means = [float(np.mean([v for w, v, _ in points if w == x])) for x in xs]
+            ax.plot(xs, means, "-", color=color, label=str(model))
+            for w, v, ok in points:
+                ax.plot(
+                    [w], [v], "o", color=color, markersize=7,
+                    markerfacecolor=color if ok else "none", markeredgewidth=1.5,
+                )
+                any_invalid |= not ok
+    if workers_all:
+        ax_s.plot(
+            [min(workers_all), max(workers_all)], [min(workers_all), max(workers_all)],
+            "--", color="grey", label="ideal",
+        )
+        for ax in (ax_s, ax_m):
+            ax.set_xticks(workers_all)
+    ax_s.set_xlabel("workers")
+    ax_s.set_ylabel("speed-up  t(1) / t(N)")
+    ax_s.set_title("speed-up")
+    ax_m.set_xlabel("workers")
+    ax_m.set_ylabel(metric)
+    ax_m.set_title(f"{metric} vs workers")
+    handles, labels = ax_s.get_legend_handles_labels()
+    if any_invalid:
+        handles.append(Line2D([], [], marker="o", linestyle="", color="black", markerfacecolor="none"))
+        labels.append("timing not valid")
+    ax_s.legend(handles, labels, fontsize="small")
+    for ax in (ax_s, ax_m):
+        ax.grid(True, alpha=0.3)
+    if title:
+        fig.suptitle(title)
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    return out
+
+
+# ------------------------------------------------------------------------- metric
+
+
+def mape(y_true, y_pred) -> float:
+    """Mean absolute percentage error in percent: ``100 * mean(|y - yhat| / |y|)``.
+
+    Compute it in ORIGINAL units (invert any scaling first, e.g. with
+    ``FittedMinMax.inverse``): on min-max-scaled values the minimum maps to 0
+    and the percentage is meaningless. Shapes must agree up to size-1 axes.
+    """
+    t = np.asarray(y_true, dtype=np.float64)
+    p = np.asarray(y_pred, dtype=np.float64)
+    if np.squeeze(t).shape != np.squeeze(p).shape:
+        raise ValueError(f"mape: y_true has shape {t.shape} but y_pred has shape {p.shape}; they must match.")
+    t, p = t.reshape(-1), p.reshape(-1)
+    if t.size == 0:
+        raise ValueError("mape: no values.")
+    if not (np.all(np.isfinite(t)) and np.all(np.isfinite(p))):
+        raise ValueError("mape: y_true and y_pred must be finite (found NaN or inf).")
+    if np.any(t == 0):
+        raise ValueError(
+            f"mape: y_true has {int(np.sum(t == 0))} zero value(s); MAPE is undefined there. "
+            "Use original (unscaled) units, or another metric."
+        )
+    return float(np.mean(np.abs(t - p) / np.abs(t)) * 100.0)
