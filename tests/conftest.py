@@ -8,6 +8,7 @@ this process should use the ``spark`` fixture rather than build its own session.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from trainer.cluster import LocalCluster
@@ -35,3 +36,36 @@ def spark(local_cluster_2):
         yield session
     finally:
         session.stop()
+
+
+# --------------------------------------------------------------------------- data and models
+
+
+def digits_model(lr: float = 0.01):
+    """A small compiled MLP for the 8x8 digits (64 inputs, 10 classes)."""
+    import keras
+
+    model = keras.Sequential([
+        keras.Input((64,)),
+        keras.layers.Dense(32, activation="relu"),
+        keras.layers.Dense(10, activation="softmax"),
+    ])
+    model.compile(optimizer=keras.optimizers.Adam(lr), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+@pytest.fixture(scope="session")
+def digits(spark):
+    """sklearn digits as (train, test) DataFrames: 1,500 and 297 rows, features array<float>, label int."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    rng = np.random.default_rng(0)
+    order = rng.permutation(len(x))
+    rows = [(x[i].tolist(), int(data.target[i]), bool(k < 1500)) for k, i in enumerate(order)]
+    df = spark.createDataFrame(rows, "features array<float>, label int, train boolean").cache()
+    train, test = df.filter("train").drop("train").cache(), df.filter("not train").drop("train").cache()
+    assert train.count() == 1500 and test.count() == 297
+    return train, test

@@ -9,38 +9,13 @@ import numpy as np
 import pytest
 from pyspark.sql import functions as F
 
+from conftest import digits_model
 from trainer import (
     ADAG, AEASGD, DOWNPOUR, EASGD, ClusterCapacityError, DataValidationError, DynSGD, SingleWorker,
     SyncAveraging, Trainer,
 )
 
 pytestmark = pytest.mark.spark
-
-
-def digits_model(lr: float = 0.01) -> keras.Model:
-    model = keras.Sequential([
-        keras.Input((64,)),
-        keras.layers.Dense(32, activation="relu"),
-        keras.layers.Dense(10, activation="softmax"),
-    ])
-    model.compile(optimizer=keras.optimizers.Adam(lr), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
-    return model
-
-
-@pytest.fixture(scope="module")
-def digits(spark):
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    rng = np.random.default_rng(0)
-    order = rng.permutation(len(x))
-    rows = [(x[i].tolist(), int(data.target[i]), bool(k < 1500)) for k, i in enumerate(order)]
-    df = spark.createDataFrame(rows, "features array<float>, label int, train boolean").cache()
-    train, test = df.filter("train").drop("train").cache(), df.filter("not train").drop("train").cache()
-    assert train.count() == 1500 and test.count() == 297
-    return train, test
 
 
 ALGORITHMS = [

@@ -65,6 +65,10 @@ def ship_by_value(*objects: Any) -> None:
             cloudpickle.register_pickle_by_value(module)
 
 
+def _identity(batches):
+    yield from batches
+
+
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
@@ -168,6 +172,11 @@ class Trainer:
         io_timeout: Float. Seconds the server and workers wait for each other.
         slot_timeout: Float. Seconds to wait for `num_workers` free task slots.
         max_retries: Integer. Re-runs of the training stage after lost executors.
+        checkpoint_dir: String or None. Directory where the parameter server's
+            state is saved atomically every `checkpoint_every` updates, at every
+            epoch all workers finished, and when training stops (also on error
+            or Ctrl-C); ``fit(df, resume_from=checkpoint_dir)`` continues from it.
+        checkpoint_every: Integer. Server updates between two checkpoints.
         verbose: Bool. Progress bar and INFO logs on the driver.
         check_data: Bool. Scan the data once for nulls/NaN/inf and label ranges.
     """
@@ -190,6 +199,8 @@ class Trainer:
         io_timeout: float = 600.0,
         slot_timeout: float = 10.0,
         max_retries: int = 2,
+        checkpoint_dir: str | os.PathLike | None = None,
+        checkpoint_every: int = 100,
         verbose: bool = True,
         check_data: bool = True,
     ) -> None:
@@ -215,6 +226,8 @@ class Trainer:
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"`max_retries` must be an integer >= 0. Received: max_retries={max_retries!r}")
         self.max_retries = max_retries
+        self.checkpoint_dir = checkpoint_dir
+        self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every)
         self.verbose = bool(verbose)
         self.check_data = bool(check_data)
 
@@ -238,15 +251,46 @@ class Trainer:
         port = self.ps_port if self.ps_port is not None else int(os.environ.get("TRAINER_PS_PORT", "0"))
         return host, bind, port
 
+    def _check_resume(self, checkpoint, model) -> tuple[list, int, dict]:
+        from .checkpoint import CheckpointError
+
+        weights = model.get_weights()
+        saved = checkpoint.center[: len(weights)]
+        shapes = [w.shape for w in weights]
+        if len(saved) != len(weights) or [a.shape for a in saved] != shapes:
+            raise CheckpointError(
+                f"The checkpoint holds {len(saved)} weight arrays of shapes {[a.shape for a in saved][:4]}..., "
+                f"the model has {len(weights)} of shapes {shapes[:4]}...: it belongs to another model."
+            )
+        if checkpoint.meta.get("num_workers") != self.num_workers:
+            raise CheckpointError(
+                f"The checkpoint was written by a run with num_workers={checkpoint.meta.get('num_workers')}; "
+                f"resume with the same number of workers. Received: num_workers={self.num_workers}"
+            )
+        center = checkpoint.center if self.algorithm.exchanges_optimizer_state else saved
+        log.info("Resuming from version %d, %d epoch(s) completed", checkpoint.version, checkpoint.completed_epochs)
+        return center, checkpoint.version, checkpoint.epochs_done
+
     # -- fit -------------------------------------------------------------------
-    def fit(self, df) -> "FittedModel":
-        """Train on `df` and return a `FittedModel` (see the class docstring)."""
+    def fit(self, df, resume_from: str | os.PathLike | None = None) -> "FittedModel":
+        """Train on `df` and return a `FittedModel` (see the class docstring).
+
+        `resume_from` is the `checkpoint_dir` of an interrupted run with the same
+        model and algorithm: training continues from its weights at the first
+        epoch not every worker finished (and keeps checkpointing there unless
+        another `checkpoint_dir` is set).
+        """
         import keras
 
+        from .checkpoint import Checkpointer, load_checkpoint
         from .ps import ParameterServer, new_secret
 
         started = time.time()
         model, source = self._driver_model()
+        resumed = load_checkpoint(resume_from) if resume_from is not None else None
+        center, version, epochs_done = model.get_weights(), 0, {}
+        if resumed is not None:
+            center, version, epochs_done = self._check_resume(resumed, model)
         frame, spec = prepare_frame(
             df, self.features_col, self.label_col, model,
             min_rows=self.num_workers, check_values=self.check_data,
@@ -260,18 +304,34 @@ class Trainer:
         )
         if spec.num_rows < 1000 * self.num_workers:
             # Round-robin from a single partition deals rows evenly; from many tiny
-            # partitions it can leave a worker without any row.
-            frame = frame.coalesce(1)
+            # partitions it can leave a worker without any row. The identity map
+            # keeps the optimizer from collapsing coalesce(1) into the repartition.
+            frame = frame.coalesce(1).mapInArrow(_identity, frame.schema)
         host, bind, port = self._ps_addresses(spark)
         steps = math.ceil(math.ceil(spec.num_rows / self.num_workers) / self.batch_size)
         progress = TrainingProgress(steps * self.num_workers * self.epochs, self.num_workers, self.epochs,
                                     enabled=self.verbose)
         secret = new_secret()
+        checkpointer: Checkpointer | None = None
+        callbacks: list[Callable] = [progress.update]
         server = ParameterServer(
-            self.algorithm, model.get_weights(), self.num_workers, secret, host=bind, port=port,
-            io_timeout=self.io_timeout, round_timeout=self.io_timeout, on_update=progress.update,
+            self.algorithm, center, self.num_workers, secret, host=bind, port=port,
+            io_timeout=self.io_timeout, round_timeout=self.io_timeout,
+            on_update=lambda record: [cb(record) for cb in callbacks],
+            on_epoch_done=lambda worker, epoch: checkpointer and checkpointer.on_epoch_done(worker, epoch),
+            version=version, epochs_done=epochs_done,
         )
+        checkpoint_dir = self.checkpoint_dir if self.checkpoint_dir is not None else resume_from
+        if checkpoint_dir is not None:
+            checkpointer = Checkpointer(checkpoint_dir, server, self.checkpoint_every, {
+                "num_workers": self.num_workers, "algorithm": self.algorithm.describe(), "epochs": self.epochs,
+                "model": model.name, "num_weights": len(model.weights),
+            })
+            callbacks.append(checkpointer.on_update)
         events: list[dict] = []
+        if resumed is not None:
+            events.append({"time": time.time(), "event": "resumed", "from": str(resume_from),
+                           "version": version, "completed_epochs": resumed.completed_epochs})
         results: list[dict] = []
         try:
             _, bound_port = server.start()
@@ -304,6 +364,8 @@ class Trainer:
         finally:
             server.stop()
             progress.close()
+            if checkpointer is not None:
+                checkpointer.save()
         model.set_weights(server.center()[: len(model.weights)])
         history = TrainingHistory.build(self.algorithm, self.num_workers, server, results, job_start, job_end, events)
         log.info(

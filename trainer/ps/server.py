@@ -160,6 +160,10 @@ class ParameterServer:
         on_update: called with each ``UpdateRecord`` from the connection
             thread, before the worker gets its reply; calls are serialized and
             exceptions are logged. Keep it fast.
+        on_epoch_done: called with ``(worker, epoch)`` after a worker reports
+            a finished epoch, serialized with `on_update`.
+        version, epochs_done: state to resume from (a checkpoint's), so that
+            workers' HELLO gets the right ``start_epoch``.
     """
 
     def __init__(
@@ -177,6 +181,9 @@ class ParameterServer:
         round_timeout: float = 600.0,
         max_connections: int | None = None,
         on_update: Callable[[UpdateRecord], Any] | None = None,
+        on_epoch_done: Callable[[int, int], Any] | None = None,
+        version: int = 0,
+        epochs_done: dict[int, dict[str, Any]] | None = None,
     ) -> None:
         if type(num_workers) is not int or num_workers < 1:
             raise ValueError(f"num_workers must be a positive int, received {num_workers!r}")
@@ -206,15 +213,16 @@ class ParameterServer:
         self._round_timeout = float(round_timeout)
         self._max_connections = 2 * num_workers + 4 if max_connections is None else int(max_connections)
         self._on_update = on_update
+        self._on_epoch_done = on_epoch_done
 
         self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._callback_lock = threading.Lock()
-        self._version = 0
+        self._version = int(version)
         self._round = _Round(0)
         self._max_attempt: int | None = None
         self._updates: list[UpdateRecord] = []
-        self._epochs_done: dict[int, dict[str, Any]] = {}
+        self._epochs_done: dict[int, dict[str, Any]] = dict(epochs_done or {})
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self._conns: set[_Conn] = set()
         self._threads: set[threading.Thread] = set()
@@ -340,6 +348,13 @@ class ParameterServer:
         with self._lock:
             center = self._center
         return [np.array(a, copy=True) for a in center]
+
+    def snapshot(self) -> tuple[list[np.ndarray], int, dict[int, dict[str, Any]]]:
+        """A consistent (center copy, version, epochs done per worker) for checkpoints."""
+        with self._lock:
+            center, version = self._center, self._version
+            done = {w: dict(d) for w, d in self._epochs_done.items()}
+        return [np.array(a, copy=True) for a in center], version, done
 
     @property
     def updates(self) -> list[UpdateRecord]:
@@ -689,6 +704,12 @@ class ParameterServer:
             if previous is None or epoch >= previous["epoch"]:
                 record = {"epoch": epoch, "logs": logs, "time": time.time()}
                 self._epochs_done[conn.worker] = record  # type: ignore[index]
+        if self._on_epoch_done is not None:
+            with self._callback_lock:
+                try:
+                    self._on_epoch_done(conn.worker, epoch)
+                except Exception:
+                    log.exception("parameter server: on_epoch_done callback raised (ignored)")
         self._reply(conn, {})
 
     def _check_payload(self, arrays: Sequence[np.ndarray]) -> str | None:

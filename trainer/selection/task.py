@@ -1,0 +1,220 @@
+"""The task side of model selection: one long-lived Spark barrier task per worker.
+
+`selection_task` runs inside a Python worker of an executor. It loads its data
+ONCE -- its own shard (model hopper: the Arrow batches of partition ``i``,
+training and validation rows told apart by a flag column) or a full copy
+(task-parallel and sequential baselines: a Spark broadcast) -- connects to the
+driver's :class:`~trainer.selection.hopper.HopperServer` and then loops:
+
+1. ask for work; the driver answers with a configuration id, the epoch, and
+   the model state (weights and optimizer variables as raw arrays), or tells
+   the task that it still holds that state (``keep``), or says stop;
+2. take the configuration's Keras model from the task's cache (built once per
+   task with ``model_fn(params)``, never rebuilt on later visits), load the
+   state, and train ONE pass over the local training rows (``model.fit`` with
+   ``epochs=1``, the configuration's batch size, shuffled with a seed fixed by
+   the driver);
+3. evaluate on the local validation rows;
+4. send back the new state, the training and validation metrics and the row
+   counts that the driver uses to weight the per-shard metrics.
+
+`get_state` / `set_state` convert a compiled Keras model to and from that
+list of arrays: ``model.get_weights()`` (all weights, trainable or not) then
+``model.optimizer.variables`` (iteration count, learning rate, slots).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+__all__ = ["TaskConfig", "TaskSpec", "get_state", "set_state", "state_layout", "selection_task",
+           "RESULT_DDL", "SPLIT_COL"]
+
+#: Name of the boolean column that marks validation rows in the model-hopper frame.
+SPLIT_COL = "_is_validation"
+RESULT_DDL = "worker int, record string"
+_RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("record", pa.string())])
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """What a task needs to build one configuration's model."""
+
+    params: dict[str, Any]
+    batch_size: int
+    input_shape: tuple[int, ...]
+    build_seed: int
+
+
+@dataclass
+class TaskSpec:
+    """Everything a selection task needs; travels in the Spark task closure."""
+
+    model_fn: Callable[[dict[str, Any]], Any]
+    configs: dict[str, TaskConfig]
+    host: str
+    port: int
+    secret: bytes
+    attempt: int
+    feature_size: int
+    label_size: int | None
+    full_copy: Any = None  # a Broadcast of (x, y, x_val, y_val) for the baselines, else None
+    eval_batch_size: int = 256
+    io_timeout: float = 600.0
+    keras_backend: str = "tensorflow"
+    env: dict[str, str] = field(default_factory=dict)
+
+
+# ----------------------------------------------------------------------------- state
+def _optimizer(model):
+    opt = getattr(model, "optimizer", None)
+    if opt is None:
+        raise ValueError(
+            "The model returned by model_fn is not compiled (it has no optimizer). "
+            "Fix: call model.compile(optimizer=..., loss=..., metrics=[...]) inside model_fn."
+        )
+    if not opt.built:
+        opt.build(model.trainable_variables)
+    return opt
+
+
+def get_state(model) -> list[np.ndarray]:
+    """The model's weights followed by its optimizer variables, as numpy arrays."""
+    import keras
+
+    opt = _optimizer(model)
+    return [np.asarray(w) for w in model.get_weights()] + [
+        np.asarray(keras.ops.convert_to_numpy(v)) for v in opt.variables
+    ]
+
+
+def state_layout(model) -> list[tuple[str, tuple[int, ...]]]:
+    """``(dtype name, shape)`` of every array of :func:`get_state`, without copying."""
+    opt = _optimizer(model)
+    return [(np.dtype(v.dtype).name, tuple(int(d) for d in v.shape)) for v in list(model.weights) + list(opt.variables)]
+
+
+def set_state(model, arrays: list[np.ndarray], config_id: str = "?") -> None:
+    """Load :func:`get_state` arrays into ``model`` (weights, then optimizer variables)."""
+    opt = _optimizer(model)
+    n_weights = len(model.weights)
+    variables = opt.variables
+    if len(arrays) != n_weights + len(variables):
+        raise ValueError(
+            f"Config {config_id}: the model state has {len(arrays)} arrays but the model built here has "
+            f"{n_weights} weights and {len(variables)} optimizer variables. Fix: model_fn must build the same "
+            "model for the same params on every machine (no randomness in the architecture)."
+        )
+    model.set_weights(arrays[:n_weights])
+    for var, value in zip(variables, arrays[n_weights:]):
+        var.assign(value)
+
+
+# ------------------------------------------------------------------------------ data
+def _split_shard(batches: Iterator[pa.RecordBatch], feature_size: int, label_size: int | None):
+    from trainer.worker import arrow_to_numpy
+
+    batches = [b for b in batches if b.num_rows]
+    if not batches:
+        empty = arrow_to_numpy(iter(()), (feature_size,), label_size)
+        return empty, empty
+    import pyarrow.compute as pc
+
+    table = pa.Table.from_batches(batches)
+    flag = table.column(SPLIT_COL)
+    train = table.filter(pc.invert(flag)).drop_columns([SPLIT_COL])
+    val = table.filter(flag).drop_columns([SPLIT_COL])
+    return (arrow_to_numpy(iter(train.to_batches()), (feature_size,), label_size),
+            arrow_to_numpy(iter(val.to_batches()), (feature_size,), label_size))
+
+
+def _logs(values: dict[str, Any], prefix: str = "") -> dict[str, float]:
+    out = {}
+    for k, v in values.items():
+        v = v[-1] if isinstance(v, list) else v
+        out[prefix + k] = float(np.asarray(v))
+    return out
+
+
+# ------------------------------------------------------------------------------ task
+def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """Body of one barrier task (the function given to ``mapInArrow(barrier=True)``)."""
+    from pyspark import BarrierTaskContext
+
+    from trainer.selection.hopper import HopperClient
+    from trainer.worker import configure_process
+
+    task_start = time.time()
+    ctx = BarrierTaskContext.get()
+    worker = ctx.partitionId()
+    gpus = ctx.resources()["gpu"].addresses if "gpu" in ctx.resources() else None
+    configure_process(max(1, int(ctx.cpus())), gpus, spec.keras_backend, spec.env)
+
+    if spec.full_copy is None:
+        (x, y), (xv, yv) = _split_shard(batches, spec.feature_size, spec.label_size)
+    else:
+        for _ in batches:  # the baselines read their full copy from the broadcast
+            pass
+        x, y, xv, yv = spec.full_copy.value
+    data_bytes = int(sum(a.nbytes for a in (x, y, xv, yv) if a is not None))
+    data_ready = time.time()
+
+    import keras
+
+    keras.backend.clear_session()
+    models: dict[str, Any] = {}
+    record: dict[str, Any] = {
+        "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
+        "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0, "train_s": 0.0,
+        "val_s": 0.0, "executor_pid": os.getpid(),
+    }
+    with HopperClient(spec.host, spec.port, spec.secret, worker, spec.attempt, spec.io_timeout) as client:
+        client.hello({"attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
+                      "pid": os.getpid()})
+        while True:
+            work, arrays = client.next_work()
+            if work.get("op") != "train":
+                break
+            cid = work["model"]
+            cfg = spec.configs[cid]
+            model = models.get(cid)
+            if model is None:
+                started = time.time()
+                keras.utils.set_random_seed(cfg.build_seed)
+                model = spec.model_fn(dict(cfg.params))
+                _optimizer(model)
+                models[cid] = model
+                record["builds"][cid] = time.time() - started
+            if not work.get("keep"):
+                set_state(model, list(arrays), cid)
+            del arrays  # the frame buffer can go
+            keras.utils.set_random_seed(int(work["seed"]))
+            shape = (len(x), *cfg.input_shape)
+            started = time.time()
+            history = model.fit(x.reshape(shape), y, batch_size=cfg.batch_size, epochs=1, shuffle=True, verbose=0)
+            train_s = time.time() - started
+            val_logs: dict[str, float] = {}
+            if len(xv):
+                result = model.evaluate(xv.reshape((len(xv), *cfg.input_shape)), yv,
+                                        batch_size=max(spec.eval_batch_size, cfg.batch_size), verbose=0,
+                                        return_dict=True)
+                val_logs = _logs(result, "val_")
+            val_s = time.time() - started - train_s
+            record["units"] += 1
+            record["train_s"] += train_s
+            record["val_s"] += val_s
+            client.send_result(
+                {"model": cid, "epoch": work["epoch"], "seq": work["seq"], "train": _logs(history.history),
+                 "val": val_logs, "rows": len(x), "val_rows": len(xv), "train_s": train_s, "val_s": val_s,
+                 "steps": -(-len(x) // cfg.batch_size)},
+                get_state(model),
+            )
+        record.update(end=time.time(), bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
+    yield pa.RecordBatch.from_pydict({"worker": [worker], "record": [json.dumps(record)]}, schema=_RESULT_SCHEMA)
