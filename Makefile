@@ -33,8 +33,8 @@ $(VENV)/.installed: pyproject.toml
 
 venv: $(VENV)/.installed ## create the virtualenv with the pinned dependencies
 
-demo: venv ## train a CNN on MNIST on an embedded 2-worker Spark cluster and print its accuracy
-	$(PY) jobs/demo.py
+demo: venv ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times
+	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --no-baseline --out $(OUT)/demo
 
 test: venv ## run every test (unit, Spark integration, containers when a Docker engine is up)
 	$(VENV)/bin/pytest $(PYTEST_ARGS)
@@ -49,3 +49,101 @@ clean: ## remove the virtualenv, caches and results
 	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) *.egg-info
 
 ##@ Lab (containers) -- owned by the lab section below
+# One image (images/Dockerfile) runs every role: master, worker, jupyter, submit.
+# Compose v1 (docker-compose 1.29) and v2 (docker compose) both work; no registry
+# is needed: `base-image` builds Debian bookworm locally with debootstrap.
+DOCKER        ?= docker
+COMPOSE       ?= $(shell command -v docker-compose >/dev/null 2>&1 && echo docker-compose || echo docker compose)
+LAB_PROJECT   ?= trainer-lab
+BASE_IMAGE    ?= trainer-base:bookworm
+DEBIAN_MIRROR ?= http://deb.debian.org/debian
+GPU           ?=
+VARIANT       ?= $(if $(GPU),gpu,cpu)
+LAB_IMAGE     ?= trainer-lab:$(if $(filter gpu,$(VARIANT)),gpu,latest)
+# CA bundle trusted by apt/pip inside the build (TLS-intercepting proxies); empty disables.
+EXTRA_CA      ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
+UP_MAX_TRIES  ?= 180
+JOB           ?= mnist
+ARGS          ?=
+BENCH_ARGS    ?= --limit 2000 --epochs 1 --algorithm adag
+K8S_DIRS      ?= k8s k8s/overlays/workers-3 k8s/overlays/gpu
+
+LAB_ENV_FILE  := $(wildcard compose/.env)
+LAB_COMPOSE   := LAB_IMAGE=$(LAB_IMAGE) $(COMPOSE) -p $(LAB_PROJECT) -f compose/compose.yaml \
+                 $(if $(GPU),-f compose/gpu.yaml) $(if $(LAB_ENV_FILE),--env-file $(LAB_ENV_FILE))
+
+.PHONY: base-image build up down ps logs submit bench-cluster k8s-render k8s-validate
+
+base-image: ## create the local Debian bookworm base image (debootstrap + docker import) unless it exists
+	@if $(DOCKER) image inspect $(BASE_IMAGE) >/dev/null 2>&1; then \
+	    echo "base image $(BASE_IMAGE) already exists"; exit 0; fi; \
+	command -v debootstrap >/dev/null || { echo "debootstrap is missing: run .ci/install-docker.sh (or apt-get install debootstrap)"; exit 1; }; \
+	[ "$$(id -u)" -eq 0 ] || { echo "debootstrap needs root; run: sudo make base-image"; exit 1; }; \
+	rootfs=$$(mktemp -d /tmp/trainer-base.XXXXXX); trap 'rm -rf "$$rootfs"' EXIT; \
+	SECONDS=0; \
+	debootstrap --variant=minbase bookworm "$$rootfs" $(DEBIAN_MIRROR) >"$$rootfs.log" 2>&1 \
+	    || { tail -n 20 "$$rootfs.log"; exit 1; }; \
+	rm -f "$$rootfs.log"; \
+	tar -C "$$rootfs" -c . | $(DOCKER) import -m "debootstrap --variant=minbase bookworm" - $(BASE_IMAGE) >/dev/null; \
+	echo "base image $(BASE_IMAGE) imported in $${SECONDS}s"
+
+build: base-image ## build the lab image trainer-lab:latest (GPU=1: the CUDA variant trainer-lab:gpu)
+	@rm -f images/certs/host-ca-bundle.crt
+	@if [ -n "$(EXTRA_CA)" ]; then cp "$(EXTRA_CA)" images/certs/host-ca-bundle.crt; echo "trusting extra CA bundle $(EXTRA_CA) in the build"; fi
+	@SECONDS=0; \
+	$(DOCKER) build -f images/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg variant=$(VARIANT) -t $(LAB_IMAGE) . ; \
+	echo "built $(LAB_IMAGE) in $${SECONDS}s: $$($(DOCKER) image inspect -f '{{.Size}}' $(LAB_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"
+
+up: ## start master, WORKERS workers and Jupyter; returns when WORKERS workers are ALIVE, then prints the URLs
+	@$(DOCKER) image inspect $(LAB_IMAGE) >/dev/null 2>&1 || $(MAKE) --no-print-directory build
+	@SECONDS=0; \
+	$(LAB_COMPOSE) up -d --remove-orphans --scale worker=$(WORKERS); \
+	if ! $(LAB_COMPOSE) exec -T master entrypoint.sh wait-workers $(WORKERS) $(UP_MAX_TRIES); then \
+	    $(LAB_COMPOSE) ps; $(LAB_COMPOSE) logs --tail=20 master worker; \
+	    echo "make up: $(WORKERS) worker(s) did not become ALIVE within $(UP_MAX_TRIES) tries; see the logs above (make logs)"; exit 1; fi; \
+	$(LAB_COMPOSE) exec -T jupyter entrypoint.sh wait-url http://localhost:8888/api $(UP_MAX_TRIES) \
+	    || { $(LAB_COMPOSE) logs --tail=30 jupyter; echo "make up: Jupyter did not answer"; exit 1; }; \
+	ui=$$($(LAB_COMPOSE) port master 8080); nb=$$($(LAB_COMPOSE) port jupyter 8888); \
+	token=$$($(LAB_COMPOSE) exec -T jupyter printenv JUPYTER_TOKEN | tr -d '\r'); \
+	echo "lab up in $${SECONDS}s with $(WORKERS) ALIVE worker(s)"; \
+	echo "  Spark UI: http://$$ui"; \
+	echo "  Jupyter:  http://$$nb/lab?token=$$token"
+
+down: ## stop the lab: no containers or networks left (PURGE=1 also deletes the data/checkpoints/results volumes)
+	$(LAB_COMPOSE) --profile tools down --remove-orphans $(if $(PURGE),--volumes)
+
+ps: ## list the lab's containers
+	$(LAB_COMPOSE) ps
+
+logs: ## follow the lab's logs (SERVICE=worker for one service)
+	$(LAB_COMPOSE) logs -f --tail=100 $(SERVICE)
+
+submit: ## run jobs/JOB.py on the lab (JOB=mnist ARGS="--epochs 1"); results in the results volume and OUT/lab/JOB
+	$(LAB_COMPOSE) run --rm submit $(JOB) $(if $(findstring --out,$(ARGS)),,--out /results/$(JOB)) $(ARGS)
+	@mkdir -p $(OUT)/lab; jup=$$($(LAB_COMPOSE) ps -q jupyter); \
+	if [ -n "$$jup" ]; then $(DOCKER) cp "$$jup:/results/$(JOB)" $(OUT)/lab/ && echo "results copied to $(OUT)/lab/$(JOB)"; \
+	else echo "results are in the volume $(LAB_PROJECT)_results (start the lab to copy them out)"; fi
+
+bench-cluster: ## for each N in WORKERS="1 2 3": lab with N workers, mnist on N workers; prints the speed-up table
+	@mkdir -p $(OUT)/lab; csv=$(OUT)/lab/bench-cluster.csv; echo "workers,seconds" >$$csv; \
+	for n in $(WORKERS); do \
+	    $(MAKE) --no-print-directory up WORKERS=$$n; \
+	    start=$$(date +%s.%N); \
+	    $(LAB_COMPOSE) run --rm submit mnist --workers $$n --out /results/bench-cluster/workers-$$n $(BENCH_ARGS); \
+	    awk -v s=$$start -v e=$$(date +%s.%N) -v n=$$n 'BEGIN {printf "%d,%.1f\n", n, e - s}' >>$$csv; \
+	done; \
+	echo; echo "mnist on the lab ($(BENCH_ARGS)); wall time of each submit, JVM and data loading included"; \
+	awk -F, 'NR == 2 {base = $$2; printf "| workers | seconds | speed-up | efficiency |\n|---|---|---|---|\n"} \
+	    NR > 1 {printf "| %d | %.1f | %.2fx | %.0f%% |\n", $$1, $$2, base / $$2, 100 * base / $$2 / $$1}' $$csv | tee $(OUT)/lab/bench-cluster.md; \
+	jup=$$($(LAB_COMPOSE) ps -q jupyter); [ -z "$$jup" ] || $(DOCKER) cp "$$jup:/results/bench-cluster" $(OUT)/lab/
+
+k8s-render: ## render the kustomize base and overlays into $(OUT)/k8s/ (offline)
+	@mkdir -p $(OUT)/k8s; for d in $(K8S_DIRS); do \
+	    f=$(OUT)/k8s/$$(echo $$d | tr / -).yaml; kubectl kustomize $$d >$$f; echo "rendered $$d -> $$f"; done
+
+k8s-validate: k8s-render ## validate the rendered manifests against the Kubernetes schemas (kubernetes-validate --strict)
+	@for d in $(K8S_DIRS); do f=$(OUT)/k8s/$$(echo $$d | tr / -).yaml; \
+	    $(VENV)/bin/kubernetes-validate --strict --quiet $$f && echo "valid: $$f"; done
+
+test-lab: ## run the lab tests (tests/lab): k8s and compose always, containers when a Docker engine is up
+	$(VENV)/bin/pytest tests/lab $(PYTEST_ARGS)

@@ -12,6 +12,7 @@ import pytest
 
 from conftest import digits_model
 from trainer import ADAG, Trainer
+from trainer.checkpoint import load_checkpoint
 
 pytestmark = pytest.mark.spark
 
@@ -28,29 +29,47 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
-@pytest.mark.timeout(300)
+def _interrupt_when(condition, timeout: float = 300) -> threading.Thread:
+    """Send Ctrl-C (SIGINT) to the main thread once `condition()` is true."""
+
+    def watch() -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if condition():
+                    break
+            except Exception:  # e.g. the checkpoint file does not exist yet
+                pass
+            time.sleep(0.05)
+        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)  # also on timeout: never hang
+
+    thread = threading.Thread(target=watch, daemon=True)
+    thread.start()
+    return thread
+
+
+@pytest.mark.timeout(600)
 def test_ctrl_c_cancels_the_job_and_frees_the_port(spark, digits):
     train, _ = digits
     port = _free_port()
-    interrupted = {}
+    updates: list = []
+    serving: dict = {}
 
-    def press_ctrl_c() -> None:
-        deadline = time.monotonic() + 240
-        while time.monotonic() < deadline and not spark.sparkContext.statusTracker().getActiveStageIds():
-            time.sleep(0.2)
-        time.sleep(3)  # let the workers connect and train
-        assert _listening(port), "the parameter server should be serving during training"
-        interrupted["at"] = time.monotonic()
-        signal.pthread_kill(threading.main_thread().ident, signal.SIGINT)
+    def trained_a_little() -> bool:
+        if len(updates) >= 4:
+            serving["listening"] = _listening(port)
+            serving["at"] = time.monotonic()
+            return True
+        return False
 
-    helper = threading.Thread(target=press_ctrl_c, daemon=True)
-    helper.start()
+    watcher = _interrupt_when(trained_a_little)
     with pytest.raises(KeyboardInterrupt):
         Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=500, ps_port=port,
-                verbose=False).fit(train)
+                on_update=updates.append, verbose=False).fit(train)
     returned = time.monotonic()
-    helper.join()
-    assert returned - interrupted["at"] < 30
+    watcher.join()
+    assert serving.get("listening"), "the parameter server should be serving during training"
+    assert returned - serving["at"] < 30
     # The port is free at once: a new server can bind it.
     with socket.socket() as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -92,3 +111,64 @@ def test_twenty_fits_do_not_leak_threads_sockets_or_files(spark, digits):
     assert after[0] <= before[0], f"threads grew from {before[0]} to {after[0]}"
     assert after[1] <= before[1] + 2, f"file descriptors grew from {before[1]} to {after[1]}"
     assert after[2] <= before[2] + 2, f"sockets grew from {before[2]} to {after[2]}"
+
+
+@pytest.mark.timeout(900)
+def test_interrupted_run_resumes_from_its_checkpoint(spark, digits, tmp_path):
+    train, test = digits
+
+    def trainer() -> Trainer:
+        return Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=16,
+                       checkpoint_dir=tmp_path, checkpoint_every=10, verbose=False)
+
+    watcher = _interrupt_when(lambda: load_checkpoint(tmp_path).completed_epochs >= 2)
+    with pytest.raises(KeyboardInterrupt):
+        trainer().fit(train)
+    watcher.join()
+    saved = load_checkpoint(tmp_path)
+    assert 2 <= saved.completed_epochs < 16, "the interrupt came after two epochs and the final save keeps them"
+    fitted = trainer().fit(train, resume_from=tmp_path)
+    assert {w["start_epoch"] for w in fitted.history.workers} == {saved.completed_epochs}
+    assert len(fitted.history.epochs) == 16 - saved.completed_epochs
+    assert any(e.get("event") == "resumed" for e in fitted.history.events)
+    assert load_checkpoint(tmp_path).completed_epochs == 16
+    assert fitted.evaluate(test)["accuracy"] >= 0.88
+
+
+def _executor_pids(cluster, app_id: str) -> list[int]:
+    found = []
+    for pid in cluster.pids():
+        try:
+            cmdline = open(f"/proc/{pid}/cmdline", "rb").read().decode(errors="replace")
+        except OSError:
+            continue
+        if "CoarseGrainedExecutorBackend" in cmdline and app_id in cmdline:
+            found.append(pid)
+    return found
+
+
+@pytest.mark.timeout(900)
+def test_training_survives_a_killed_executor(local_cluster_2, spark, digits):
+    """Kill one executor JVM mid-training: the stage is re-run on the restarted executor and
+    the workers resume from the server's weights, not from scratch."""
+    train, test = digits
+    executors = _executor_pids(local_cluster_2, spark.sparkContext.applicationId)
+    assert len(executors) == 2
+    updates = []
+
+    def kill_one() -> None:
+        deadline = time.monotonic() + 300
+        while len(updates) < 40 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(executors[0], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill_one, daemon=True)
+    killer.start()
+    fitted = Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=12, verbose=False,
+                     max_retries=2, on_update=updates.append).fit(train)
+    killer.join()
+    failures = [e for e in fitted.history.events if e.get("event") == "attempt_failed"]
+    assert failures and failures[0]["retry"], fitted.history.events
+    retried = [w for w in fitted.history.workers if w["attempt"] == 1]
+    assert len(retried) == 2 and all(w["start_epoch"] >= 1 for w in retried), "resumed, not restarted"
+    assert fitted.evaluate(test)["accuracy"] >= 0.88

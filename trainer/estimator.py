@@ -177,6 +177,9 @@ class Trainer:
             epoch all workers finished, and when training stops (also on error
             or Ctrl-C); ``fit(df, resume_from=checkpoint_dir)`` continues from it.
         checkpoint_every: Integer. Server updates between two checkpoints.
+        on_update: Callable or None. Called on the driver with every
+            parameter-server update (a `trainer.ps.UpdateRecord`: time, worker,
+            version, staleness, bytes, epoch, step, loss); keep it fast.
         verbose: Bool. Progress bar and INFO logs on the driver.
         check_data: Bool. Scan the data once for nulls/NaN/inf and label ranges.
     """
@@ -201,6 +204,7 @@ class Trainer:
         max_retries: int = 2,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int = 100,
+        on_update: Callable[[Any], None] | None = None,
         verbose: bool = True,
         check_data: bool = True,
     ) -> None:
@@ -228,6 +232,7 @@ class Trainer:
         self.max_retries = max_retries
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every)
+        self.on_update = on_update
         self.verbose = bool(verbose)
         self.check_data = bool(check_data)
 
@@ -313,7 +318,7 @@ class Trainer:
                                     enabled=self.verbose)
         secret = new_secret()
         checkpointer: Checkpointer | None = None
-        callbacks: list[Callable] = [progress.update]
+        callbacks: list[Callable] = [progress.update] + ([self.on_update] if self.on_update else [])
         server = ParameterServer(
             self.algorithm, center, self.num_workers, secret, host=bind, port=port,
             io_timeout=self.io_timeout, round_timeout=self.io_timeout,

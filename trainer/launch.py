@@ -66,7 +66,7 @@ _PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?
 _INFRA_MARKERS = (
     "ExecutorLostFailure", "exited unexpectedly", "Python worker exited", "Connection reset",
     "ConnectionClosed", "ConnectionResetError", "BrokenPipeError", "Worker lost", "executor lost",
-    "ConnectionRefusedError", "crashed",
+    "ConnectionRefusedError", "crashed", "FetchFailed", "ExecutorDeadException", "TaskKilled",
 )
 
 

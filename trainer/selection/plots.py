@@ -1,6 +1,7 @@
 """Plots of a model-selection run (matplotlib Agg canvas: no display, no pyplot state).
 
 ``plot_gantt``            which model trained on which worker when (one bar per unit of work)
+``plot_gantt_comparison`` several runs' Gantt charts on one time axis (MOP vs the baselines)
 ``plot_learning_curves``  the selection metric per epoch, one line per configuration
 ``plot_config_curve``     one configuration: every training and validation metric per epoch
 """
@@ -11,7 +12,7 @@ import math
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
 
-__all__ = ["plot_gantt", "plot_learning_curves", "plot_config_curve"]
+__all__ = ["plot_gantt", "plot_gantt_comparison", "plot_learning_curves", "plot_config_curve"]
 
 
 def _figure(width: float, height: float):
@@ -37,6 +38,27 @@ def _colors(keys: Sequence[Any]) -> dict[Any, str]:
     return {k: cmap(i % cmap.N) for i, k in enumerate(keys)}
 
 
+def _patch(color):
+    from matplotlib.patches import Patch
+
+    return Patch(facecolor=color)
+
+
+def _draw_gantt(ax, visits: list[Mapping[str, Any]], num_workers: int, colors: Mapping[Any, Any],
+                end: float) -> None:  # fmt: skip
+    for v in visits:
+        width = max(v["end"] - v["start"], 1e-6)
+        ax.barh(v["worker"], width, left=v["start"], height=0.7, color=colors[v["model"]], edgecolor="white",
+                linewidth=0.5)
+        if width > end / 40:
+            ax.text(v["start"] + width / 2, v["worker"], f"{v['model']}/{v['epoch']}", ha="center", va="center",
+                    fontsize=6, clip_on=True)
+    ax.set_yticks(range(num_workers), [f"worker {w}" for w in range(num_workers)])
+    ax.set_ylim(num_workers - 0.5, -0.5)
+    ax.set_xlim(0, end * 1.01)
+    ax.grid(True, axis="x", alpha=0.3)
+
+
 def plot_gantt(visits: Iterable[Mapping[str, Any]], num_workers: int, out_png: str | Path,
                title: str | None = None) -> Path:  # fmt: skip
     """One row per worker, one bar per unit of work (``start``/``end`` seconds), coloured by model.
@@ -48,27 +70,39 @@ def plot_gantt(visits: Iterable[Mapping[str, Any]], num_workers: int, out_png: s
     visits = list(visits)
     models = sorted({v["model"] for v in visits})
     colors = _colors(models)
-    fig = _figure(11, 1.2 + 0.55 * max(num_workers, 1))
+    fig = _figure(11, 1.6 + 0.55 * max(num_workers, 1))
     ax = fig.subplots()
-    end = max((v["end"] for v in visits), default=1.0) or 1.0
-    for v in visits:
-        width = max(v["end"] - v["start"], 1e-6)
-        ax.barh(v["worker"], width, left=v["start"], height=0.7, color=colors[v["model"]], edgecolor="white",
-                linewidth=0.5)
-        if width > end / 40:
-            ax.text(v["start"] + width / 2, v["worker"], f"{v['model']}/{v['epoch']}", ha="center", va="center",
-                    fontsize=6, clip_on=True)
-    ax.set_yticks(range(num_workers), [f"worker {w}" for w in range(num_workers)])
-    ax.set_ylim(num_workers - 0.5, -0.5)
-    ax.set_xlim(0, end * 1.01)
+    _draw_gantt(ax, visits, num_workers, colors, max((v["end"] for v in visits), default=1.0) or 1.0)
     ax.set_xlabel("seconds since the start of training")
-    handles = [ax.barh([], [], color=colors[m])[0] for m in models]
     if models:
-        ax.legend(handles, models, fontsize="x-small", ncols=min(len(models), 8), loc="upper center",
-                  bbox_to_anchor=(0.5, -0.35 if num_workers > 2 else -0.55))
-    ax.grid(True, axis="x", alpha=0.3)
+        handles = [_patch(colors[m]) for m in models]
+        fig.legend(handles, models, fontsize="x-small", ncols=min(len(models), 10), loc="outside lower center")
     if title:
         ax.set_title(title)
+    return _save(fig, out_png)
+
+
+def plot_gantt_comparison(runs: Mapping[str, tuple[Sequence[Mapping[str, Any]], int]], out_png: str | Path,
+                          title: str | None = None) -> Path:  # fmt: skip
+    """Several runs' Gantt charts stacked on one time axis: ``{label: (visits, num_workers)}``."""
+    runs = dict(runs)
+    models = sorted({v["model"] for visits, _ in runs.values() for v in visits})
+    colors = _colors(models)
+    end = max((v["end"] for visits, _ in runs.values() for v in visits), default=1.0) or 1.0
+    heights = [max(n, 1) + 1 for _, n in runs.values()]
+    fig = _figure(11, 1.4 + 0.45 * sum(heights))
+    axes = fig.subplots(len(runs), 1, sharex=True, gridspec_kw={"height_ratios": heights}, squeeze=False)[:, 0]
+    for ax, (label, (visits, n)) in zip(axes, runs.items()):
+        visits = list(visits)
+        finish = max((v["end"] for v in visits), default=0.0)
+        _draw_gantt(ax, visits, n, colors, end)
+        ax.set_title(f"{label}: {finish:.1f} s", fontsize="small", loc="left")
+    axes[-1].set_xlabel("seconds since the start of training")
+    if models:
+        handles = [_patch(colors[m]) for m in models]
+        fig.legend(handles, models, fontsize="x-small", ncols=min(len(models), 10), loc="outside lower center")
+    if title:
+        fig.suptitle(title)
     return _save(fig, out_png)
 
 

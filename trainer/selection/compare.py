@@ -1,0 +1,90 @@
+"""Model hopper parallelism against its baselines, in one run, on the same data.
+
+``compare_strategies`` runs the same search with every strategy of
+:data:`~trainer.selection.runner.STRATEGIES` (a fresh search object each time,
+the sequential baseline on one worker) and ``comparison_rows`` /
+``config_rows`` turn the results into rows for :mod:`trainer.report`:
+
+* ``time_s``: the whole ``fit`` (checks, model builds, data delivery, training);
+* ``ideal_s``: the sequential run's time divided by the number of workers, the
+  time of perfectly packed task parallelism without any overhead;
+* ``vs_ideal``: ``time_s / ideal_s`` (1.0 is ideal; the sequential run is at ``N``);
+* ``speedup`` / ``efficiency``: against the sequential run (``trainer.report``);
+* ``data_bytes``: training and validation bytes held by the tasks (MOP holds the
+  data once, task parallelism ``N`` copies), ``bytes``: state moved through the driver.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping
+
+from trainer.selection.runner import STRATEGIES, ModelSelector, SelectionResult
+from trainer.selection.search import Search
+
+__all__ = ["compare_strategies", "comparison_rows", "config_rows", "plot_comparison"]
+
+
+def compare_strategies(model_fn: Callable[[dict[str, Any]], Any], make_search: Callable[[], Search], train, validation,
+                       *, strategies: Iterable[str] = STRATEGIES, num_workers: int = 2,
+                       out_dir: str | Path | None = None, **selector_kwargs: Any) -> dict[str, SelectionResult]:  # fmt: skip
+    """Run ``make_search()`` once per strategy on ``train``/``validation``; ``{strategy: result}``.
+
+    ``selector_kwargs`` go to every :class:`ModelSelector` (``seed``,
+    ``features_col``, ...). With ``out_dir`` each result is saved under
+    ``out_dir/<strategy>/`` (leaderboard, Gantt chart, curves).
+    """
+    results: dict[str, SelectionResult] = {}
+    for strategy in strategies:
+        workers = 1 if strategy == "sequential" else num_workers
+        selector = ModelSelector(model_fn, make_search(), strategy=strategy, num_workers=workers, **selector_kwargs)
+        results[strategy] = selector.fit(train, validation)
+        if out_dir is not None:
+            results[strategy].save(Path(out_dir) / strategy)
+    return results
+
+
+def comparison_rows(results: Mapping[str, SelectionResult], name: str, *, timing_valid: bool = True,
+                    extra: Mapping[str, Mapping[str, Any]] | None = None) -> list[dict[str, Any]]:  # fmt: skip
+    """One row per strategy (see the module docstring); ``extra[strategy]`` adds keys."""
+    parallel = [r.num_workers for r in results.values() if r.strategy != "sequential"]
+    n = max(parallel, default=1)
+    seq = results.get("sequential")
+    ideal = seq.timings["wall_s"] / n if seq is not None else None
+    mop_bytes = results["mop"].data_bytes if "mop" in results else None
+    rows = []
+    for strategy, r in results.items():
+        wall = r.timings["wall_s"]
+        row = {
+            "run": name, "model": name, "mode": strategy, "workers": r.num_workers, "time_s": wall,
+            "train_wall_s": r.timings["train_wall_s"], "setup_s": r.timings["setup_s"],
+            "data_delivery_s": r.timings["data_delivery_s"], "ideal_s": ideal,
+            "vs_ideal": wall / ideal if ideal else None, "metric_name": r.metric.name, "metric_value": r.best_value,
+            "best_config": r.best_config.id if r.best_config else None, "configs": len(r.configs),
+            "updates": len(r.units), "bytes": r.bytes_moved, "data_bytes": r.data_bytes,
+            "data_copies": r.data_bytes / mop_bytes if mop_bytes else None, "timing_valid": timing_valid,
+        }
+        row.update((extra or {}).get(strategy, {}))
+        rows.append(row)
+    return rows
+
+
+def config_rows(results: Mapping[str, SelectionResult], name: str) -> list[dict[str, Any]]:
+    """One row per (strategy, configuration): final and best metric, epochs, time, params."""
+    rows = []
+    for strategy, r in results.items():
+        for rec in r.leaderboard.to_dict("records"):
+            rows.append({
+                "run": name, "model": rec["config_id"], "mode": strategy, "workers": r.num_workers,
+                "time_s": rec["time_s"], "speedup": None, "efficiency": None, "metric_name": r.metric.name,
+                "metric_value": rec["final_metric"], "best_metric": rec["best_metric"], "rank": rec["rank"],
+                "epochs_done": rec["epochs_done"], "params": rec["params"],
+            })
+    return rows
+
+
+def plot_comparison(results: Mapping[str, SelectionResult], out_png: str | Path, title: str | None = None) -> Path:
+    """The strategies' Gantt charts stacked on one time axis."""
+    from trainer.selection.plots import plot_gantt_comparison
+
+    return plot_gantt_comparison({s: (r.units, r.num_workers) for s, r in results.items()}, out_png, title=title)
