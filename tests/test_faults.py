@@ -29,6 +29,10 @@ def _listening(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _our_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.is_alive() and t.name.startswith(("ps-", "trainer-"))]
+
+
 def _interrupt_when(condition, timeout: float = 300) -> threading.Thread:
     """Send Ctrl-C (SIGINT) to the main thread once `condition()` is true."""
 
@@ -75,7 +79,10 @@ def test_ctrl_c_cancels_the_job_and_frees_the_port(spark, digits):
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind(("127.0.0.1", port))
         s.listen()
-    assert not [t for t in threading.enumerate() if t.name.startswith(("ps-", "trainer-"))]
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and _our_threads():
+        time.sleep(0.2)
+    assert not _our_threads(), "parameter-server and Spark-job threads must end with fit"
     deadline = time.monotonic() + 30
     while spark.sparkContext.statusTracker().getActiveJobsIds() and time.monotonic() < deadline:
         time.sleep(0.5)
