@@ -62,11 +62,12 @@ VARIANT       ?= $(if $(GPU),gpu,cpu)
 LAB_IMAGE     ?= trainer-lab:$(if $(filter gpu,$(VARIANT)),gpu,latest)
 # CA bundle trusted by apt/pip inside the build (TLS-intercepting proxies); empty disables.
 EXTRA_CA      ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
-UP_MAX_TRIES  ?= 180
+UP_MAX_TRIES  ?= 300
 JOB           ?= mnist
 ARGS          ?=
 BENCH_ARGS    ?= --limit 2000 --epochs 1 --algorithm adag
 K8S_DIRS      ?= k8s k8s/overlays/workers-3 k8s/overlays/gpu
+K8S_VERSION   ?= 1.32.0
 
 LAB_ENV_FILE  := $(wildcard compose/.env)
 LAB_COMPOSE   := LAB_IMAGE=$(LAB_IMAGE) $(COMPOSE) -p $(LAB_PROJECT) -f compose/compose.yaml \
@@ -119,31 +120,30 @@ logs: ## follow the lab's logs (SERVICE=worker for one service)
 	$(LAB_COMPOSE) logs -f --tail=100 $(SERVICE)
 
 submit: ## run jobs/JOB.py on the lab (JOB=mnist ARGS="--epochs 1"); results in the results volume and OUT/lab/JOB
-	$(LAB_COMPOSE) run --rm submit $(JOB) $(if $(findstring --out,$(ARGS)),,--out /results/$(JOB)) $(ARGS)
+	$(LAB_COMPOSE) run --rm submit submit $(JOB) $(if $(findstring --out,$(ARGS)),,--out /results/$(JOB)) $(ARGS)
 	@mkdir -p $(OUT)/lab; jup=$$($(LAB_COMPOSE) ps -q jupyter); \
 	if [ -n "$$jup" ]; then $(DOCKER) cp "$$jup:/results/$(JOB)" $(OUT)/lab/ && echo "results copied to $(OUT)/lab/$(JOB)"; \
 	else echo "results are in the volume $(LAB_PROJECT)_results (start the lab to copy them out)"; fi
 
 bench-cluster: ## for each N in WORKERS="1 2 3": lab with N workers, mnist on N workers; prints the speed-up table
-	@mkdir -p $(OUT)/lab; csv=$(OUT)/lab/bench-cluster.csv; echo "workers,seconds" >$$csv; \
+	@mkdir -p $(OUT)/lab; rm -rf $(OUT)/lab/bench-cluster; csv=$(OUT)/lab/bench-cluster.csv; echo "workers,seconds" >$$csv; \
 	for n in $(WORKERS); do \
 	    $(MAKE) --no-print-directory up WORKERS=$$n; \
 	    start=$$(date +%s.%N); \
-	    $(LAB_COMPOSE) run --rm submit mnist --workers $$n --out /results/bench-cluster/workers-$$n $(BENCH_ARGS); \
+	    $(LAB_COMPOSE) run --rm submit submit mnist --workers $$n --out /results/bench-cluster/workers-$$n $(BENCH_ARGS); \
 	    awk -v s=$$start -v e=$$(date +%s.%N) -v n=$$n 'BEGIN {printf "%d,%.1f\n", n, e - s}' >>$$csv; \
 	done; \
-	echo; echo "mnist on the lab ($(BENCH_ARGS)); wall time of each submit, JVM and data loading included"; \
-	awk -F, 'NR == 2 {base = $$2; printf "| workers | seconds | speed-up | efficiency |\n|---|---|---|---|\n"} \
-	    NR > 1 {printf "| %d | %.1f | %.2fx | %.0f%% |\n", $$1, $$2, base / $$2, 100 * base / $$2 / $$1}' $$csv | tee $(OUT)/lab/bench-cluster.md; \
-	jup=$$($(LAB_COMPOSE) ps -q jupyter); [ -z "$$jup" ] || $(DOCKER) cp "$$jup:/results/bench-cluster" $(OUT)/lab/
+	$(DOCKER) cp "$$($(LAB_COMPOSE) ps -q jupyter):/results/bench-cluster" $(OUT)/lab/; \
+	echo; echo "mnist on the lab ($(BENCH_ARGS)):"; \
+	$(PYTHON) compose/bench_table.py $(OUT)/lab/bench-cluster $(WORKERS) | tee $(OUT)/lab/bench-cluster.md
 
 k8s-render: ## render the kustomize base and overlays into $(OUT)/k8s/ (offline)
 	@mkdir -p $(OUT)/k8s; for d in $(K8S_DIRS); do \
 	    f=$(OUT)/k8s/$$(echo $$d | tr / -).yaml; kubectl kustomize $$d >$$f; echo "rendered $$d -> $$f"; done
 
-k8s-validate: k8s-render ## validate the rendered manifests against the Kubernetes schemas (kubernetes-validate --strict)
+k8s-validate: k8s-render ## validate the rendered manifests strictly against the Kubernetes schemas (K8S_VERSION)
 	@for d in $(K8S_DIRS); do f=$(OUT)/k8s/$$(echo $$d | tr / -).yaml; \
-	    $(VENV)/bin/kubernetes-validate --strict --quiet $$f && echo "valid: $$f"; done
+	    $(VENV)/bin/kubernetes-validate --strict --quiet -k $(K8S_VERSION) $$f; echo "valid for Kubernetes $(K8S_VERSION): $$f"; done
 
 test-lab: ## run the lab tests (tests/lab): k8s and compose always, containers when a Docker engine is up
 	$(VENV)/bin/pytest tests/lab $(PYTEST_ARGS)

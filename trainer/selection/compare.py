@@ -9,7 +9,7 @@ the sequential baseline on one worker) and ``comparison_rows`` /
 * ``ideal_s``: the sequential run's time divided by the number of workers, the
   time of perfectly packed task parallelism without any overhead;
 * ``vs_ideal``: ``time_s / ideal_s`` (1.0 is ideal; the sequential run is at ``N``);
-* ``speedup`` / ``efficiency``: against the sequential run (``trainer.report``);
+* ``speedup``: ``t(sequential) / time_s``; ``efficiency``: ``speedup / workers``;
 * ``data_bytes``: training and validation bytes held by the tasks (MOP holds the
   data once, task parallelism ``N`` copies), ``bytes``: state moved through the driver.
 """
@@ -22,18 +22,57 @@ from typing import Any, Callable, Iterable, Mapping
 from trainer.selection.runner import STRATEGIES, ModelSelector, SelectionResult
 from trainer.selection.search import Search
 
-__all__ = ["compare_strategies", "comparison_rows", "config_rows", "plot_comparison"]
+__all__ = ["warm_up_executors", "compare_strategies", "comparison_rows", "config_rows", "plot_comparison"]
+
+
+def _warm_task(backend: str, batches):
+    import importlib
+
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    from trainer.worker import configure_process
+
+    ctx = BarrierTaskContext.get()
+    configure_process(max(1, int(ctx.cpus())), None, backend, {})
+    importlib.import_module("keras")  # the import is the warm-up
+
+    for _ in batches:
+        pass
+    yield pa.RecordBatch.from_pydict({"worker": [ctx.partitionId()]})
+
+
+def warm_up_executors(spark, num_workers: int) -> float:
+    """Start a Python worker with TensorFlow/Keras imported on ``num_workers`` slots; returns seconds.
+
+    Spark reuses idle Python workers, so the first timed strategy does not pay
+    the start-up alone. Runs one small barrier stage (all slots at once).
+    """
+    import functools
+    import time
+
+    import keras
+
+    started = time.perf_counter()
+    frame = spark.range(num_workers, numPartitions=num_workers)
+    frame.mapInArrow(functools.partial(_warm_task, keras.backend.backend()), "worker long", barrier=True).collect()
+    return time.perf_counter() - started
 
 
 def compare_strategies(model_fn: Callable[[dict[str, Any]], Any], make_search: Callable[[], Search], train, validation,
                        *, strategies: Iterable[str] = STRATEGIES, num_workers: int = 2,
-                       out_dir: str | Path | None = None, **selector_kwargs: Any) -> dict[str, SelectionResult]:  # fmt: skip
+                       out_dir: str | Path | None = None,
+                       **selector_kwargs: Any) -> dict[str, SelectionResult]:  # fmt: skip
     """Run ``make_search()`` once per strategy on ``train``/``validation``; ``{strategy: result}``.
+
+    Executors are warmed up first (:func:`warm_up_executors`).
 
     ``selector_kwargs`` go to every :class:`ModelSelector` (``seed``,
     ``features_col``, ...). With ``out_dir`` each result is saved under
     ``out_dir/<strategy>/`` (leaderboard, Gantt chart, curves).
     """
+    strategies = list(strategies)
+    warm_up_executors(train.sparkSession, max(1 if s == "sequential" else num_workers for s in strategies))
     results: dict[str, SelectionResult] = {}
     for strategy in strategies:
         workers = 1 if strategy == "sequential" else num_workers
@@ -59,7 +98,10 @@ def comparison_rows(results: Mapping[str, SelectionResult], name: str, *, timing
             "run": name, "model": name, "mode": strategy, "workers": r.num_workers, "time_s": wall,
             "train_wall_s": r.timings["train_wall_s"], "setup_s": r.timings["setup_s"],
             "data_delivery_s": r.timings["data_delivery_s"], "ideal_s": ideal,
-            "vs_ideal": wall / ideal if ideal else None, "metric_name": r.metric.name, "metric_value": r.best_value,
+            "vs_ideal": wall / ideal if ideal else None,
+            "speedup": seq.timings["wall_s"] / wall if seq is not None else None,
+            "efficiency": seq.timings["wall_s"] / wall / r.num_workers if seq is not None else None,
+            "metric_name": r.metric.name, "metric_value": r.best_value,
             "best_config": r.best_config.id if r.best_config else None, "configs": len(r.configs),
             "updates": len(r.units), "bytes": r.bytes_moved, "data_bytes": r.data_bytes,
             "data_copies": r.data_bytes / mop_bytes if mop_bytes else None, "timing_valid": timing_valid,

@@ -328,6 +328,7 @@ class _Unit:
     seed: int
     delivered_to: int | None = None  # stage attempt it was handed to
     sent: float = 0.0
+    keep: bool = False  # the task already held the state: it was not sent
 
 
 class _Run:
@@ -384,10 +385,6 @@ class _Run:
                 self.selector.stop_search = True
             self.cond.notify_all()
 
-    def fail(self, exc: BaseException) -> None:
-        with self.cond:
-            self._fail(exc)
-
     @property
     def finished(self) -> bool:
         return self.sched.done
@@ -425,10 +422,10 @@ class _Run:
                     unit.delivered_to = attempt
                     unit.sent = time.time()
                     cid = unit.entry.model
-                    keep = self.holder.get(cid) == (worker, attempt)
+                    unit.keep = self.holder.get(cid) == (worker, attempt)
                     meta = {"op": "train", "model": cid, "epoch": unit.entry.epoch, "seq": unit.entry.seq,
-                            "keep": keep, "seed": unit.seed}
-                    return meta, () if keep else self.states[cid]
+                            "keep": unit.keep, "seed": unit.seed}
+                    return meta, () if unit.keep else self.states[cid]
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"op": "wait"}, ()
@@ -454,7 +451,7 @@ class _Run:
                 "train": dict(meta.get("train") or {}), "val": dict(meta.get("val") or {}),
                 "rows": int(meta.get("rows", 0)), "val_rows": int(meta.get("val_rows", 0)),
                 "train_s": float(meta.get("train_s", 0.0)), "val_s": float(meta.get("val_s", 0.0)),
-                "sent_state": self.holder.get(cid) != (worker, attempt),
+                "sent_state": not unit.keep,
             }
             self.states[cid] = arrays
             self.holder[cid] = (worker, attempt)
@@ -926,7 +923,8 @@ class ModelSelector:
             }
             for name in param_names:
                 value = cfg.params.get(name)
-                row[f"param_{name}"] = value if isinstance(value, (int, float, str, bool)) or value is None else str(value)
+                plain = value is None or isinstance(value, (int, float, str, bool))
+                row[f"param_{name}"] = value if plain else str(value)
             rows.append(row)
         board = pd.DataFrame(rows)
         board.attrs["metric"] = metric.name

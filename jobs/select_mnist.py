@@ -1,0 +1,140 @@
+"""MNIST model selection: model hopper parallelism vs task parallelism vs sequential training.
+
+Searches 2 architectures (a small CNN and an MLP) x 2 learning rates x 2 batch
+sizes = 8 configurations, selecting on validation accuracy, three times in the
+same run on the same data:
+
+* ``mop``: model hopper parallelism, N workers, each holding 1/N of the data;
+* ``task_parallel``: N workers, each holding a full copy and training whole configurations;
+* ``sequential``: one worker, the configurations one after the other.
+
+It reports the wall time of each, the time relative to ideal task parallelism
+(sequential time / N), the bytes of data the tasks hold, and every
+configuration's final validation accuracy, plus the test accuracy of each
+strategy's best model. Results (JSON, CSV, markdown, leaderboards, Gantt charts,
+learning curves) go to --out.
+
+    python jobs/select_mnist.py --limit 6000 --epochs 2
+    python jobs/select_mnist.py --master spark://master:7077 --workers 3 --out results/select_mnist
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+
+from trainer.benchmark import cluster_session, timing_valid
+from trainer.data.prep import images_to_dataframe, scale_pixels
+from trainer.datasets import load_mnist
+from trainer.report import markdown_table, write_results
+from trainer.selection import STRATEGIES, GridSearch, choice
+from trainer.selection.compare import compare_strategies, comparison_rows, config_rows, plot_comparison
+from trainer.selection.search import Search
+
+SPACE = {
+    "arch": choice(["cnn", "mlp"]),
+    "lr": choice([1e-3, 3e-3]),
+    "batch_size": choice([32, 128]),
+}
+
+
+def model_fn(params: dict) -> keras.Model:
+    """A small CNN on 28x28x1 images or an MLP on the 784 flat pixels, compiled with Adam(lr)."""
+    if params["arch"] == "cnn":
+        layers = [
+            keras.Input((28, 28, 1)),
+            keras.layers.Conv2D(16, 3, activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Conv2D(32, 3, activation="relu"),
+            keras.layers.MaxPooling2D(2),
+            keras.layers.Flatten(),
+            keras.layers.Dense(64, activation="relu"),
+        ]
+    else:
+        layers = [keras.Input((784,)), keras.layers.Dense(128, activation="relu")]
+    model = keras.Sequential([*layers, keras.layers.Dense(10, activation="softmax")], name=params["arch"])
+    model.compile(optimizer=keras.optimizers.Adam(params["lr"]), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
+    parser.add_argument("--workers", type=int, default=2, help="workers of the parallel strategies (default 2)")
+    parser.add_argument("--cores-per-worker", type=int, default=1, help="cores (and threads) per worker (default 1)")
+    parser.add_argument("--epochs", type=int, default=2, help="epochs per configuration (default 2)")
+    parser.add_argument("--limit", type=int, default=None, help="use only the first N training rows")
+    parser.add_argument("--max-configs", type=int, default=None, help="search only the first N of the 8 configs")
+    parser.add_argument("--val-fraction", type=float, default=0.1, help="training rows held out for validation")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and shuffling")
+    parser.add_argument("--data", default=None, help="folder with the MNIST idx files, or a Parquet/CSV file")
+    parser.add_argument("--out", default="results/select_mnist", help="results directory")
+    args = parser.parse_args(argv)
+    args.strategy_list = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in args.strategy_list if s not in STRATEGIES]
+    if unknown or not args.strategy_list:
+        parser.error(f"--strategies: unknown {unknown}; expected a comma-separated subset of {','.join(STRATEGIES)}")
+    if args.workers < 1 or args.epochs < 1 or (args.max_configs is not None and args.max_configs < 1):
+        parser.error("--workers, --epochs and --max-configs must be positive")
+    if not 0 < args.val_fraction < 1:
+        parser.error("--val-fraction must be in (0, 1)")
+    return args
+
+
+def make_search_factory(args: argparse.Namespace):
+    def make_search() -> Search:
+        grid = GridSearch(SPACE, epochs=args.epochs, metric="val_accuracy")
+        return grid if args.max_configs is None else Search(grid.configs()[: args.max_configs], grid.metric)
+
+    return make_search
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    x_train, y_train, x_test, y_test = load_mnist(args.data, limit=args.limit)
+    logging.info("MNIST: %d training and %d test images", len(x_train), len(x_test))
+    workers = 1 if args.strategy_list == ["sequential"] else args.workers
+    out = Path(args.out)
+    # Hold out the validation rows in numpy (seeded): cheaper than randomSplit on a big local relation.
+    order = np.random.default_rng(args.seed).permutation(len(x_train))
+    n_val = max(1, round(len(x_train) * args.val_fraction))
+    val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
+    with cluster_session(args.master, workers, args.cores_per_worker, "select-mnist") as spark:
+        train = scale_pixels(images_to_dataframe(spark, x_train[train_idx], y_train[train_idx])).cache()
+        val = scale_pixels(images_to_dataframe(spark, x_train[val_idx], y_train[val_idx])).cache()
+        test = scale_pixels(images_to_dataframe(spark, x_test, y_test)).cache()
+        print(f"rows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
+        results = compare_strategies(model_fn, make_search_factory(args), train, val,
+                                     strategies=args.strategy_list, num_workers=args.workers, seed=args.seed,
+                                     out_dir=out, verbose=False)
+        extra = {}
+        for strategy, result in results.items():
+            test_accuracy = result.best_model.evaluate(test)["accuracy"] if result.best_model else None
+            extra[strategy] = {"test_accuracy": test_accuracy}
+            best = result.best_config.id if result.best_config else "-"
+            print(f"{strategy}: {result.timings['wall_s']:.1f} s, best {best} val_accuracy "
+                  f"{result.best_value or float('nan'):.4f}, test accuracy {test_accuracy or float('nan'):.4f}",
+                  flush=True)
+    valid = timing_valid(args.workers, args.cores_per_worker, args.master)
+    rows = comparison_rows(results, "select_mnist", timing_valid=valid, extra=extra)
+    meta = {"job": "select_mnist", "train_rows": len(x_train), **{k: v for k, v in vars(args).items()}}
+    paths = write_results(rows, out, "select_mnist", metadata=meta)
+    write_results(config_rows(results, "select_mnist"), out, "select_mnist_configs", metadata=meta)
+    plot_comparison(results, out / "select_mnist_gantt.png", title="MNIST model selection")
+    print(markdown_table(rows, ["mode", "workers", "time_s", "ideal_s", "vs_ideal", "speedup", "data_bytes",
+                                "data_copies", "bytes", "metric_value", "test_accuracy", "best_config"]))
+    print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'select_mnist_gantt.png'}")
+    return 0
+
+
+if __name__ == "__main__":
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(main())

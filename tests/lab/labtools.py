@@ -1,0 +1,134 @@
+"""Helpers of the lab tests: tool checks, subprocesses, the `Lab` handle."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+LAB_PROJECT = "trainer-lab-test"
+LAB_WORKERS = 3
+
+
+def skip_or_fail(reason: str) -> None:
+    """Skip locally; fail under CI, where every lab test must really run."""
+    if os.environ.get("CI"):
+        pytest.fail(f"{reason} (CI is set, so this is a failure, not a skip; run .ci/install-docker.sh first)")
+    pytest.skip(reason)
+
+
+def require_tool(name: str, hint: str) -> str:
+    """Path of `name`, looked up beside this Python (the venv) first, then on PATH."""
+    path = shutil.which(name, path=os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")]))
+    if path is None:
+        skip_or_fail(f"`{name}` is not installed: {hint}")
+    return path
+
+
+def docker_problem() -> str | None:
+    """Why the real Docker engine cannot be used, or None when it can."""
+    if shutil.which("docker") is None:
+        return "no docker CLI; install the engine with .ci/install-docker.sh"
+    try:
+        info = subprocess.run(["docker", "info"], capture_output=True, text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        return "`docker info` hung for 60 s; is dockerd healthy?"
+    if info.returncode != 0:
+        return f"the Docker engine does not answer (`docker info`: {info.stderr.strip()[-200:]}); start it with .ci/install-docker.sh"
+    has_v1 = shutil.which("docker-compose") is not None
+    has_v2 = subprocess.run(["docker", "compose", "version"], capture_output=True).returncode == 0
+    if not (has_v1 or has_v2):
+        return "neither docker-compose nor `docker compose` is installed (.ci/install-docker.sh installs docker-compose)"
+    if shutil.which("make") is None:
+        return "`make` is not installed"
+    return None
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run(cmd: list[str], *, env: dict | None = None, timeout: float = 600, check: bool = True,
+        log: Path | None = None) -> subprocess.CompletedProcess:
+    """Run a command from the repository root; on failure show its output's tail."""
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    if log is not None:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as fh:
+            fh.write(f"$ {' '.join(cmd)}\n[rc={proc.returncode}]\n{proc.stdout}\n{proc.stderr}\n")
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"`{' '.join(cmd)}` exited with {proc.returncode}\n--- stdout (tail) ---\n{proc.stdout[-4000:]}"
+            f"\n--- stderr (tail) ---\n{proc.stderr[-4000:]}"
+        )
+    return proc
+
+
+@dataclass
+class Lab:
+    """A running lab: make/compose helpers plus the URLs it publishes."""
+
+    env: dict[str, str]
+    out: Path
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def ui_url(self) -> str:
+        return f"http://127.0.0.1:{self.env['SPARK_UI_PORT']}"
+
+    @property
+    def jupyter_url(self) -> str:
+        return f"http://127.0.0.1:{self.env['JUPYTER_HOST_PORT']}"
+
+    @property
+    def token(self) -> str:
+        return self.env["JUPYTER_TOKEN"]
+
+    @property
+    def image(self) -> str:
+        return self.env["LAB_IMAGE"]
+
+    def make(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+        return run(["make", "--no-print-directory", *args], env=self.env, timeout=timeout, check=check,
+                   log=ARTIFACTS / "lab-make.log")
+
+    def compose_cmd(self) -> list[str]:
+        base = ["docker-compose"] if shutil.which("docker-compose") else ["docker", "compose"]
+        return [*base, "-p", LAB_PROJECT, "-f", "compose/compose.yaml"]
+
+    def compose(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+        return run([*self.compose_cmd(), *args], env=self.env, timeout=timeout, check=check)
+
+    def exec(self, service: str, *cmd: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
+        return self.compose("exec", "-T", service, *cmd, timeout=timeout, check=check)
+
+    def save_logs(self) -> None:
+        """Keep the lab's logs in test-artifacts/ (call before `make down`)."""
+        logs = self.compose("logs", "--no-color", "--tail=300", check=False, timeout=120)
+        if logs.stdout.strip():
+            ARTIFACTS.mkdir(exist_ok=True)
+            (ARTIFACTS / "lab-compose.log").write_text(logs.stdout + logs.stderr)
+
+    def container_id(self, service: str) -> str:
+        return self.compose("ps", "-q", service).stdout.split()[0]
+
+
+def write_timings(timings: dict) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    path = ARTIFACTS / "lab-timings.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    old.update(timings)
+    path.write_text(json.dumps(old, indent=2) + "\n")
+
+

@@ -1,0 +1,110 @@
+"""The compose files: schema-valid for v1 and v2, and free of the usual cluster traps."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from .labtools import REPO, require_tool, run
+
+COMPOSE = REPO / "compose" / "compose.yaml"
+GPU = REPO / "compose" / "gpu.yaml"
+
+
+@pytest.fixture(scope="module")
+def spec() -> dict:
+    return yaml.safe_load(COMPOSE.read_text())
+
+
+@pytest.fixture(scope="module")
+def gpu() -> dict:
+    return yaml.safe_load(GPU.read_text())
+
+
+@pytest.mark.parametrize("path", [COMPOSE, GPU], ids=["compose.yaml", "gpu.yaml"])
+def test_compose_file_matches_the_compose_spec_schema(path):
+    tool = require_tool("check-jsonschema", "pip install the test extra (check-jsonschema)")
+    run([tool, "--builtin-schema", "vendor.compose-spec", str(path)])
+
+
+def test_schema_check_rejects_a_broken_file(tmp_path):
+    """The schema check above can fail: an unknown service key is an error."""
+    tool = require_tool("check-jsonschema", "pip install the test extra (check-jsonschema)")
+    broken = tmp_path / "compose.yaml"
+    broken.write_text("services:\n  worker:\n    image: x\n    replica_count: 3\n")
+    proc = subprocess.run([tool, "--builtin-schema", "vendor.compose-spec", str(broken)], capture_output=True)
+    assert proc.returncode != 0
+
+
+@pytest.mark.parametrize("files", [[COMPOSE], [COMPOSE, GPU]], ids=["cpu", "gpu"])
+def test_docker_compose_config_accepts_the_files(files):
+    if shutil.which("docker-compose") is None:
+        pytest.skip("docker-compose (v1) is not installed; the schema check above still ran")
+    args = [a for f in files for a in ("-f", str(f))]
+    out = run(["docker-compose", "-p", "trainer-lab", *args, "config"]).stdout
+    config = yaml.safe_load(out)
+    assert set(config["services"]) == {"master", "worker", "jupyter", "submit"}
+
+
+def test_services_share_one_image(spec):
+    images = {name: svc["image"] for name, svc in spec["services"].items()}
+    assert len(set(images.values())) == 1, f"every role must run the same image: {images}"
+    assert {svc["command"][0] for svc in spec["services"].values()} == {"master", "worker", "jupyter", "submit"}
+
+
+def test_worker_service_can_scale(spec):
+    worker = spec["services"]["worker"]
+    assert "container_name" not in worker, "a fixed container_name breaks --scale worker=N"
+    assert "ports" not in worker, "published host ports break --scale worker=N"
+    assert worker["restart"] == "unless-stopped"
+    assert "master" in worker["depends_on"]
+    env = worker["environment"]
+    assert env["SPARK_WORKER_CORES"].startswith("${WORKER_CORES")
+    assert env["SPARK_WORKER_MEMORY"].startswith("${WORKER_MEMORY")
+
+
+def test_master_and_jupyter_publish_their_uis(spec):
+    master_ports = " ".join(spec["services"]["master"]["ports"])
+    assert ":8080" in master_ports and ":7077" in master_ports
+    assert any(p.endswith(":8888") for p in spec["services"]["jupyter"]["ports"])
+
+
+def test_every_long_running_service_has_a_healthcheck(spec):
+    for name in ("master", "worker", "jupyter"):
+        check = spec["services"][name].get("healthcheck")
+        assert check and check["test"][0] == "CMD", f"{name} needs a healthcheck"
+
+
+def test_jupyter_is_a_driver_the_executors_reach(spec):
+    env = spec["services"]["jupyter"]["environment"]
+    assert spec["services"]["jupyter"]["hostname"] == "jupyter"
+    assert env["SPARK_DRIVER_HOST"] == "jupyter", "executors resolve the driver by its service name"
+    assert env["SPARK_DRIVER_BIND_ADDRESS"] == "0.0.0.0"
+    assert env["SPARK_DRIVER_PORT"] == "7078" and env["SPARK_BLOCKMANAGER_PORT"] == "7079", "fixed driver ports"
+    assert env["TRAINER_PS_HOST"] == "jupyter" and env["TRAINER_PS_PORT"] == "7100"
+
+
+def test_shared_volumes_for_data_checkpoints_results(spec):
+    assert set(spec["volumes"]) == {"data", "checkpoints", "results"}
+    for name in ("worker", "jupyter", "submit"):
+        mounts = spec["services"][name]["volumes"]
+        assert {"data:/data", "checkpoints:/checkpoints", "results:/results"} <= set(mounts), name
+
+
+def test_submit_is_a_one_off_tool(spec):
+    assert spec["services"]["submit"]["profiles"] == ["tools"], "`up` must not start the submit container"
+
+
+def test_gpu_override_reserves_nvidia_gpus_and_tells_spark(gpu):
+    worker = gpu["services"]["worker"]
+    devices = worker["deploy"]["resources"]["reservations"]["devices"]
+    assert devices == [{"driver": "nvidia", "count": 1, "capabilities": ["gpu"]}]
+    conf = worker["environment"]["SPARK_CONF"]
+    assert "spark.worker.resource.gpu.amount=1" in conf
+    assert "spark.worker.resource.gpu.discoveryScript=/opt/trainer/bin/gpu-discovery.sh" in conf
+    for driver in ("jupyter", "submit"):
+        conf = gpu["services"][driver]["environment"]["SPARK_CONF"]
+        assert "spark.executor.resource.gpu.amount=1" in conf and "spark.task.resource.gpu.amount=1" in conf

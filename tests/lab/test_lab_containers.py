@@ -1,0 +1,235 @@
+"""End-to-end tests of the lab with the real Docker engine.
+
+Order matters and is kept by pytest's file order: image checks, then the lab
+(`make up WORKERS=3`, brought up once per session), and last `make down`.
+Artifacts (timings, logs, screenshots, the executed notebook) go to
+test-artifacts/.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import tempfile
+import textwrap
+import tomllib
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from .labtools import ARTIFACTS, LAB_PROJECT, LAB_WORKERS, REPO, require_tool, run
+
+pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2700)]
+
+
+def http_get(url: str, timeout: float = 10) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+
+
+def docker_run(image: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return run(["docker", "run", "--rm", image, *args], timeout=timeout, check=False)
+
+
+# --- the image ---------------------------------------------------------------
+
+
+def test_image_runs_as_fixed_non_root_uid_under_tini(lab_image):
+    proc = docker_run(lab_image.image, "bash", "-c", "id -u; id -g; tr '\\0' ' ' </proc/1/cmdline")
+    uid, gid, pid1 = proc.stdout.splitlines()
+    assert uid == "185", "the image must run as the fixed non-root UID 185 (Spark images' convention)"
+    assert gid == "185"
+    assert "tini" in pid1, f"tini must be PID 1 to reap zombies and forward signals, got {pid1!r}"
+
+
+def test_image_has_matching_python_spark_java(lab_image):
+    script = (
+        "import sys, pyspark, keras, tensorflow, trainer, os;"
+        "print(sys.version_info[:2], pyspark.__version__, keras.__version__, tensorflow.__version__);"
+        "print(os.environ['PYSPARK_PYTHON'], sys.executable)"
+    )
+    proc = docker_run(lab_image.image, "python", "-c", script, timeout=180)
+    assert proc.returncode == 0, proc.stderr
+    versions, pythons = proc.stdout.strip().splitlines()[-2:]
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    pins = dict(r.split("==", 1) for r in deps)
+    expected = f"(3, 11) {pins['pyspark']} {pins['keras']} {pins['tensorflow-cpu']}"
+    assert versions == expected, f"the image must hold the pins of pyproject.toml: {versions} != {expected}"
+    py, exe = pythons.split()
+    assert py == exe == "/opt/venv/bin/python", "executors must run the driver's venv python"
+    java = docker_run(lab_image.image, "java", "-version")
+    assert 'version "17' in java.stderr, java.stderr
+
+
+def test_gpu_discovery_without_gpu_prints_empty_resource(lab_image):
+    proc = docker_run(lab_image.image, "/opt/trainer/bin/gpu-discovery.sh")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout) == {"name": "gpu", "addresses": []}
+    assert "nvidia-smi not found" in proc.stderr
+
+
+def test_submit_unknown_job_names_the_available_ones(lab_image):
+    proc = docker_run(lab_image.image, "submit", "no-such-job")
+    assert proc.returncode == 2
+    assert "no job 'no-such-job'" in proc.stderr and "/opt/trainer/jobs/no-such-job.py" in proc.stderr
+
+
+# --- the running lab ----------------------------------------------------------
+
+
+def test_make_up_prints_urls_with_token(lab):
+    assert f"{LAB_WORKERS} ALIVE worker(s)" in lab.up_output
+    assert f"Spark UI: {lab.ui_url}" in lab.up_output
+    assert f"Jupyter:  {lab.jupyter_url}/lab?token={lab.token}" in lab.up_output
+
+
+def test_master_json_reports_three_alive_workers(lab):
+    status, body = http_get(f"{lab.ui_url}/json/")
+    assert status == 200
+    state = json.loads(body)
+    alive = [w for w in state["workers"] if w["state"] == "ALIVE"]
+    assert len(alive) == LAB_WORKERS, f"expected {LAB_WORKERS} ALIVE workers, master says: {state['workers']}"
+    assert state["aliveworkers"] == LAB_WORKERS
+    assert all(w["cores"] == 1 for w in alive), "WORKER_CORES defaults to 1"
+    assert all(w["memory"] >= 1024 for w in alive), "workers need >= 1 GiB"
+    assert len({w["host"] for w in alive}) == LAB_WORKERS, "each worker must register its own address"
+
+
+def test_jupyter_answers_http_and_requires_the_token(lab):
+    status, body = http_get(f"{lab.jupyter_url}/api")
+    assert status == 200 and "version" in json.loads(body)
+    status, _ = http_get(f"{lab.jupyter_url}/api/contents")
+    assert status == 403, "Jupyter must refuse requests without the token"
+    status, body = http_get(f"{lab.jupyter_url}/api/contents/notebooks?token={lab.token}")
+    assert status == 200, body
+    names = [c["name"] for c in json.loads(body)["content"]]
+    assert "train_on_cluster.ipynb" in names, "the example notebook must be seeded into Jupyter's root"
+    status, body = http_get(f"{lab.jupyter_url}/lab?token={lab.token}")
+    assert status == 200 and "JupyterLab" in body
+
+
+SPARK_FROM_JUPYTER = textwrap.dedent(
+    """
+    import json, os, socket, sys
+    import pyspark
+    from trainer.session import spark_session, wait_for_executors
+    spark = spark_session(os.environ["SPARK_MASTER_URL"], app_name="lab-smoke", cores_per_worker=1)
+    wait_for_executors(spark, {workers}, timeout=120)
+    def probe(_):
+        import socket, sys, pyspark
+        yield (socket.gethostname(), sys.version, pyspark.__version__, sys.executable)
+    rows = spark.sparkContext.parallelize(range({workers}), {workers}).barrier().mapPartitions(probe).collect()
+    print(json.dumps({{"driver": [socket.gethostname(), sys.version, pyspark.__version__, sys.executable],
+                      "conf": spark.conf.get("spark.driver.host"), "executors": rows}}))
+    spark.stop()
+    """
+)
+
+
+def test_jupyter_driver_reaches_every_worker_with_the_same_versions(lab):
+    """A barrier stage needs all executors at once: the driver is reachable from every worker."""
+    proc = lab.exec("jupyter", "python", "-c", SPARK_FROM_JUPYTER.format(workers=LAB_WORKERS), timeout=300)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["conf"] == "jupyter", "spark.driver.host must be the jupyter service name"
+    executors = result["executors"]
+    assert len({e[0] for e in executors}) == LAB_WORKERS, f"expected one task per worker, got {executors}"
+    driver = result["driver"]
+    for host, version, spark_version, python in executors:
+        assert (version, spark_version, python) == tuple(driver[1:]), (
+            f"executor on {host} differs from the driver: {version} {spark_version} {python} vs {driver}"
+        )
+
+
+NOTEBOOK_RUNNER = textwrap.dedent(
+    """
+    import nbformat, sys
+    from nbclient import NotebookClient
+    src, dst = sys.argv[1], sys.argv[2]
+    nb = nbformat.read(src, as_version=4)
+    try:
+        NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": "/tmp"}}).execute()
+    finally:
+        nbformat.write(nb, dst)
+    print("notebook ran to completion")
+    """
+)
+
+
+def test_example_notebook_runs_against_the_cluster(lab):
+    out = "/results/notebooks/train_on_cluster.out.ipynb"
+    lab.exec("jupyter", "mkdir", "-p", "/results/notebooks")
+    proc = lab.exec(
+        "jupyter", "python", "-c", NOTEBOOK_RUNNER,
+        "/opt/trainer/jobs/notebooks/train_on_cluster.ipynb", out, timeout=1200, check=False,
+    )
+    ARTIFACTS.mkdir(exist_ok=True)
+    run(["docker", "cp", f"{lab.container_id('jupyter')}:{out}", str(ARTIFACTS / "train_on_cluster.out.ipynb")],
+        check=False)
+    assert proc.returncode == 0, f"the notebook failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    executed = json.loads((ARTIFACTS / "train_on_cluster.out.ipynb").read_text())
+    last_outputs = "".join(
+        "".join(o.get("text", "")) for c in executed["cells"] if c["cell_type"] == "code" for o in c["outputs"]
+    )
+    assert "loss" in last_outputs or "accuracy" in last_outputs, "the notebook must print the evaluation metrics"
+
+
+def test_make_submit_writes_results_to_the_shared_volume(lab):
+    if not (REPO / "jobs" / "mnist.py").exists():
+        pytest.fail("jobs/mnist.py does not exist yet: `make submit JOB=mnist` has nothing to run")
+    lab.make("submit", "JOB=mnist", "ARGS=--limit 2000 --epochs 1 --workers 2", timeout=1500)
+    listing = lab.exec("jupyter", "find", "/results/mnist", "-type", "f").stdout.split()
+    assert any(f.endswith(".json") for f in listing), f"no JSON results in the results volume: {listing}"
+    assert any(f.endswith(".csv") for f in listing), listing
+    assert any(f.endswith(".md") for f in listing), listing
+    copied = lab.out / "lab" / "mnist"
+    assert copied.is_dir() and any(copied.rglob("*.json")), f"make submit must copy the results to {copied}"
+
+
+def screenshot(url: str, dest: Path) -> subprocess.CompletedProcess:
+    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if chromium is None:
+        require_tool("chromium", "run .ci/install-docker.sh (installs chromium)")
+    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+        return run([
+            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,900",
+            "--virtual-time-budget=15000", f"--screenshot={dest}", url,
+        ], timeout=180, check=False)
+
+
+@pytest.mark.parametrize(
+    "page,path",
+    [("spark-ui", ""), ("jupyterlab", "/lab?token={token}")],
+    ids=["spark-ui", "jupyterlab"],
+)
+def test_headless_chromium_renders_the_uis(lab, page, path):
+    base = lab.ui_url if page == "spark-ui" else lab.jupyter_url
+    ARTIFACTS.mkdir(exist_ok=True)
+    dest = ARTIFACTS / f"lab-{page}.png"
+    dest.unlink(missing_ok=True)
+    proc = screenshot(base + path.format(token=lab.token), dest)
+    assert dest.exists(), f"chromium wrote no screenshot (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
+    data = dest.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, "the screenshot is not a rendered page"
+
+
+# --- last: tear down -----------------------------------------------------------
+
+
+def test_make_down_leaves_no_containers_or_networks(lab):
+    lab.save_logs()
+    lab.make("down", "PURGE=1", timeout=300)
+    label = f"label=com.docker.compose.project={LAB_PROJECT}"
+    containers = run(["docker", "ps", "-a", "-q", "--filter", label]).stdout.split()
+    networks = run(["docker", "network", "ls", "-q", "--filter", label]).stdout.split()
+    volumes = run(["docker", "volume", "ls", "-q", "--filter", label]).stdout.split()
+    assert containers == [], f"containers left after make down: {containers}"
+    assert networks == [], f"networks left after make down: {networks}"
+    assert volumes == [], f"volumes left after make down PURGE=1: {volumes}"

@@ -1,0 +1,257 @@
+"""End-to-end tests of the benchmark jobs: jobs/mnist.py, jobs/forecast.py and jobs/bench.py.
+
+Each job is its own Spark driver, and Spark allows one SparkContext per
+process, so the jobs run as SUBPROCESSES. They cannot share ``local_cluster_2``
+with this process: the session-scoped ``spark`` fixture holds every core of
+that cluster (``spark.cores.max`` = all of them), and a second application on
+the same standalone master gets no executor until the first one stops. The
+``--master`` runs therefore go to ``jobs_cluster``, a second 2-worker
+LocalCluster for this module only. One forecast run uses no ``--master`` at
+all: the job starts its own embedded cluster, as ``make bench`` does.
+
+Flag checks, the bench plan and the BENCH.md summary need no Spark.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from trainer.cluster import LocalCluster
+from trainer.report import write_results
+
+JOBS = Path(__file__).resolve().parents[1] / "jobs"
+JOB_TIMEOUT_S = 1500  # the machine running the tests may be heavily loaded
+TEST_TIMEOUT_S = 1800
+
+
+def _load_job(name: str):
+    """Import jobs/<name>.py (not a package) as a module."""
+    spec = importlib.util.spec_from_file_location(f"jobs_{name}", JOBS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def forecast_job():
+    return _load_job("forecast")
+
+
+@pytest.fixture(scope="module")
+def bench_job():
+    return _load_job("bench")
+
+
+@pytest.fixture(scope="module")
+def jobs_cluster():
+    """A 2-worker x 1-core cluster of its own for the job subprocesses' drivers."""
+    cluster = LocalCluster(workers=2, cores_per_worker=1, worker_memory="2g")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+def run_job(name: str, args: list[str], out: Path) -> dict:
+    """Run jobs/<name>.py with `args` and ``--out out``; return its JSON results (metadata, rows)."""
+    log_path = out.parent / f"{out.name}.log"
+    with open(log_path, "w") as log:
+        proc = subprocess.run(
+            [sys.executable, str(JOBS / f"{name}.py"), *args, "--out", str(out)],
+            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            timeout=JOB_TIMEOUT_S, cwd=JOBS.parent,
+        )
+    text = log_path.read_text(errors="replace")
+    assert proc.returncode == 0, f"{name} exited with {proc.returncode}; last output:\n{text[-6000:]}"
+    for suffix in ("json", "csv", "md", "png"):
+        path = out / f"{name}.{suffix}"
+        assert path.is_file() and path.stat().st_size > 0, f"{path} was not written"
+    assert (out / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "| mode |" in text  # the markdown table is printed
+    return json.loads((out / f"{name}.json").read_text())
+
+
+def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
+    assert sorted(r["workers"] for r in rows if r["mode"] == "distributed") == counts
+    for r in rows:
+        if r["mode"] != "distributed":
+            continue
+        assert r["updates"] > 0 and r["bytes"] > 0
+        assert r["epoch_time_s"] > 0 and r["time_s"] > 0
+        assert r["algorithm"]
+        if r["workers"] == 1:
+            assert r["speedup"] == pytest.approx(1.0)
+        else:
+            assert r["speedup"] is not None and r["speedup"] > 0
+            assert r["efficiency"] == pytest.approx(r["speedup"] / r["workers"])
+
+
+# ---------------------------------------------------------------- flags (no Spark)
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--workers", "0"], "--workers expects"),
+    (["--models", "lstm,cnn"], "--models expects"),
+    (["--limit", "100"], "--limit must be at least"),
+    (["--algorithm", "sgd"], "Unknown algorithm"),
+    (["--epochs", "0"], "positive integer"),
+    (["--batch-size", "x"], "positive integer"),
+])
+def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
+    with pytest.raises(SystemExit) as exc:
+        forecast_job.parse_args(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_forecast_flags_and_defaults(forecast_job):
+    args = forecast_job.parse_args([])
+    assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("adag", 5, 4, 32)
+    assert args.worker_counts == [1, 2] and args.model_names == ["lstm", "gru"]
+    args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
+    assert args.model_names == ["gru"] and args.worker_counts == [1, 2, 4] and args.limit == 600
+
+
+def test_forecast_models_match_the_seed(forecast_job):
+    for name, builder in forecast_job.MODELS.items():
+        model = builder()
+        assert model.input_shape == (None, 24, 2) and model.output_shape == (None, 1)
+        assert model.layers[0].__class__.__name__.lower() == name and model.layers[0].units == 128
+        assert model.loss == "mse"
+
+
+def test_forecast_series_too_short_for_workers(forecast_job):
+    args = forecast_job.parse_args(["--limit", "300", "--workers", "1,8"])
+    with pytest.raises(ValueError, match="8 workers x batch 32 need at least 256"):
+        forecast_job.load_series(args)
+    pdf = forecast_job.load_series(forecast_job.parse_args(["--limit", "600"]))
+    assert len(pdf) == 600 and list(pdf.columns) == ["time", "load", "temperature"]
+    assert pdf["time"].iloc[-1] == forecast_job.load_elecdemand()["time"].iloc[-1]  # the LAST hours
+
+
+def test_forecast_reads_a_nyiso_like_csv(forecast_job, tmp_path):
+    import numpy as np
+    import pandas as pd
+
+    hours = pd.date_range("2016-02-01", periods=400, freq="h")
+    csv = tmp_path / "nyc.csv"
+    pd.DataFrame({"Time Stamp": hours.strftime("%m/%d/%Y %H:%M:%S"), "Integrated Load": 5000 + np.arange(400.0),
+                  "Temp": 30.0}).to_csv(csv, index=False)
+    pdf = forecast_job.load_series(forecast_job.parse_args(["--data", str(csv), "--limit", "300"]))
+    assert len(pdf) == 300 and pdf["load"].iloc[-1] == 5399.0
+
+
+# ------------------------------------------------------------- bench (no Spark)
+
+
+def test_bench_worker_counts(bench_job):
+    assert bench_job.timing_valid_counts(1) == [1]
+    assert bench_job.timing_valid_counts(2) == [1, 2]
+    assert bench_job.timing_valid_counts(4) == [1, 2, 3, 4]
+    assert bench_job.timing_valid_counts(12) == [1, 2, 4, 8, 12]
+
+
+def test_bench_plan(bench_job, tmp_path):
+    mnist, forecast = bench_job.plan(tmp_path, cores=2)
+    assert mnist.job == "mnist" and mnist.workers == [1, 2]
+    assert forecast.job == "forecast" and forecast.workers == [1, 2, 4, 8]
+    assert forecast.argv[forecast.argv.index("--out") + 1] == str(tmp_path / "forecast")
+    assert "--limit" not in mnist.argv + forecast.argv
+    quick = bench_job.plan(tmp_path, quick=True, skip_mnist=True, cores=2)
+    assert [s.job for s in quick] == ["forecast"] and quick[0].workers == [1, 2, 4]
+    assert "--limit" in quick[0].argv and "--epochs" in quick[0].argv
+    assert bench_job.plan(tmp_path, cores=16)[0].workers == [1, 2, 4, 8, 16]
+    assert bench_job.plan(tmp_path, cores=16)[1].workers == [1, 2, 4, 8, 16]
+
+
+def test_bench_rejects_skipping_everything(bench_job, capsys):
+    with pytest.raises(SystemExit):
+        bench_job.parse_args(["--skip-mnist", "--skip-forecast"])
+    assert "nothing to run" in capsys.readouterr().err
+
+
+def test_bench_summary(bench_job, tmp_path):
+    mnist, forecast = bench_job.plan(tmp_path, cores=2)
+    rows = [
+        {"model": "gru", "mode": "plain keras (1 thread)", "workers": 0, "epoch_time_s": 10.0,
+         "metric_name": "mape", "metric_value": 3.3, "updates": 0, "timing_valid": True},
+        {"model": "gru", "mode": "distributed", "workers": 1, "epoch_time_s": 10.0, "metric_name": "mape",
+         "metric_value": 3.4, "updates": 100, "timing_valid": True},
+        {"model": "gru", "mode": "distributed", "workers": 8, "epoch_time_s": 9.0, "metric_name": "mape",
+         "metric_value": 4.8, "updates": 800, "timing_valid": False},
+    ]
+    write_results(rows, forecast.out, "forecast", metadata={"epochs": 4, "batch_size": 32, "algorithm": "adag",
+                                                             "window": 5, "training_windows": 8616})
+    path = bench_job.write_summary(tmp_path, [(mnist, 3, 60.0), (forecast, 0, 120.0)],
+                                   bench_job.dt.datetime.now(bench_job.dt.timezone.utc), quick=False)
+    text = path.read_text()
+    assert path == tmp_path / "BENCH.md"
+    assert "FAILED with exit code 3" in text and "[mnist.log](mnist/mnist.log)" in text
+    assert "![Energy-demand forecasting (LSTM, GRU)](forecast/forecast.png)" in text
+    assert "[forecast.md](forecast/forecast.md)" in text
+    assert "| 4.80 * |" in text and "time-shared" in text  # the MAPE pivot marks the 8-worker run
+    assert "8616" in text
+
+
+# ------------------------------------------------------- end to end (real Spark)
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
+    out = tmp_path / "mnist"
+    result = run_job("mnist", ["--master", jobs_cluster.master_url, "--workers", "1,2", "--limit", "2000",
+                               "--epochs", "1"], out)
+    rows = result["rows"]
+    assert result["metadata"]["job"] == "mnist" and result["metadata"]["master"] == jobs_cluster.master_url
+    _check_distributed_rows(rows, [1, 2])
+    assert [r["workers"] for r in rows if r["mode"] != "distributed"] == [0]  # the plain Keras baseline
+    for r in rows:
+        assert r["metric_name"] == "accuracy" and 0.1 < r["metric_value"] <= 1.0
+        assert r["timing_valid"] is True  # an external master: the job cannot tell, so it trusts it
+    assert "| model |" in (out / "mnist.md").read_text()
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_forecast_job_on_a_standalone_master(jobs_cluster, tmp_path):
+    out = tmp_path / "forecast"
+    result = run_job("forecast", ["--master", jobs_cluster.master_url, "--workers", "1,2", "--limit", "600",
+                                  "--epochs", "1", "--models", "lstm,gru"], out)
+    meta, rows = result["metadata"], result["rows"]
+    assert meta["job"] == "forecast" and meta["hourly_rows"] == 600
+    assert meta["training_windows"] == 600 - 24 - 120 and meta["test_windows"] == 120
+    for model in ("lstm", "gru"):
+        mine = [r for r in rows if r["model"] == model]
+        assert sorted(r["workers"] for r in mine) == [0, 1, 2]
+        _check_distributed_rows(mine, [1, 2])
+    for r in rows:
+        assert r["metric_name"] == "mape" and math.isfinite(r["metric_value"])
+        assert 0 < r["metric_value"] < 100  # percent, in original units (scaled values would blow up)
+        assert r["timing_valid"] is True and r["window"] == 5 and r["epochs"] == 1
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_forecast_job_embedded_time_shared(tmp_path):
+    """No --master: the job starts its own cluster; 2 workers x all cores is time-shared."""
+    cores = os.cpu_count() or 1
+    out = tmp_path / "forecast"
+    result = run_job("forecast", ["--workers", "1,2", "--cores-per-worker", str(cores), "--limit", "600",
+                                  "--epochs", "1", "--models", "gru", "--no-baseline"], out)
+    rows = result["rows"]
+    _check_distributed_rows(rows, [1, 2])
+    valid = {r["workers"]: r["timing_valid"] for r in rows}
+    assert valid == {1: True, 2: False}
+    assert all(0 < r["metric_value"] < 100 for r in rows)
