@@ -12,8 +12,9 @@ embedded LocalCluster):
 
 Every job writes JSON, CSV, markdown and a PNG under ``--out/<job>/`` plus its
 console output in ``<job>.log``; ``--out/BENCH.md`` links them and repeats
-the tables. Full data with 4 epochs takes roughly 30-45 minutes on 2 idle
-cores; ``--quick`` (subsets, 2 epochs) takes a few minutes.
+the tables. Full data with 4 epochs should take about half an hour on 2 idle
+cores (longer on a busy machine); ``--quick`` (MNIST 6,000 images, 2,000
+hours of demand, 2 epochs) took 12 minutes on a busy 2-core machine.
 
     python jobs/bench.py --out results
     python jobs/bench.py --quick --skip-mnist
@@ -109,7 +110,6 @@ def run_step(step: Step) -> tuple[int, float]:
     with open(log_path, "wb") as log_file:
         proc = subprocess.Popen(step.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env)
         try:
-            assert proc.stdout is not None
             while chunk := proc.stdout.read1(65536):
                 log_file.write(chunk)
                 sys.stdout.buffer.write(chunk)

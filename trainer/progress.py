@@ -19,7 +19,8 @@ class TrainingProgress:
         self._offsets = [0] * num_workers
         self._epochs = epochs
         self._updates = 0
-        self._bar = tqdm(total=total_steps, unit="batch", desc="training", disable=not enabled, leave=True)
+        self._bar = tqdm(total=total_steps, unit="batch", desc="training", disable=not enabled, leave=True,
+                         mininterval=1.0)
 
     def update(self, record) -> None:
         """Take one UpdateRecord (worker, step, epoch, loss) from the parameter server."""
