@@ -18,7 +18,7 @@ SHELL       := /usr/bin/env bash -o pipefail
 .PHONY: help venv demo test test-unit test-spark test-lab bench clean
 
 help: ## show this help
-	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 ##@ Python environment, demo and tests
 $(VENV)/.installed: pyproject.toml
