@@ -124,21 +124,23 @@ def test_twenty_fits_do_not_leak_threads_sockets_or_files(spark, digits):
 def test_interrupted_run_resumes_from_its_checkpoint(spark, digits, tmp_path):
     train, test = digits
 
-    def trainer() -> Trainer:
-        return Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=16,
+    def trainer(epochs: int) -> Trainer:
+        return Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=epochs,
                        checkpoint_dir=tmp_path, checkpoint_every=10, verbose=False)
 
+    # Far more epochs than needed, so that Ctrl-C always lands mid-run, however fast the machine.
     watcher = _interrupt_when(lambda: load_checkpoint(tmp_path).completed_epochs >= 2)
     with pytest.raises(KeyboardInterrupt):
-        trainer().fit(train)
+        trainer(500).fit(train)
     watcher.join()
     saved = load_checkpoint(tmp_path)
-    assert 2 <= saved.completed_epochs < 16, "the interrupt came after two epochs and the final save keeps them"
-    fitted = trainer().fit(train, resume_from=tmp_path)
+    assert 2 <= saved.completed_epochs < 500, "the interrupt came after two epochs and the final save keeps them"
+    total = saved.completed_epochs + 4
+    fitted = trainer(total).fit(train, resume_from=tmp_path)
     assert {w["start_epoch"] for w in fitted.history.workers} == {saved.completed_epochs}
-    assert len(fitted.history.epochs) == 16 - saved.completed_epochs
+    assert len(fitted.history.epochs) == 4
     assert any(e.get("event") == "resumed" for e in fitted.history.events)
-    assert load_checkpoint(tmp_path).completed_epochs == 16
+    assert load_checkpoint(tmp_path).completed_epochs == total
     assert fitted.evaluate(test)["accuracy"] >= 0.88
 
 
