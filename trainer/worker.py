@@ -88,8 +88,9 @@ def model_to_bytes(model) -> bytes:
 def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env: dict[str, str]) -> None:
     """Thread counts, GPU visibility and backend, set before TensorFlow/Keras is imported.
 
-    A reused Python worker may already have TensorFlow loaded; then the thread
-    settings are applied through tf.config when still possible.
+    TensorFlow and OpenMP read these variables when they start; a reused Python
+    worker that already loaded TensorFlow keeps the pools of its first task,
+    which had the same number of cores.
     """
     os.environ.update(env)
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -99,14 +100,6 @@ def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env
     os.environ["TF_NUM_INTEROP_THREADS"] = "1" if cpus <= 2 else "2"
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-    if keras_backend == "tensorflow":
-        import tensorflow as tf
-
-        try:
-            tf.config.threading.set_intra_op_parallelism_threads(cpus)
-            tf.config.threading.set_inter_op_parallelism_threads(int(os.environ["TF_NUM_INTEROP_THREADS"]))
-        except RuntimeError:
-            pass  # already initialised in this reused Python worker; env vars applied at first init
 
 
 def arrow_to_numpy(
