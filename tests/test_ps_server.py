@@ -280,10 +280,13 @@ def test_hello_start_epoch_after_epoch_done_and_new_attempt():
         with client(ps, 1) as other:
             assert other.hello()[1]["start_epoch"] == 0  # worker 1 has finished nothing yet
             other.epoch_done(0, {"loss": 0.6})
-        # A retried stage resumes every worker at the first epoch not all of them finished.
-        for worker in (0, 1):
-            with client(ps, worker, attempt=1) as retried:
-                assert retried.hello()[1]["start_epoch"] == 1
+        # A retried stage resumes every worker at the first epoch not all of them finished
+        # when the attempt began, even if one worker reports progress before the other's HELLO.
+        with client(ps, 0, attempt=1) as first:
+            assert first.hello()[1]["start_epoch"] == 1
+            first.epoch_done(1, {"loss": 0.4})
+            with client(ps, 1, attempt=1) as late:
+                assert late.hello()[1]["start_epoch"] == 1
         assert any(e["kind"] == "new_attempt" and e["attempt"] == 1 for e in ps.events)
 
 

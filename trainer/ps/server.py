@@ -223,6 +223,7 @@ class ParameterServer:
         self._max_attempt: int | None = None
         self._updates: list[UpdateRecord] = []
         self._epochs_done: dict[int, dict[str, Any]] = dict(epochs_done or {})
+        self._start_epochs: dict[int, int] = {}  # attempt -> epoch its workers start at
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self._conns: set[_Conn] = set()
         self._threads: set[threading.Thread] = set()
@@ -683,10 +684,14 @@ class ParameterServer:
         self._note_attempt(conn, attempt)
         with self._lock:
             center, version = self._center, self._version
-            # A retried stage restarts every worker at the first epoch that not all
-            # workers finished, so synchronous rounds stay aligned across workers.
-            done = [self._epochs_done.get(w) for w in range(self._num_workers)]
-            start_epoch = 0 if None in done else min(d["epoch"] for d in done) + 1  # type: ignore[index]
+            # Every worker of an attempt starts at the first epoch that not all workers
+            # had finished when the attempt began (fixed at its first HELLO, so a fast
+            # worker's progress cannot move a slow worker's start): synchronous rounds
+            # stay aligned and no epoch is skipped.
+            if self._start_epochs.get(attempt) is None:
+                done = [self._epochs_done.get(w) for w in range(self._num_workers)]
+                self._start_epochs[attempt] = 0 if None in done else min(d["epoch"] for d in done) + 1  # type: ignore[index]
+            start_epoch = self._start_epochs[attempt]
             conn.last_version = version
         self._reply(conn, {"version": version, "start_epoch": start_epoch, "num_workers": self._num_workers}, center)
 
