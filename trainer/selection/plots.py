@@ -38,6 +38,12 @@ def _colors(keys: Sequence[Any]) -> dict[Any, str]:
     return {k: cmap(i % cmap.N) for i, k in enumerate(keys)}
 
 
+def _integer_ticks():
+    from matplotlib.ticker import MaxNLocator
+
+    return MaxNLocator(integer=True)
+
+
 def _patch(color):
     from matplotlib.patches import Patch
 
@@ -118,6 +124,7 @@ def plot_learning_curves(curves: Mapping[str, Sequence[float]], metric: str, out
         ax.plot(xs, ys, "o-", color=colors[cid], linewidth=2.8 if cid == best else 1.2, markersize=3,
                 label=f"{cid} (best)" if cid == best else cid)
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(_integer_ticks())
     ax.set_ylabel(metric)
     ax.grid(True, alpha=0.3)
     if curves:
@@ -152,6 +159,7 @@ def plot_config_curve(config_id: str, history: Sequence[Mapping[str, Any]], out_
         ax.plot(epochs, values, "--" if key.startswith("val_") else "-", marker="o", markersize=3, color=color,
                 label=key)
     ax_loss.set_xlabel("epoch")
+    ax_loss.xaxis.set_major_locator(_integer_ticks())
     ax_loss.set_ylabel("loss")
     lines, labels = ax_loss.get_legend_handles_labels()
     if ax_other is not None:

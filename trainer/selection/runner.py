@@ -959,11 +959,12 @@ def _lit(value: Any):
 
 
 def _collect_numpy(frame, spec) -> tuple[np.ndarray, np.ndarray]:
-    """The whole (prepared) frame on the driver as flat numpy arrays, through Arrow."""
+    """The whole (prepared) frame on the driver as flat numpy arrays (through Arrow), in canonical row order."""
+    from trainer.selection.task import canonical_order
     from trainer.worker import arrow_to_numpy
 
     table = frame.toArrow()
-    return arrow_to_numpy(iter(table.to_batches()), (spec.feature_size,), spec.label_size)
+    return canonical_order(*arrow_to_numpy(iter(table.to_batches()), (spec.feature_size,), spec.label_size))
 
 
 def _empty_numpy(spec) -> tuple[np.ndarray, np.ndarray]:

@@ -28,14 +28,15 @@ from __future__ import annotations
 import json
 import os
 import time
+import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["TaskConfig", "TaskSpec", "get_state", "set_state", "state_layout", "selection_task",
-           "RESULT_DDL", "SPLIT_COL"]
+__all__ = ["TaskConfig", "TaskSpec", "get_state", "set_state", "state_layout", "canonical_order",
+           "selection_task", "RESULT_DDL", "SPLIT_COL"]
 
 #: Name of the boolean column that marks validation rows in the model-hopper frame.
 SPLIT_COL = "_is_validation"
@@ -135,6 +136,37 @@ def _split_shard(batches: Iterator[pa.RecordBatch], feature_size: int, label_siz
             arrow_to_numpy(iter(val.to_batches()), (feature_size,), label_size))
 
 
+def canonical_order(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The rows sorted by a 64-bit hash of their bytes (features, then label).
+
+    Spark delivers a shard's rows in an order that may change between runs
+    (shuffle reads, cache materialization) even when the shard holds the same
+    rows. Training shuffles with a seed, so the order must not depend on
+    Spark: with this, the same seed gives the same batches.
+    """
+    n = len(x)
+    if n < 2:
+        return x, y
+    weights = np.random.default_rng(0x5EED).integers(1, 2**63, size=1 << 16, dtype=np.uint64) | np.uint64(1)
+    keys = np.zeros(n, np.uint64)
+    for part in (x, y):
+        words = np.ascontiguousarray(part, dtype=np.float32).reshape(n, -1).view(np.uint32)
+        w = np.resize(weights, words.shape[1])
+        for start in range(0, n, 4096):  # chunks bound the temporary uint64 copy
+            block = words[start:start + 4096].astype(np.uint64)
+            keys[start:start + 4096] = keys[start:start + 4096] * np.uint64(1099511628211) + (block * w).sum(axis=1)
+    order = np.argsort(keys, kind="stable")
+    return x[order], y[order]
+
+
+def _checksum(*arrays: np.ndarray) -> str:
+    """Adler-32 of the arrays' bytes, in order: tells whether two runs saw the same rows in the same order."""
+    value = 1
+    for a in arrays:
+        value = zlib.adler32(np.ascontiguousarray(a).view(np.uint8).reshape(-1), value)
+    return f"{value:08x}"
+
+
 def _logs(values: dict[str, Any], prefix: str = "") -> dict[str, float]:
     out = {}
     for k, v in values.items():
@@ -159,11 +191,13 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
 
     if spec.full_copy is None:
         (x, y), (xv, yv) = _split_shard(batches, spec.feature_size, spec.label_size)
+        (x, y), (xv, yv) = canonical_order(x, y), canonical_order(xv, yv)
     else:
-        for _ in batches:  # the baselines read their full copy from the broadcast
+        for _ in batches:  # the baselines read their full copy (already in canonical order) from the broadcast
             pass
         x, y, xv, yv = spec.full_copy.value
     data_bytes = int(sum(a.nbytes for a in (x, y, xv, yv) if a is not None))
+    checksum = _checksum(x, y, xv, yv)
     data_ready = time.time()
 
     import keras
@@ -172,7 +206,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     models: dict[str, Any] = {}
     record: dict[str, Any] = {
         "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
-        "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0, "train_s": 0.0,
+        "data_checksum": checksum, "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0, "train_s": 0.0,
         "val_s": 0.0, "executor_pid": os.getpid(),
     }
     with HopperClient(spec.host, spec.port, spec.secret, worker, spec.attempt, spec.io_timeout) as client:
