@@ -620,7 +620,8 @@ class ModelSelector:
         label_col: String. The label column.
         checkpoint_dir: String or None. Where to checkpoint every model after each epoch.
         seed: Integer. Fixes the scheduler's tie-breaking, the initial weights of
-            each configuration and the shuffling of every sub-epoch.
+            each configuration (``keras.utils.set_random_seed`` is called on the
+            driver before each build) and the shuffling of every sub-epoch.
         custom_objects: Dict. Custom layers/losses for the fitted models' ``.keras`` files.
         eval_batch_size: Integer. Batch size of the validation passes (at least the config's).
         ps_host, ps_port, ps_bind_host: where executors reach the driver's server
@@ -733,8 +734,9 @@ class ModelSelector:
         from trainer.estimator import ship_by_value
         from trainer.launch import TrainingFailedError, is_infrastructure_failure, run_barrier_job, wait_for_slots
         from trainer.ps.wire import new_secret
-        from trainer.selection.task import RESULT_DDL, SPLIT_COL, TaskConfig, TaskSpec, selection_task, state_layout
-        from trainer.selection.task import get_state
+        from trainer.selection.task import (
+            RESULT_DDL, SPLIT_COL, TaskConfig, TaskSpec, get_state, selection_task, state_layout,
+        )
 
         if self._used:
             raise SelectionError(
@@ -746,7 +748,6 @@ class ModelSelector:
             raise SelectionError(f"replay= needs strategy='mop'. Received strategy={self.strategy!r}.")
         if resume and self.checkpoint_dir is None:
             raise SelectionError("resume=True needs checkpoint_dir. Fix: pass the directory of the interrupted search.")
-        self._used = True
         self.stop_search = False
         fit_start = time.time()
         search = self.search
@@ -800,6 +801,7 @@ class ModelSelector:
         states = {cid: get_state(m) for cid, m in built.items()}
         del built, first
         store = CheckpointStore(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        self._used = True  # from here on the search object receives reports
         run = _make_run(self, search, layouts, states, store=store, resume=resume, replay=replay,
                         callbacks=callbacks, description=self._run_description(configs))
 
@@ -838,7 +840,8 @@ class ModelSelector:
                     task_spec = TaskSpec(
                         model_fn=self.model_fn, configs=task_configs, host=host, port=bound_port, secret=secret,
                         attempt=attempt, feature_size=spec.feature_size, label_size=spec.label_size,
-                        full_copy=broadcast, eval_batch_size=self.eval_batch_size, io_timeout=self.io_timeout,
+                        full_copy=broadcast, task_seed=_derive_seed(self.seed, "task"),
+                        eval_batch_size=self.eval_batch_size, io_timeout=self.io_timeout,
                         keras_backend=keras.backend.backend(),
                     )
                     try:

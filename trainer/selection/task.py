@@ -12,11 +12,18 @@ driver's :class:`~trainer.selection.hopper.HopperServer` and then loops:
 2. take the configuration's Keras model from the task's cache (built once per
    task with ``model_fn(params)``, never rebuilt on later visits), load the
    state, and train ONE pass over the local training rows (``model.fit`` with
-   ``epochs=1``, the configuration's batch size, shuffled with a seed fixed by
-   the driver);
+   ``epochs=1``, the configuration's batch size, rows shuffled by a numpy
+   permutation seeded by the driver for this model, epoch and shard);
 3. evaluate on the local validation rows;
 4. send back the new state, the training and validation metrics and the row
    counts that the driver uses to weight the per-shard metrics.
+
+Reproducibility: rows are put in a canonical order first (`canonical_order`),
+so a unit's batches depend only on its seed, never on the order Spark
+delivered the rows in. Keras is seeded once per task and before each model
+build; random layers (dropout) then follow each task's own stream, which a
+replayed schedule reproduces. Calling ``keras.utils.set_random_seed`` per unit
+is avoided on purpose: it clears TensorFlow's caches (about 0.3 s per call).
 
 `get_state` / `set_state` convert a compiled Keras model to and from that
 list of arrays: ``model.get_weights()`` (all weights, trainable or not) then
@@ -67,6 +74,7 @@ class TaskSpec:
     feature_size: int
     label_size: int | None
     full_copy: Any = None  # a Broadcast of (x, y, x_val, y_val) for the baselines, else None
+    task_seed: int = 0
     eval_batch_size: int = 256
     io_timeout: float = 600.0
     keras_backend: str = "tensorflow"
@@ -203,6 +211,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     import keras
 
     keras.backend.clear_session()
+    keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here
     models: dict[str, Any] = {}
     record: dict[str, Any] = {
         "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
@@ -229,10 +238,11 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
             if not work.get("keep"):
                 set_state(model, list(arrays), cid)
             del arrays  # the frame buffer can go
-            keras.utils.set_random_seed(int(work["seed"]))
-            shape = (len(x), *cfg.input_shape)
+            # Shuffle with numpy: keras.utils.set_random_seed here would clear TensorFlow's caches every unit.
+            order = np.random.default_rng(int(work["seed"])).permutation(len(x))
             started = time.time()
-            history = model.fit(x.reshape(shape), y, batch_size=cfg.batch_size, epochs=1, shuffle=True, verbose=0)
+            history = model.fit(x[order].reshape((len(x), *cfg.input_shape)), y[order], batch_size=cfg.batch_size,
+                                epochs=1, shuffle=False, verbose=0)
             train_s = time.time() - started
             val_logs: dict[str, float] = {}
             if len(xv):
