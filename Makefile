@@ -68,12 +68,13 @@ ARGS          ?=
 BENCH_ARGS    ?= --limit 2000 --epochs 1 --algorithm adag
 K8S_DIRS      ?= k8s k8s/overlays/workers-3 k8s/overlays/gpu
 K8S_VERSION   ?= 1.32.0
+BUILD_LOCK    ?= /tmp/trainer-lab-build.lock
 
 LAB_ENV_FILE  := $(wildcard compose/.env)
 LAB_COMPOSE   := LAB_IMAGE=$(LAB_IMAGE) $(COMPOSE) -p $(LAB_PROJECT) -f compose/compose.yaml \
                  $(if $(GPU),-f compose/gpu.yaml) $(if $(LAB_ENV_FILE),--env-file $(LAB_ENV_FILE))
 
-.PHONY: base-image build up down ps logs submit bench-cluster k8s-render k8s-validate
+.PHONY: base-image build build-image up down ps logs submit bench-cluster k8s-render k8s-validate
 
 base-image: ## create the local Debian bookworm base image (debootstrap + docker import) unless it exists
 	@if $(DOCKER) image inspect $(BASE_IMAGE) >/dev/null 2>&1; then \
@@ -88,7 +89,11 @@ base-image: ## create the local Debian bookworm base image (debootstrap + docker
 	tar -C "$$rootfs" -c . | $(DOCKER) import -m "debootstrap --variant=minbase bookworm" - $(BASE_IMAGE) >/dev/null; \
 	echo "base image $(BASE_IMAGE) imported in $${SECONDS}s"
 
-build: base-image ## build the lab image trainer-lab:latest (GPU=1: the CUDA variant trainer-lab:gpu)
+build: ## build the lab image trainer-lab:latest (GPU=1: the CUDA variant trainer-lab:gpu)
+	@# One build at a time: a second `make build` (e.g. the tests' while CI pre-builds) waits, then hits the cache.
+	@flock $(BUILD_LOCK) $(MAKE) --no-print-directory base-image build-image
+
+build-image: # the build itself, without the lock (use `make build`)
 	@rm -f images/certs/host-ca-bundle.crt
 	@if [ -n "$(EXTRA_CA)" ]; then cp "$(EXTRA_CA)" images/certs/host-ca-bundle.crt; echo "trusting extra CA bundle $(EXTRA_CA) in the build"; fi
 	@SECONDS=0; \

@@ -36,8 +36,8 @@ import numpy as np
 
 from trainer import Trainer
 from trainer.benchmark import (
-    algorithm_from_args, baseline_row, cluster_session, fitted_row, parse_workers, plain_keras_fit, timing_valid,
-    with_ratios,
+    add_checkpoint_args, algorithm_from_args, baseline_row, check_checkpoint_args, checkpoint_options,
+    cluster_session, fitted_row, parse_workers, plain_keras_fit, timing_valid, with_ratios,
 )
 from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
 from trainer.datasets import load_elecdemand
@@ -114,8 +114,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="cores (and threads) per worker (default 1)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
     parser.add_argument("--models", default="lstm,gru", help="comma-separated models: lstm, gru (default both)")
+    add_checkpoint_args(parser)
     parser.add_argument("--out", default="results/forecast", help="results directory (default results/forecast)")
     args = parser.parse_args(argv)
+    check_checkpoint_args(parser, args)
     try:
         args.worker_counts = parse_workers(args.workers)
         args.model_names = parse_models(args.models)
@@ -239,10 +241,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} plain Keras: {rows[-1]['epoch_time_s']:.1f} s/epoch, test MAPE {value:.2f} %",
                       flush=True)
             for n in args.worker_counts:
+                trainer_options, fit_options = checkpoint_options(args, name, n)
                 fitted = Trainer(
                     builder, algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
-                    batch_size=args.batch_size, epochs=args.epochs,
-                ).fit(train)
+                    batch_size=args.batch_size, epochs=args.epochs, **trainer_options,
+                ).fit(train, **fit_options)
                 value = predict_mape(fitted, test, scaler)
                 valid = timing_valid(n, args.cores_per_worker, args.master)
                 rows.append(fitted_row(name, fitted, workers=n, rows=len(x_train), epochs=args.epochs,

@@ -69,3 +69,11 @@ def digits(spark):
     train, test = df.filter("train").drop("train").cache(), df.filter("not train").drop("train").cache()
     assert train.count() == 1500 and test.count() == 297
     return train, test
+
+
+# --------------------------------------------------------------------------- order
+
+
+def pytest_collection_modifyitems(config, items):
+    """Run the container tests last: CI builds the lab image in the background meanwhile."""
+    items.sort(key=lambda item: item.get_closest_marker("docker") is not None)

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 
 from trainer.cluster import ClusterError, JavaError, LocalCluster, check_java, parse_memory_mb
-from trainer.session import _default_conf, executor_env_defaults, spark_session
+from trainer.session import MasterUnreachableError, _default_conf, executor_env_defaults, spark_session
 
 HOST = "127.0.0.1"
 
@@ -484,3 +484,20 @@ def test_session_rejects_executors_no_worker_can_host(local_cluster_2):
         local_cluster_2.session("too-big", **{"spark.executor.memory": "4g"})
     with pytest.raises(ValueError, match="spark.executor.cores <= cores_per_worker"):
         local_cluster_2.session("too-wide", **{"spark.executor.cores": "2"})
+
+
+@pytest.mark.parametrize("master, reason", [
+    ("spark://127.0.0.1:{port}", "Connection refused"),
+    ("spark://no-such-host.invalid:7077", "no-such-host.invalid:7077"),
+])
+def test_unreachable_master_fails_within_seconds(master, reason):
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    started = time.monotonic()
+    with pytest.raises(MasterUnreachableError, match=reason) as exc:
+        spark_session(master.format(port=port), "unreachable")
+    assert time.monotonic() - started < 10
+    assert "Is the master running" in str(exc.value)
+    with pytest.raises(ValueError, match="spark://host:7077"):
+        spark_session("spark://7077", "no-host")

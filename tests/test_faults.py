@@ -1,18 +1,28 @@
-"""Faults around a fit: Ctrl-C, and many fits in one driver without leaks."""
+"""Faults around a fit: Ctrl-C, leaks over many fits, lost executors and workers, a killed driver.
+
+The 3-worker tests run their drivers in separate processes (tests/fault_driver.py)
+against a cluster of their own, and compare the final accuracy of a disturbed
+run with an undisturbed one.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
 from conftest import digits_model
 from trainer import ADAG, Trainer
 from trainer.checkpoint import load_checkpoint
+from trainer.cluster import LocalCluster
 
 pytestmark = pytest.mark.spark
 
@@ -181,3 +191,104 @@ def test_training_survives_a_killed_executor(local_cluster_2, spark, digits):
     retried = [w for w in fitted.history.workers if w["attempt"] == 1]
     assert len(retried) == 2 and all(w["start_epoch"] >= 1 for w in retried), "resumed, not restarted"
     assert fitted.evaluate(test)["accuracy"] >= 0.88
+
+
+# --- a 3-worker cluster and drivers in their own processes ------------------------------------------------
+
+DRIVER = Path(__file__).with_name("fault_driver.py")
+ACCURACY_BAND = 0.005  # half a point of test accuracy
+
+
+@pytest.fixture(scope="module")
+def cluster_3():
+    """3 workers x 1 core for the drivers started by these tests (the `spark` session holds the 2-worker one)."""
+    with LocalCluster(workers=3, cores_per_worker=1, worker_memory="2g") as cluster:
+        yield cluster
+
+
+def _start_driver(cluster, out: Path, *args: str) -> subprocess.Popen:
+    log = open(out.with_suffix(".log"), "w")
+    return subprocess.Popen(
+        [sys.executable, str(DRIVER), "--master", cluster.master_url, "--out", str(out), *args],
+        stdout=log, stderr=subprocess.STDOUT, start_new_session=True, cwd=DRIVER.parent.parent,
+    )
+
+
+def _finish(proc: subprocess.Popen, out: Path, timeout: float = 600) -> dict:
+    try:
+        rc = proc.wait(timeout)
+    finally:
+        _kill_group(proc)
+    log = out.with_suffix(".log").read_text()
+    assert rc == 0, f"driver exited with {rc}:\n{log[-6000:]}"
+    return json.loads(out.read_text())
+
+
+def _kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the driver and everything in its process group (its Py4J JVM)."""
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait(30)
+
+
+def _undisturbed(path: Path) -> dict:
+    result = json.loads(path.read_text())
+    assert result["accuracy"] > 0.85 and not result["events"], result
+    return result
+
+
+@pytest.mark.timeout(900)
+def test_killed_driver_resumes_from_its_checkpoint(cluster_3, tmp_path):
+    """SIGKILL the whole driver (Python + its JVM) mid-run, start a new one with --resume."""
+    checkpoints = tmp_path / "checkpoints"
+    first = _start_driver(cluster_3, tmp_path / "killed.json", "--checkpoint-dir", str(checkpoints),
+                          "--baseline-out", str(tmp_path / "undisturbed.json"))
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and first.poll() is None:
+            try:
+                if load_checkpoint(checkpoints).completed_epochs >= 2:
+                    break
+            except Exception:  # not written yet
+                pass
+            time.sleep(0.1)
+        assert first.poll() is None, "the driver ended before it could be killed:\n" + \
+            (tmp_path / "killed.log").read_text()[-4000:]
+    finally:
+        _kill_group(first)
+    saved = load_checkpoint(checkpoints)
+    undisturbed = _undisturbed(tmp_path / "undisturbed.json")
+    assert 2 <= saved.completed_epochs < 12
+    # The cluster notices the lost driver and frees its executors for the next one.
+    resumed = _finish(_start_driver(cluster_3, tmp_path / "resumed.json", "--checkpoint-dir", str(checkpoints),
+                                    "--resume"), tmp_path / "resumed.json")
+    assert any(e.get("event") == "resumed" for e in resumed["events"]), resumed["events"]
+    assert {w["start_epoch"] for w in resumed["workers"]} == {saved.completed_epochs}
+    assert resumed["epochs"] == list(range(saved.completed_epochs, 12))
+    assert load_checkpoint(checkpoints).completed_epochs == 12
+    assert abs(resumed["accuracy"] - undisturbed["accuracy"]) <= ACCURACY_BAND, (resumed, undisturbed)
+
+
+@pytest.mark.timeout(900)
+def test_killed_worker_training_continues_on_the_survivors(cluster_3, tmp_path):
+    """SIGKILL a worker daemon with its executor and Python workers (a lost machine) mid-run.
+
+    Last in this module: the cluster keeps two workers afterwards.
+    """
+    victim = cluster_3.process_groups()[0]  # workers come first
+    out = tmp_path / "result.json"
+    result = _finish(_start_driver(cluster_3, out, "--kill-pgid", str(victim), "--kill-at-epoch", "3",
+                                   "--baseline-out", str(tmp_path / "undisturbed.json")), out)
+    undisturbed = _undisturbed(tmp_path / "undisturbed.json")
+    assert result["killed"]
+    events = result["events"]
+    failed = [e for e in events if e.get("event") == "attempt_failed"]
+    assert failed and failed[0]["retry"], events
+    assert any(e.get("event") == "workers_changed" and e["from"] == 3 and e["to"] == 2 for e in events), events
+    retried = [w for w in result["workers"] if w["attempt"] == 1]
+    assert len(retried) == 2, result["workers"]
+    assert all(w["start_epoch"] >= 3 for w in retried), "resumed from the server's weights, not from scratch"
+    assert sum(w["rows"] for w in retried) == 12_000, "the survivors share all rows"
+    assert abs(result["accuracy"] - undisturbed["accuracy"]) <= ACCURACY_BAND, (result, undisturbed)

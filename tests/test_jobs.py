@@ -6,8 +6,9 @@ with this process: the session-scoped ``spark`` fixture holds every core of
 that cluster (``spark.cores.max`` = all of them), and a second application on
 the same standalone master gets no executor until the first one stops. The
 ``--master`` runs therefore go to ``jobs_cluster``, a second 2-worker
-LocalCluster for this module only. One forecast run uses no ``--master`` at
-all: the job starts its own embedded cluster, as ``make bench`` does.
+LocalCluster for this module only. One forecast run (the ``--resume`` one) uses
+no ``--master`` at all: the job starts its own embedded cluster, as ``make
+bench`` does.
 
 Flag checks, the bench plan and the BENCH.md summary need no Spark.
 """
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.checkpoint import load_checkpoint
 from trainer.cluster import LocalCluster
 from trainer.report import write_results
 
@@ -106,6 +108,7 @@ def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
     (["--algorithm", "sgd"], "Unknown algorithm"),
     (["--epochs", "0"], "positive integer"),
     (["--batch-size", "x"], "positive integer"),
+    (["--resume"], "--resume needs --checkpoint-dir"),
 ])
 def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -225,9 +228,10 @@ def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
 @pytest.mark.spark
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 def test_forecast_job_on_a_standalone_master(jobs_cluster, tmp_path):
-    out = tmp_path / "forecast"
+    out, checkpoints = tmp_path / "forecast", tmp_path / "checkpoints"
     result = run_job("forecast", ["--master", jobs_cluster.master_url, "--workers", "1,2", "--limit", "600",
-                                  "--epochs", "1", "--models", "lstm,gru"], out)
+                                  "--epochs", "1", "--models", "lstm,gru", "--checkpoint-dir", str(checkpoints)],
+                     out)
     meta, rows = result["metadata"], result["rows"]
     assert meta["job"] == "forecast" and meta["hourly_rows"] == 600
     assert meta["training_windows"] == 600 - 24 - 120 and meta["test_windows"] == 120
@@ -239,19 +243,14 @@ def test_forecast_job_on_a_standalone_master(jobs_cluster, tmp_path):
         assert r["metric_name"] == "mape" and math.isfinite(r["metric_value"])
         assert 0 < r["metric_value"] < 100  # percent, in original units (scaled values would blow up)
         assert r["timing_valid"] is True and r["window"] == 5 and r["epochs"] == 1
-
-
-@pytest.mark.spark
-@pytest.mark.slow
-@pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_forecast_job_embedded_time_shared(tmp_path):
-    """No --master: the job starts its own cluster; 2 workers x all cores is time-shared."""
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["gru-1w", "gru-2w", "lstm-1w", "lstm-2w"]
+    # --resume continues a run from its checkpoint, here one more epoch of the 2-worker GRU, on
+    # another cluster: the job's own embedded one (no --master), 2 workers x all cores, time-shared.
     cores = os.cpu_count() or 1
-    out = tmp_path / "forecast"
-    result = run_job("forecast", ["--workers", "1,2", "--cores-per-worker", str(cores), "--limit", "600",
-                                  "--epochs", "1", "--models", "gru", "--no-baseline"], out)
-    rows = result["rows"]
-    _check_distributed_rows(rows, [1, 2])
-    valid = {r["workers"]: r["timing_valid"] for r in rows}
-    assert valid == {1: True, 2: False}
-    assert all(0 < r["metric_value"] < 100 for r in rows)
+    resumed = run_job("forecast", ["--workers", "2", "--cores-per-worker", str(cores), "--limit", "600",
+                                   "--epochs", "2", "--models", "gru", "--no-baseline", "--checkpoint-dir",
+                                   str(checkpoints), "--resume"], tmp_path / "resumed")["rows"]
+    assert [(r["workers"], r["resumed"], r["retries"]) for r in resumed] == [(2, True, 0)]
+    assert resumed[0]["timing_valid"] is False  # 2 workers x all cores are time-shared
+    assert 0 < resumed[0]["metric_value"] < 100
+    assert load_checkpoint(checkpoints / "gru-2w").completed_epochs == 2

@@ -26,6 +26,7 @@ from trainer.ps import (
     new_secret,
 )
 from trainer.ps import wire
+from trainer.ps.server import completed_epochs, uniform_progress
 from trainer.ps.wire import HEADER, MAGIC, Msg, read_frame, write_frame
 
 SECRET = new_secret()
@@ -288,6 +289,48 @@ def test_hello_start_epoch_after_epoch_done_and_new_attempt():
             with client(ps, 1, attempt=1) as late:
                 assert late.hello()[1]["start_epoch"] == 1
         assert any(e["kind"] == "new_attempt" and e["attempt"] == 1 for e in ps.events)
+
+
+def test_completed_epochs_and_uniform_progress():
+    assert completed_epochs({}, 2) == 0
+    assert completed_epochs({0: {"epoch": 3}}, 2) == 0  # worker 1 finished none
+    assert completed_epochs({0: {"epoch": 3}, 1: {"epoch": 1}}, 2) == 2
+    assert completed_epochs({0: {"epoch": 3}, 1: {"epoch": 1}, 2: {"epoch": 0}}, 2) == 2  # worker 2 is gone
+    assert uniform_progress(0, 3) == {}
+    progress = uniform_progress(2, 3)
+    assert sorted(progress) == [0, 1, 2] and {p["epoch"] for p in progress.values()} == {1}
+    assert completed_epochs(progress, 3) == 2
+
+
+@pytest.mark.timeout(20)
+def test_resize_serves_fewer_workers_from_the_epochs_all_finished():
+    with server(MeanRule(), num_workers=3, round_timeout=60) as ps:
+        for worker, epoch in ((0, 2), (1, 1), (2, 3)):
+            with client(ps, worker) as c:
+                c.hello()
+                c.epoch_done(epoch, {})
+        c0, c1 = client(ps, 0, attempt=0), client(ps, 1, attempt=0)
+        t0, out0 = run_in_thread(c0.commit, ones(), {})  # waits for the others: aborted by the resize
+        assert wait_for(lambda: ps.pending_workers == [0])
+        ps.resize(2)
+        t0.join(10)
+        assert "round aborted" in str(out0.get("error")), out0
+        assert ps.num_workers == 2
+        assert any(e["kind"] == "resized" and e["from"] == 3 and e["to"] == 2 and e["completed_epochs"] == 2
+                   for e in ps.events)
+        with pytest.raises(wire.AuthenticationError):
+            client(ps, 2, attempt=1)  # worker 2 no longer exists
+        n0, n1 = client(ps, 0, attempt=1), client(ps, 1, attempt=1)
+        with n0, n1:
+            assert n0.hello()[1] == {"version": 0, "start_epoch": 2, "num_workers": 2}
+            assert n1.hello()[1]["start_epoch"] == 2
+            t0, out0 = run_in_thread(n0.commit, ones(1.0), {})
+            t1, out1 = run_in_thread(n1.commit, ones(3.0), {})  # a round of two now completes
+            t0.join(10), t1.join(10)
+            assert out0["result"][1]["version"] == out1["result"][1]["version"] == 1
+        c0.close(), c1.close()
+    with pytest.raises(ValueError, match="positive int"):
+        ps.resize(0)
 
 
 @pytest.mark.timeout(20)

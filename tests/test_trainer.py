@@ -107,6 +107,12 @@ def test_bad_input_fails_fast(digits, spark):
     _fails_fast(train.withColumn("features", F.slice("features", 1, 60)), "60 values but the model's input shape is \\(64\\)")
     nan = train.withColumn("features", F.when(F.col("label") == 3, F.array_repeat(F.lit(float("nan")), 64)).otherwise(F.col("features")))
     _fails_fast(nan, "NaN or infinite feature values")
+    inf = train.withColumn("features", F.when(F.col("label") == 4, F.array_repeat(F.lit(float("inf")), 64)).otherwise(F.col("features")))
+    _fails_fast(inf, "NaN or infinite feature values")
+    inf_label = train.withColumn("label", F.when(F.col("label") == 4, F.lit(float("inf"))).otherwise(F.col("label").cast("double")))
+    _fails_fast(inf_label, "NaN or infinite label")
+    _fails_fast(train.withColumn("features", F.col("features").cast("array<string>")), "type array<string>")
+    _fails_fast(train.withColumn("features", F.create_map(F.lit("a"), F.lit(1.0))), "type map<string,double>")
     _fails_fast(train.filter("label > 99"), "empty")
     _fails_fast(train.withColumn("label", F.col("label") + 5), "Labels range from 5 to 14")
     _fails_fast(train.withColumn("label", F.col("label").cast("string")), "type string")
@@ -125,3 +131,16 @@ def test_bad_arguments_are_named():
         Trainer(digits_model(), algorithm="hogwild")
     with pytest.raises(TypeError, match="compiled keras.Model"):
         Trainer("model.h5")
+
+
+def test_error_summary_names_the_root_cause():
+    from trainer.launch import error_summary
+
+    python_error = ("An error occurred while calling o12.collectToPython.\nTraceback (most recent call last):\n"
+                    '  File "worker.py", line 3, in f\nValueError: bad shape (3,)\n\tat org.apache.spark')
+    assert error_summary(Exception(python_error)) == "ValueError: bad shape (3,)"
+    lost = ("An error occurred while calling o448.collectToPython.\n: org.apache.spark.SparkException: Job aborted "
+            "due to stage failure: Could not recover from a failed barrier ResultStage.\nExecutorLostFailure "
+            "(executor 1 exited unrelated to the running tasks) Reason: worker lost\n\tat org.apache")
+    assert error_summary(Exception(lost)).startswith("ExecutorLostFailure (executor 1 exited")
+    assert error_summary(Exception("")) == "Exception"

@@ -111,7 +111,9 @@ def fitted_row(model_name: str, fitted, *, workers: int, rows: int, epochs: int,
         "data_delivery_s": history.timings["data_delivery_s"],
         "samples_per_s_per_worker": rows / workers / epoch_time if epoch_time else float("nan"),
         "metric_name": metric, "metric_value": value, "updates": history.num_updates,
-        "bytes": history.bytes_moved, "timing_valid": valid, "epochs": epochs, **extra,
+        "bytes": history.bytes_moved, "timing_valid": valid, "epochs": epochs,
+        "retries": sum(e.get("event") == "attempt_failed" for e in history.events),
+        "resumed": any(e.get("event") == "resumed" for e in history.events), **extra,
     }
 
 
@@ -141,6 +143,41 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif plain is not None:
             r["throughput_vs_keras"] = r["samples_per_s_per_worker"] / plain["samples_per_s_per_worker"]
     return rows
+
+
+def add_checkpoint_args(parser) -> None:
+    """--checkpoint-dir, --resume and --retry-timeout for a job's argument parser."""
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="save the parameter server's state under DIR/<model>-<N>w every 100 updates and "
+                             "at every epoch (default: no checkpoints)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the runs interrupted under --checkpoint-dir (runs without a checkpoint "
+                             "start afresh)")
+    parser.add_argument("--retry-timeout", type=float, default=60.0,
+                        help="seconds a retry after lost executors waits for their slots before it continues "
+                             "on the workers left (default 60)")
+
+
+def check_checkpoint_args(parser, args) -> None:
+    if args.resume and args.checkpoint_dir is None:
+        parser.error("--resume needs --checkpoint-dir: the folder the interrupted run saved its checkpoints to")
+
+
+def checkpoint_options(args, model_name: str, workers: int) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(Trainer keyword arguments, fit keyword arguments) for one run of a job."""
+    from pathlib import Path
+
+    from .checkpoint import FILE_NAME
+
+    options: dict[str, Any] = {"retry_timeout": args.retry_timeout}
+    if args.checkpoint_dir is None:
+        return options, {}
+    directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w"
+    resume = args.resume and (directory / FILE_NAME).is_file()
+    if args.resume and not resume:
+        log.info("No checkpoint in %s: %s with %d worker(s) starts afresh", directory, model_name, workers)
+    options["checkpoint_dir"] = str(directory)
+    return options, ({"resume_from": str(directory)} if resume else {})
 
 
 def algorithm_from_args(name: str, window: int | None):

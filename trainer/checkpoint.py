@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from .ps.server import completed_epochs
+
 log = logging.getLogger("trainer.checkpoint")
 
 FILE_NAME = "checkpoint.npz"
@@ -47,9 +49,7 @@ class Checkpoint:
     @property
     def completed_epochs(self) -> int:
         """Epochs every worker finished (0 when some worker finished none)."""
-        if not self.epochs_done or len(self.epochs_done) < self.meta.get("num_workers", 1):
-            return 0
-        return min(d["epoch"] for d in self.epochs_done.values()) + 1
+        return completed_epochs(self.epochs_done, int(self.meta.get("num_workers", 1)))
 
 
 def save_checkpoint(directory: str | os.PathLike, checkpoint: Checkpoint) -> Path:
@@ -114,16 +114,14 @@ class Checkpointer:
             self.save()
 
     def on_epoch_done(self, worker: int, epoch: int) -> None:
-        done = self.server.epochs_done
-        if len(done) == self.meta["num_workers"]:
-            completed = min(d["epoch"] for d in done.values())
-            if completed > self._last_epochs:
-                self.save()
+        if completed_epochs(self.server.epochs_done, self.server.num_workers) - 1 > self._last_epochs:
+            self.save()
 
     def save(self) -> None:
         with self._lock:
             center, version, epochs_done = self.server.snapshot()
-            checkpoint = Checkpoint(center, version, epochs_done, self.meta)
+            # The server may serve fewer workers than it started with (a retry on fewer slots).
+            checkpoint = Checkpoint(center, version, epochs_done, {**self.meta, "num_workers": self.server.num_workers})
             save_checkpoint(self.directory, checkpoint)
             self._last_epochs = max(self._last_epochs, checkpoint.completed_epochs - 1)
             self.saved += 1

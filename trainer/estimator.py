@@ -13,7 +13,11 @@ Example:
 model, columns, values, cluster slots), then starts a parameter server in this
 driver, runs ONE barrier stage of `num_workers` long-lived tasks, and always
 stops the server (also on error or Ctrl-C). Lost executors are retried up to
-`max_retries` times; retried workers resume from the server's current weights.
+`max_retries` times; retried workers resume from the server's current weights
+at the first epoch not every worker finished. A retry waits `retry_timeout`
+seconds for the lost slots (Spark standalone relaunches a killed executor),
+then continues on the slots left, down to `min_workers`: the history's events
+record each failed attempt and each change in the number of workers.
 """
 
 from __future__ import annotations
@@ -36,8 +40,10 @@ import numpy as np
 from .algorithms import Algorithm, get_algorithm
 from .data.validate import DataSpec, feature_column, prepare_frame
 from .launch import (
-    TrainingFailedError, is_infrastructure_failure, run_barrier_job, wait_for_slots,
+    ClusterCapacityError, TrainingFailedError, available_slots, is_infrastructure_failure, run_barrier_job,
+    wait_for_slots,
 )
+from .ps.server import uniform_progress
 from .progress import TrainingProgress
 from .worker import (
     RESULT_DDL, ModelSource, WorkerConfig, arrow_to_numpy, configure_process, load_keras_bytes,
@@ -172,6 +178,15 @@ class Trainer:
         io_timeout: Float. Seconds the server and workers wait for each other.
         slot_timeout: Float. Seconds to wait for `num_workers` free task slots.
         max_retries: Integer. Re-runs of the training stage after lost executors.
+        retry_timeout: Float. Seconds a retry waits for the lost task slots to
+            come back (Spark standalone relaunches a killed executor; a lost
+            machine or container may never return).
+        min_workers: Integer. After `retry_timeout`, a retry continues on the
+            slots left if there are at least `min_workers` (rows are dealt anew
+            over the surviving workers, training resumes from the server's
+            weights at the first epoch not all workers finished); with fewer,
+            fit fails with ClusterCapacityError. ``min_workers=num_workers``
+            never shrinks.
         checkpoint_dir: String or None. Directory where the parameter server's
             state is saved atomically every `checkpoint_every` updates, at every
             epoch all workers finished, and when training stops (also on error
@@ -202,6 +217,8 @@ class Trainer:
         io_timeout: float = 600.0,
         slot_timeout: float = 10.0,
         max_retries: int = 2,
+        retry_timeout: float = 60.0,
+        min_workers: int = 1,
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int = 100,
         on_update: Callable[[Any], None] | None = None,
@@ -230,6 +247,11 @@ class Trainer:
         if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
             raise ValueError(f"`max_retries` must be an integer >= 0. Received: max_retries={max_retries!r}")
         self.max_retries = max_retries
+        self.retry_timeout = float(retry_timeout)
+        self.min_workers = _positive_int("min_workers", min_workers)
+        if self.min_workers > self.num_workers:
+            raise ValueError(f"`min_workers` must be <= num_workers={self.num_workers}. Received: "
+                             f"min_workers={min_workers}")
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every)
         self.on_update = on_update
@@ -267,14 +289,29 @@ class Trainer:
                 f"The checkpoint holds {len(saved)} weight arrays of shapes {[a.shape for a in saved][:4]}..., "
                 f"the model has {len(weights)} of shapes {shapes[:4]}...: it belongs to another model."
             )
-        if checkpoint.meta.get("num_workers") != self.num_workers:
-            raise CheckpointError(
-                f"The checkpoint was written by a run with num_workers={checkpoint.meta.get('num_workers')}; "
-                f"resume with the same number of workers. Received: num_workers={self.num_workers}"
-            )
         center = checkpoint.center if self.algorithm.exchanges_optimizer_state else saved
         log.info("Resuming from version %d, %d epoch(s) completed", checkpoint.version, checkpoint.completed_epochs)
-        return center, checkpoint.version, checkpoint.epochs_done
+        # Any worker count may resume: rows are dealt anew, the epochs everybody finished carry over.
+        return center, checkpoint.version, uniform_progress(checkpoint.completed_epochs, self.num_workers)
+
+    def _workers_for_retry(self, spark, workers: int, events: list[dict]) -> int:
+        """Wait for `num_workers` slots; after `retry_timeout` continue on what is left (>= min_workers)."""
+        try:
+            wait_for_slots(spark, self.num_workers, self.retry_timeout)
+            slots = self.num_workers
+        except ClusterCapacityError:
+            slots = available_slots(spark)
+            if slots < self.min_workers:
+                raise ClusterCapacityError(
+                    f"After losing executors only {slots} task slot(s) came back within retry_timeout="
+                    f"{self.retry_timeout:.0f} s, fewer than min_workers={self.min_workers}: training stops. "
+                    "The parameter server's last state is in the checkpoint if checkpoint_dir was set; "
+                    "resume with fit(df, resume_from=...) once the cluster is back."
+                ) from None
+        if slots != workers:
+            log.warning("Continuing on %d workers (was %d)", slots, workers)
+            events.append({"time": time.time(), "event": "workers_changed", "from": workers, "to": slots})
+        return slots
 
     # -- fit -------------------------------------------------------------------
     def fit(self, df, resume_from: str | os.PathLike | None = None) -> "FittedModel":
@@ -341,16 +378,17 @@ class Trainer:
         try:
             _, bound_port = server.start()
             job_start = time.time()
+            workers = self.num_workers
             for attempt in range(self.max_retries + 1):
                 config = WorkerConfig(
                     model=source, algorithm=self.algorithm, ps_host=host, ps_port=bound_port, secret=secret,
-                    num_workers=self.num_workers, batch_size=self.batch_size, epochs=self.epochs,
+                    num_workers=workers, batch_size=self.batch_size, epochs=self.epochs,
                     input_shape=spec.input_shape, label_size=spec.label_size, attempt=attempt, seed=self.seed,
                     io_timeout=self.io_timeout, keras_backend=keras.backend.backend(),
                 )
                 try:
                     rows = run_barrier_job(
-                        frame, self.num_workers, functools.partial(train_partition, config), RESULT_DDL,
+                        frame, workers, functools.partial(train_partition, config), RESULT_DDL,
                         description=f"trainer: {model.name} {self.algorithm.describe()} attempt {attempt}",
                     )
                 except TrainingFailedError as exc:
@@ -360,8 +398,9 @@ class Trainer:
                     if not retry:
                         raise
                     log.warning("Attempt %d failed (%s); retrying from the server's current weights", attempt, exc)
-                    progress.restart()
-                    wait_for_slots(spark, self.num_workers, max(self.slot_timeout, 60.0))
+                    workers = self._workers_for_retry(spark, workers, events)
+                    server.resize(workers)
+                    progress.restart(workers)
                     continue
                 results.extend(json.loads(r.history) for r in rows)
                 break

@@ -71,17 +71,20 @@ _INFRA_MARKERS = (
 
 
 def error_summary(error: BaseException) -> str:
-    """The innermost Python exception line of an executor failure, else the first line."""
+    """The innermost Python exception line of an executor failure, else Spark's reason for
+    the failed stage (a lost executor), else the first line."""
     text = str(error)
     if "Traceback (most recent call last)" in text:
         tail = text.split("Traceback (most recent call last)")[-1]
         matches = [m for m in _PY_ERROR.findall(tail) if not m.startswith(("py4j", "org.apache"))]
         if matches:
             return matches[0].strip()
-    for line in text.splitlines():
-        if line.strip():
-            return line.strip()[:2000]
-    return type(error).__name__
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for marker in ("ExecutorLostFailure", "Job aborted due to stage failure"):  # a JVM-side cause
+        found = next((line for line in lines if marker in line), None)
+        if found:
+            return found[found.index(marker):][:500]
+    return lines[0][:2000] if lines else type(error).__name__
 
 
 def is_infrastructure_failure(error: BaseException) -> bool:

@@ -16,7 +16,7 @@ class TrainingProgress:
     def __init__(self, total_steps: int, num_workers: int, epochs: int, enabled: bool = True) -> None:
         self._lock = threading.Lock()
         self._steps = [0] * num_workers
-        self._offsets = [0] * num_workers
+        self._base = 0  # steps shown before the current attempt
         self._epochs = epochs
         self._updates = 0
         self._bar = tqdm(total=total_steps, unit="batch", desc="training", disable=not enabled, leave=True,
@@ -28,18 +28,20 @@ class TrainingProgress:
             self._updates += 1
             worker = record.worker
             if record.step is not None and worker is not None and 0 <= worker < len(self._steps):
-                self._steps[worker] = max(self._steps[worker], self._offsets[worker] + record.step)
-            done = sum(self._steps)
+                self._steps[worker] = max(self._steps[worker], record.step)
+            done = self._base + sum(self._steps)
             self._bar.update(max(0, done - self._bar.n))
             postfix = {"epoch": f"{(record.epoch or 0) + 1}/{self._epochs}", "updates": self._updates}
             if record.loss is not None and record.loss == record.loss:
                 postfix["loss"] = f"{record.loss:.4f}"
             self._bar.set_postfix(postfix, refresh=False)
 
-    def restart(self) -> None:
-        """A retried attempt counts its steps from zero again: keep what was shown."""
+    def restart(self, num_workers: int) -> None:
+        """A retried attempt (maybe on another number of workers) counts its steps from zero again:
+        keep what was shown."""
         with self._lock:
-            self._offsets = list(self._steps)
+            self._base += sum(self._steps)
+            self._steps = [0] * num_workers
 
     def close(self) -> None:
         with self._lock:

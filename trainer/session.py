@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 import time
 from typing import Any
@@ -103,6 +104,35 @@ def wait_for_executors(spark: Any, count: int, timeout: float = 120.0, interval:
         time.sleep(interval)
 
 
+class MasterUnreachableError(ConnectionError):
+    """The Spark master URL names no reachable master."""
+
+
+def check_master_reachable(master: str, timeout: float = 5.0) -> None:
+    """Fail in seconds, with the fix, when a ``spark://`` master does not answer.
+
+    Spark itself retries the registration for about a minute and then only logs
+    "All masters are unresponsive". Other URLs (local, yarn, k8s) are left to Spark.
+    """
+    if not master.startswith("spark://"):
+        return
+    problems = []
+    for address in master[len("spark://"):].split(","):  # HA: spark://host1:7077,host2:7077
+        host, _, port = address.rpartition(":")
+        if not host or not port.isdigit():
+            raise ValueError(f"expected a Spark master URL such as 'spark://host:7077', got {master!r}")
+        try:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+                return
+        except OSError as exc:
+            problems.append(f"{host}:{port}: {exc.strerror or exc}")
+    raise MasterUnreachableError(
+        f"Cannot reach the Spark master at {master} ({'; '.join(problems)}). Is the master running and is "
+        "the URL right? Start one with `make up` or `python -m trainer.cluster up`, or leave --master out to "
+        "use an embedded LocalCluster."
+    )
+
+
 def spark_session(
     master: str,
     app_name: str = "trainer",
@@ -132,6 +162,7 @@ def spark_session(
             f"expected a Spark master URL such as 'local[*]', 'spark://host:7077', 'yarn' or "
             f"'k8s://https://host:443', got {master!r}"
         )
+    check_master_reachable(master)
     settings: dict[str, Any] = _default_conf(master, app_name, cores_per_worker)
     for key, value in conf.items():
         if value is None:

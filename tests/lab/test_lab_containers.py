@@ -13,6 +13,7 @@ import shutil
 import subprocess
 import tempfile
 import textwrap
+import time
 import tomllib
 import urllib.error
 import urllib.request
@@ -179,16 +180,46 @@ def test_example_notebook_runs_against_the_cluster(lab):
     assert "loss" in last_outputs or "accuracy" in last_outputs, "the notebook must print the evaluation metrics"
 
 
-def test_make_submit_writes_results_to_the_shared_volume(lab):
+def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
+    """`make submit` trains MNIST on all 3 workers; `docker kill` one worker container mid-run.
+
+    The killed container stays down (Docker does not restart a killed container), so the
+    job's retry waits --retry-timeout for the lost slot, then goes on with the 2 workers
+    left from the parameter server's weights, and still writes its results.
+    """
     if not (REPO / "jobs" / "mnist.py").exists():
         pytest.fail("jobs/mnist.py does not exist yet: `make submit JOB=mnist` has nothing to run")
-    lab.make("submit", "JOB=mnist", "ARGS=--limit 2000 --epochs 1 --workers 2", timeout=1500)
+    checkpoint = "/checkpoints/lab-kill/cnn-3w/checkpoint.npz"
+    lab.exec("jupyter", "rm", "-rf", "/checkpoints/lab-kill", check=False)
+    args = (f"ARGS=--limit 3000 --epochs 3 --workers {LAB_WORKERS} --no-baseline "
+            "--checkpoint-dir /checkpoints/lab-kill --retry-timeout 20")
+    ARTIFACTS.mkdir(exist_ok=True)
+    log = (ARTIFACTS / "lab-submit.log").open("w")
+    submit = subprocess.Popen(["make", "--no-print-directory", "submit", "JOB=mnist", args], env=lab.env,
+                              stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    try:
+        deadline = time.monotonic() + 1200
+        while submit.poll() is None and time.monotonic() < deadline:
+            if lab.exec("jupyter", "test", "-f", checkpoint, check=False, timeout=60).returncode == 0:
+                break  # the first epoch is done on every worker
+            time.sleep(2)
+        assert submit.poll() is None, "the job ended before a worker could be killed; see lab-submit.log"
+        victim = lab.compose("ps", "-q", "worker").stdout.split()[0]
+        run(["docker", "kill", victim])
+        assert submit.wait(timeout=1500) == 0, "make submit failed after the kill; see lab-submit.log"
+    finally:
+        if submit.poll() is None:
+            submit.kill()
+        log.close()
     listing = lab.exec("jupyter", "find", "/results/mnist", "-type", "f").stdout.split()
     assert any(f.endswith(".json") for f in listing), f"no JSON results in the results volume: {listing}"
     assert any(f.endswith(".csv") for f in listing), listing
     assert any(f.endswith(".md") for f in listing), listing
     copied = lab.out / "lab" / "mnist"
     assert copied.is_dir() and any(copied.rglob("*.json")), f"make submit must copy the results to {copied}"
+    (row,) = json.loads(next(copied.rglob("mnist.json")).read_text())["rows"]
+    assert row["workers"] == LAB_WORKERS and row["retries"] >= 1, row
+    assert row["metric_value"] > 0.5, f"accuracy {row['metric_value']} after the kill"
 
 
 def screenshot(url: str, dest: Path) -> subprocess.CompletedProcess:

@@ -215,7 +215,9 @@ def prepare_frame(
             aggs += [F.min(F.array_min(lab)).alias("label_min"), F.max(F.array_max(lab)).alias("label_max")]
         else:
             aggs += [F.min(lab).alias("label_min"), F.max(lab).alias("label_max")]
-            aggs.append(F.sum((lab != F.floor(lab)).cast("long")).alias("fractional_labels"))
+            # floor() of inf/NaN overflows under ANSI SQL: only finite labels are looked at here.
+            fractional = F.when(~_not_finite(lab, False), lab != F.floor(lab)).otherwise(F.lit(False))
+            aggs.append(F.sum(fractional.cast("long")).alias("fractional_labels"))
     if check_values:
         aggs.append(F.sum(_not_finite(F.col(FEATURES), True).cast("long")).alias("bad_features"))
         if label_col is not None:

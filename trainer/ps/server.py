@@ -130,6 +130,24 @@ def _freeze(arrays: Sequence[Any], what: str = "center") -> list[np.ndarray]:
     return out
 
 
+def completed_epochs(epochs_done: dict[int, dict[str, Any]], num_workers: int) -> int:
+    """Epochs that every worker ``0 .. num_workers - 1`` finished (0 when one finished none)."""
+    done = [epochs_done.get(w) for w in range(num_workers)]
+    return 0 if None in done else min(d["epoch"] for d in done) + 1  # type: ignore[index]
+
+
+def uniform_progress(completed: int, num_workers: int) -> dict[int, dict[str, Any]]:
+    """Per-worker progress saying that each of `num_workers` workers finished `completed` epochs.
+
+    Used when the number of workers changes (a retry on fewer workers, a resume
+    on another cluster): rows are dealt anew, so only the epochs everybody
+    finished carry over.
+    """
+    if completed <= 0:
+        return {}
+    return {w: {"epoch": completed - 1, "logs": {}, "time": time.time()} for w in range(num_workers)}
+
+
 def _opt_int(value: Any) -> int | None:
     return value if type(value) is int else None
 
@@ -339,6 +357,31 @@ class ParameterServer:
     @property
     def num_workers(self) -> int:
         return self._num_workers
+
+    def resize(self, num_workers: int) -> None:
+        """Serve `num_workers` workers from the next attempt on (a retry on fewer or more slots).
+
+        Only the epochs every worker finished carry over (rows are dealt anew);
+        a pending synchronous round is aborted. Call it between attempts.
+        """
+        if type(num_workers) is not int or num_workers < 1:
+            raise ValueError(f"num_workers must be a positive int, received {num_workers!r}")
+        check_workers = getattr(self._algorithm, "check_workers", None)
+        if check_workers is not None:
+            check_workers(num_workers)
+        with self._lock:
+            previous = self._num_workers
+            if num_workers == previous:
+                return
+            completed = completed_epochs(self._epochs_done, previous)
+            self._epochs_done = uniform_progress(completed, num_workers)
+            self._num_workers = num_workers
+            self._max_connections = max(self._max_connections, 2 * num_workers + 4)
+            self._events.append({"time": time.time(), "kind": "resized", "from": previous, "to": num_workers,
+                                 "completed_epochs": completed})
+            self._abort_round_locked(f"round aborted: the server now serves {num_workers} workers, not {previous}")
+        log.warning("parameter server: now serving %d workers (was %d), %d epoch(s) completed",
+                    num_workers, previous, completed)
 
     @property
     def max_body(self) -> int:
@@ -689,8 +732,7 @@ class ParameterServer:
             # worker's progress cannot move a slow worker's start): synchronous rounds
             # stay aligned and no epoch is skipped.
             if self._start_epochs.get(attempt) is None:
-                done = [self._epochs_done.get(w) for w in range(self._num_workers)]
-                self._start_epochs[attempt] = 0 if None in done else min(d["epoch"] for d in done) + 1  # type: ignore[index]
+                self._start_epochs[attempt] = completed_epochs(self._epochs_done, self._num_workers)
             start_epoch = self._start_epochs[attempt]
             conn.last_version = version
         self._reply(conn, {"version": version, "start_epoch": start_epoch, "num_workers": self._num_workers}, center)
