@@ -151,6 +151,8 @@ def _set_weights(model, arrays: list[np.ndarray], with_optimizer: bool) -> None:
     n = len(model.weights)
     model.set_weights(arrays[:n])
     if with_optimizer and len(arrays) > n:
+        if not model.optimizer.built:  # a retried or resumed worker gets the state before its first step
+            model.optimizer.build(model.trainable_variables)
         opt_vars = model.optimizer.variables
         if len(arrays) - n != len(opt_vars):
             raise RuntimeError(
