@@ -10,8 +10,9 @@ driver's :class:`~trainer.selection.hopper.HopperServer` and then loops:
    the model state (weights and optimizer variables as raw arrays), or tells
    the task that it still holds that state (``keep``), or says stop;
 2. take the configuration's Keras model from the task's cache (built once per
-   task with ``model_fn(params)``, never rebuilt on later visits), load the
-   state, and train ONE pass over the local training rows (``model.fit`` with
+   task with ``model_fn(params)``, never rebuilt on later visits; configurations
+   that differ only in a constant learning rate share one model object, see
+   `compiled_signature`), load the state, and train ONE pass over the local training rows (``model.fit`` with
    ``epochs=1``, the configuration's batch size, rows shuffled by a numpy
    permutation seeded by the driver for this model, epoch and shard);
 3. evaluate on the local validation rows;
@@ -42,8 +43,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-__all__ = ["TaskConfig", "TaskSpec", "get_state", "set_state", "state_layout", "canonical_order",
-           "selection_task", "RESULT_DDL", "SPLIT_COL"]
+__all__ = ["TaskConfig", "TaskSpec", "ModelCache", "compiled_signature", "get_state", "set_state", "state_layout",
+           "canonical_order", "selection_task", "RESULT_DDL", "SPLIT_COL"]
 
 #: Name of the boolean column that marks validation rows in the model-hopper frame.
 SPLIT_COL = "_is_validation"
@@ -124,6 +125,94 @@ def set_state(model, arrays: list[np.ndarray], config_id: str = "?") -> None:
     model.set_weights(arrays[:n_weights])
     for var, value in zip(variables, arrays[n_weights:]):
         var.assign(value)
+
+
+def compiled_signature(model) -> str | None:
+    """What a model's traced training step depends on, beyond its state: the architecture
+    (layer names left out), loss, metrics and the optimizer's settings except a constant
+    learning rate, which lives in an optimizer variable and so travels with the state.
+
+    Two configurations with the same signature can train on ONE Keras model object, each
+    loading its own state first: the task traces the step once instead of once per
+    configuration. None (never shared) when the model cannot describe itself.
+    """
+    try:
+        architecture = _without_layer_names(model.get_config())
+        compiled = model.get_compile_config()
+    except Exception:  # custom layers without get_config, ...
+        return None
+    if not isinstance(compiled, dict) or not isinstance(compiled.get("optimizer"), dict):
+        return None
+    optimizer = dict(compiled["optimizer"])
+    settings = dict(optimizer.get("config") or {})
+    if isinstance(settings.get("learning_rate"), (int, float)):
+        settings.pop("learning_rate")  # a variable: part of the state (schedules stay in the signature)
+    settings.pop("name", None)
+    optimizer["config"] = settings
+    try:
+        return json.dumps({"model": architecture, "compile": {**compiled, "optimizer": optimizer}}, sort_keys=True)
+    except (TypeError, ValueError):
+        return None
+
+
+def _without_layer_names(config: Any) -> Any:
+    """`config` with the auto-generated names of models and layers removed (dtype policies keep theirs)."""
+    if isinstance(config, list):
+        return [_without_layer_names(c) for c in config]
+    if not isinstance(config, dict):
+        return config
+    out = {k: _without_layer_names(v) for k, v in config.items()}
+    inner = out.get("config")
+    if isinstance(inner, dict) and not str(out.get("class_name", "")).endswith("DTypePolicy"):
+        inner.pop("name", None)
+    if "layers" in out:  # a model's own config
+        out.pop("name", None)
+    return out
+
+
+class ModelCache:
+    """A task's Keras models by configuration, one model object per compiled signature.
+
+    `load(cid, arrays)` puts configuration `cid`'s state into its model object; with
+    ``arrays=None`` (the driver's ``keep``: the task holds the newest state) the state
+    is the one this task produced last, restored from a local copy if another
+    configuration used the shared object in between.
+    """
+
+    def __init__(self) -> None:
+        self.models: dict[str, Any] = {}
+        self._by_signature: dict[str, Any] = {}
+        self._holder: dict[int, str] = {}  # id(model object) -> configuration whose state it holds
+        self._users: dict[int, int] = {}  # id(model object) -> configurations using it
+        self._saved: dict[str, list[np.ndarray]] = {}  # states of configurations on shared objects
+        self.shared = 0
+
+    def add(self, cid: str, model) -> Any:
+        signature = compiled_signature(model)
+        if signature is not None:
+            model = self._by_signature.setdefault(signature, model)
+        self.models[cid] = model
+        self._users[id(model)] = self._users.get(id(model), 0) + 1
+        self.shared += self._users[id(model)] > 1
+        return model
+
+    def load(self, cid: str, arrays: list[np.ndarray] | None) -> Any:
+        model = self.models[cid]
+        holder = self._holder.get(id(model))
+        if holder not in (None, cid) and holder not in self._saved:
+            self._saved[holder] = get_state(model)  # it may come back with `keep`
+        if arrays is not None:
+            set_state(model, arrays, cid)
+        elif holder != cid:
+            set_state(model, self._saved[cid], cid)
+        self._holder[id(model)] = cid
+        self._saved.pop(cid, None)
+        return model
+
+    def trained(self, cid: str, state: list[np.ndarray]) -> None:
+        """Remember `cid`'s new state when its model object is shared."""
+        if self._users[id(self.models[cid])] > 1:
+            self._saved[cid] = state
 
 
 # ------------------------------------------------------------------------------ data
@@ -212,7 +301,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here
-    models: dict[str, Any] = {}
+    cache = ModelCache()
     record: dict[str, Any] = {
         "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
         "data_checksum": checksum, "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0, "train_s": 0.0,
@@ -227,16 +316,14 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
                 break
             cid = work["model"]
             cfg = spec.configs[cid]
-            model = models.get(cid)
-            if model is None:
+            if cid not in cache.models:
                 started = time.time()
                 keras.utils.set_random_seed(cfg.build_seed)
-                model = spec.model_fn(dict(cfg.params))
-                _optimizer(model)
-                models[cid] = model
+                built = spec.model_fn(dict(cfg.params))
+                _optimizer(built)
+                cache.add(cid, built)
                 record["builds"][cid] = time.time() - started
-            if not work.get("keep"):
-                set_state(model, list(arrays), cid)
+            model = cache.load(cid, None if work.get("keep") else list(arrays))
             del arrays  # the frame buffer can go
             # Shuffle with numpy: keras.utils.set_random_seed here would clear TensorFlow's caches every unit.
             order = np.random.default_rng(int(work["seed"])).permutation(len(x))
@@ -254,11 +341,14 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
             record["units"] += 1
             record["train_s"] += train_s
             record["val_s"] += val_s
+            state = get_state(model)
+            cache.trained(cid, state)
             client.send_result(
                 {"model": cid, "epoch": work["epoch"], "seq": work["seq"], "train": _logs(history.history),
                  "val": val_logs, "rows": len(x), "val_rows": len(xv), "train_s": train_s, "val_s": val_s,
                  "steps": -(-len(x) // cfg.batch_size)},
-                get_state(model),
+                state,
             )
-        record.update(end=time.time(), bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
+        record.update(end=time.time(), bytes_sent=client.bytes_sent, bytes_received=client.bytes_received,
+                      shared_models=cache.shared)
     yield pa.RecordBatch.from_pydict({"worker": [worker], "record": [json.dumps(record)]}, schema=_RESULT_SCHEMA)
