@@ -15,7 +15,7 @@ SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-unit test-spark test-lab bench clean
+.PHONY: help venv demo test test-unit test-spark test-lab bench bench-select clean
 
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -44,6 +44,10 @@ test-unit: venv ## run the tests that need neither Spark nor Docker
 
 bench: venv ## run the MNIST and forecasting benchmarks; results under $(OUT)/
 	$(PY) jobs/bench.py --out $(OUT)
+
+bench-select: venv ## model selection: MOP vs task parallelism vs sequential on MNIST and forecasting; results under $(OUT)/
+	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist
+	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
 
 clean: ## remove the virtualenv, caches and results
 	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) *.egg-info

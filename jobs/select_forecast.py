@@ -30,7 +30,9 @@ from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, tra
 from trainer.datasets import load_elecdemand
 from trainer.report import mape, markdown_table, write_results
 from trainer.selection import STRATEGIES, GridSearch, choice
-from trainer.selection.compare import compare_strategies, comparison_rows, config_rows, plot_comparison
+from trainer.selection.compare import (
+    TABLE_COLUMNS, compare_strategies, comparison_rows, config_rows, plot_comparison,
+)
 from trainer.selection.search import Search
 
 N_IN = 24
@@ -121,8 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_results(rows, out, "select_forecast", metadata=meta)
     write_results(config_rows(results, "select_forecast"), out, "select_forecast_configs", metadata=meta)
     plot_comparison(results, out / "select_forecast_gantt.png", title="Energy forecasting model selection")
-    print(markdown_table(rows, ["mode", "workers", "time_s", "ideal_s", "vs_ideal", "speedup", "data_bytes",
-                                "data_copies", "bytes", "metric_value", "test_mape", "best_config"]))
+    print(markdown_table(rows, [*TABLE_COLUMNS, "test_mape"]))
     print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'select_forecast_gantt.png'}")
     return 0
 

@@ -152,6 +152,7 @@ def test_session_defaults_depend_on_the_master():
     assert standalone["spark.executorEnv.OMP_NUM_THREADS"] == "2"
     assert standalone["spark.sql.execution.arrow.pyspark.enabled"] == "true"
     assert "spark.driver.host" not in standalone
+    assert standalone["spark.driver.memory"] == "4g"
     local = _default_conf("local[*]", "app", 1)
     assert "spark.executor.cores" not in local
     assert local["spark.pyspark.python"] == sys.executable
@@ -160,6 +161,12 @@ def test_session_defaults_depend_on_the_master():
         remote = _default_conf(master, "app", 4)
         assert "spark.pyspark.python" not in remote
         assert remote["spark.executor.cores"] == "4"
+
+
+@pytest.mark.timeout(30)
+def test_driver_memory_set_by_the_environment_is_not_overridden(monkeypatch):
+    monkeypatch.setenv("SPARK_DRIVER_MEMORY", "2g")
+    assert "spark.driver.memory" not in _default_conf("spark://h:7077", "app", 1)
 
 
 @pytest.mark.timeout(60)

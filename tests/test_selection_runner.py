@@ -355,6 +355,9 @@ def test_select_mnist_job_end_to_end(tmp_path):
     assert set(rows) == {"mop", "task_parallel", "sequential"}
     assert rows["sequential"]["workers"] == 1 and rows["sequential"]["vs_ideal"] == pytest.approx(2.0)
     assert rows["task_parallel"]["data_copies"] == pytest.approx(2.0, rel=0.01)  # N full copies vs data once
+    assert rows["task_parallel"]["vs_task_parallel"] == pytest.approx(1.0)
+    assert rows["sequential"]["max_config_gap"] == 0.0
+    assert 0.0 <= rows["mop"]["max_config_gap"] <= 1.0  # accuracies of the same configs
     for name in ("select_mnist.csv", "select_mnist.md", "select_mnist_configs.csv", "select_mnist_gantt.png",
                  "mop/gantt.png", "mop/leaderboard.csv", "task_parallel/gantt.png", "sequential/gantt.png"):
         assert (out / name).is_file(), name

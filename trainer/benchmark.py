@@ -17,9 +17,12 @@ import logging
 import multiprocessing
 import os
 import time
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from .checkpoint import FILE_NAME as CHECKPOINT_FILE
 
 log = logging.getLogger("trainer.benchmark")
 
@@ -159,21 +162,18 @@ def add_checkpoint_args(parser) -> None:
 
 
 def check_checkpoint_args(parser, args) -> None:
+    """Exit through `parser.error` on checkpoint flags that do not go together."""
     if args.resume and args.checkpoint_dir is None:
         parser.error("--resume needs --checkpoint-dir: the folder the interrupted run saved its checkpoints to")
 
 
 def checkpoint_options(args, model_name: str, workers: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(Trainer keyword arguments, fit keyword arguments) for one run of a job."""
-    from pathlib import Path
-
-    from .checkpoint import FILE_NAME
-
     options: dict[str, Any] = {"retry_timeout": args.retry_timeout}
     if args.checkpoint_dir is None:
         return options, {}
     directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w"
-    resume = args.resume and (directory / FILE_NAME).is_file()
+    resume = args.resume and (directory / CHECKPOINT_FILE).is_file()
     if args.resume and not resume:
         log.info("No checkpoint in %s: %s with %d worker(s) starts afresh", directory, model_name, workers)
     options["checkpoint_dir"] = str(directory)

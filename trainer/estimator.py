@@ -299,8 +299,8 @@ class Trainer:
         try:
             wait_for_slots(spark, self.num_workers, self.retry_timeout)
             slots = self.num_workers
-        except ClusterCapacityError:
-            slots = available_slots(spark)
+        except ClusterCapacityError as error:
+            slots = error.slots if error.slots is not None else available_slots(spark)
             if slots < self.min_workers:
                 raise ClusterCapacityError(
                     f"After losing executors only {slots} task slot(s) came back within retry_timeout="

@@ -26,7 +26,14 @@ log = logging.getLogger("trainer.launch")
 
 
 class ClusterCapacityError(RuntimeError):
-    """The cluster cannot run the requested number of workers at the same time."""
+    """The cluster cannot run the requested number of workers at the same time.
+
+    `slots` is the number of concurrent task slots last seen (None when unknown).
+    """
+
+    def __init__(self, message: str, slots: int | None = None) -> None:
+        super().__init__(message)
+        self.slots = slots
 
 
 class TrainingFailedError(RuntimeError):
@@ -57,7 +64,8 @@ def wait_for_slots(spark: SparkSession, needed: int, timeout: float) -> int:
             f"{sc.master} offers {slots} (spark.executor.cores={cores}, spark.task.cpus={task_cpus}) "
             f"after waiting {timeout:.0f} s. Use num_workers<={max(slots, 1)}, add workers or cores "
             "(e.g. LocalCluster(workers=N) or `make up WORKERS=N`), or raise slot_timeout if executors "
-            "are still starting."
+            "are still starting.",
+            slots=slots,
         )
     return slots
 

@@ -49,6 +49,10 @@ def _is_local(master: str) -> bool:
     return master == "local" or master.startswith("local[") or master.startswith("local-cluster[")
 
 
+#: Default heap of the driver JVM (``spark.driver.memory``); SPARK_DRIVER_MEMORY or a keyword overrides it.
+DRIVER_MEMORY = "4g"
+
+
 def _default_conf(master: str, app_name: str, cores_per_worker: int) -> dict[str, str]:
     conf: dict[str, str] = {
         "spark.app.name": app_name,
@@ -59,6 +63,11 @@ def _default_conf(master: str, app_name: str, cores_per_worker: int) -> dict[str
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
     }
+    if "SPARK_DRIVER_MEMORY" not in os.environ:
+        # Spark's 1g heap is too small for the driver-side copies some paths make (a local
+        # numpy array turned into a DataFrame; the full copy that the task-parallel
+        # selection baseline broadcasts): 60,000 MNIST images are 0.4 GB as doubles.
+        conf["spark.driver.memory"] = DRIVER_MEMORY
     if not _is_local(master):
         conf["spark.executor.cores"] = str(int(cores_per_worker))
     # The driver's interpreter path only exists on the executors when they run

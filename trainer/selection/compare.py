@@ -9,6 +9,13 @@ the sequential baseline on one worker) and ``comparison_rows`` /
 * ``ideal_s``: the sequential run's time divided by the number of workers, the
   time of perfectly packed task parallelism without any overhead;
 * ``vs_ideal``: ``time_s / ideal_s`` (1.0 is ideal; the sequential run is at ``N``);
+* ``vs_task_parallel``: ``time_s`` over the measured task-parallel time. On a
+  machine whose cores slow each other down (2 vCPUs here: two busy processes
+  each run about a quarter slower than one alone) no strategy reaches
+  ``ideal_s``; this ratio isolates what MOP adds on top of task parallelism;
+* ``max_config_gap``: the largest difference, over the configurations, between
+  a configuration's final metric under this strategy and under the sequential
+  baseline (0 for the sequential row): how far the strategy moves accuracy;
 * ``speedup``: ``t(sequential) / time_s``; ``efficiency``: ``speedup / workers``;
 * ``data_bytes``: training and validation bytes held by the tasks (MOP holds the
   data once, task parallelism ``N`` copies), ``bytes``: state moved through the driver.
@@ -22,7 +29,12 @@ from typing import Any, Callable, Iterable, Mapping
 from trainer.selection.runner import STRATEGIES, ModelSelector, SelectionResult
 from trainer.selection.search import Search
 
-__all__ = ["warm_up_executors", "compare_strategies", "comparison_rows", "config_rows", "plot_comparison"]
+__all__ = ["warm_up_executors", "compare_strategies", "comparison_rows", "config_rows", "plot_comparison",
+           "TABLE_COLUMNS"]
+
+#: Columns of the jobs' console table (the files have every column).
+TABLE_COLUMNS = ["mode", "workers", "time_s", "ideal_s", "vs_ideal", "vs_task_parallel", "speedup", "data_bytes",
+                 "data_copies", "bytes", "metric_value", "max_config_gap", "best_config"]
 
 
 def _warm_task(backend: str, batches):
@@ -90,6 +102,7 @@ def comparison_rows(results: Mapping[str, SelectionResult], name: str, *, timing
     n = max(parallel, default=1)
     seq = results.get("sequential")
     ideal = seq.timings["wall_s"] / n if seq is not None else None
+    task = results.get("task_parallel")
     mop_bytes = results["mop"].data_bytes if "mop" in results else None
     rows = []
     for strategy, r in results.items():
@@ -99,16 +112,26 @@ def comparison_rows(results: Mapping[str, SelectionResult], name: str, *, timing
             "train_wall_s": r.timings["train_wall_s"], "setup_s": r.timings["setup_s"],
             "data_delivery_s": r.timings["data_delivery_s"], "ideal_s": ideal,
             "vs_ideal": wall / ideal if ideal else None,
+            "vs_task_parallel": wall / task.timings["wall_s"] if task is not None else None,
             "speedup": seq.timings["wall_s"] / wall if seq is not None else None,
             "efficiency": seq.timings["wall_s"] / wall / r.num_workers if seq is not None else None,
             "metric_name": r.metric.name, "metric_value": r.best_value,
             "best_config": r.best_config.id if r.best_config else None, "configs": len(r.configs),
             "updates": len(r.units), "bytes": r.bytes_moved, "data_bytes": r.data_bytes,
-            "data_copies": r.data_bytes / mop_bytes if mop_bytes else None, "timing_valid": timing_valid,
+            "data_copies": r.data_bytes / mop_bytes if mop_bytes else None,
+            "max_config_gap": _max_gap(r, seq) if seq is not None else None, "timing_valid": timing_valid,
         }
         row.update((extra or {}).get(strategy, {}))
         rows.append(row)
     return rows
+
+
+def _max_gap(result: SelectionResult, reference: SelectionResult) -> float | None:
+    """Largest |final metric - reference's final metric| over the configurations both trained."""
+    mine = result.leaderboard.set_index("config_id")["final_metric"]
+    theirs = reference.leaderboard.set_index("config_id")["final_metric"]
+    gaps = (mine - theirs).abs().dropna()
+    return float(gaps.max()) if len(gaps) else None
 
 
 def config_rows(results: Mapping[str, SelectionResult], name: str) -> list[dict[str, Any]]:
