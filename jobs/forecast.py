@@ -11,7 +11,8 @@ Spark with ``trainer.data.prep``:
   of the next hour;
 * the last 120 hours are held out as the test set.
 
-For each model (LSTM and GRU, 128 units, Dense(1), MSE, Adam) it trains a
+For each model (LSTM and GRU, 128 units, Dense(1), MSE, Adam at 1e-3 with a
+cosine decay to 0 over the run, see below) it trains a
 plain single-process Keras baseline with the same thread count, then
 ``Trainer(...).fit`` with every worker count, predicts the test hours with
 ``FittedModel.transform`` and reports the MAPE in original units alongside
@@ -27,6 +28,7 @@ Results (JSON, CSV, markdown, PNG) go to --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from pathlib import Path
@@ -53,28 +55,38 @@ FEATURES = ["load", "temperature"]  # per hour, time-major in each window
 TARGET = "load"
 
 
-def _build(kind: str) -> keras.Model:
+def _build(kind: str, decay_steps: int | None = None) -> keras.Model:
     layer = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[kind]
     model = keras.Sequential([
         keras.Input((N_IN, len(FEATURES))),
         layer(UNITS),
         keras.layers.Dense(1),
     ], name=f"forecast_{kind}")
-    model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE), loss="mse")
+    rate = LEARNING_RATE if decay_steps is None else keras.optimizers.schedules.CosineDecay(LEARNING_RATE, decay_steps)
+    model.compile(optimizer=keras.optimizers.Adam(rate), loss="mse")
     return model
 
 
-def build_lstm() -> keras.Model:
-    """LSTM(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam."""
-    return _build("lstm")
+def build_lstm(decay_steps: int | None = None) -> keras.Model:
+    """LSTM(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam (cosine-decayed over `decay_steps`)."""
+    return _build("lstm", decay_steps)
 
 
-def build_gru() -> keras.Model:
-    """GRU(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam."""
-    return _build("gru")
+def build_gru(decay_steps: int | None = None) -> keras.Model:
+    """GRU(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam (cosine-decayed over `decay_steps`)."""
+    return _build("gru", decay_steps)
 
 
 MODELS = {"lstm": build_lstm, "gru": build_gru}
+
+
+def model_builder(name: str, args: argparse.Namespace, rows: int, workers: int):
+    """The model factory for one run: with ``--lr-schedule cosine`` the learning rate decays to 0
+    over the optimizer steps ONE worker takes (each worker's optimizer counts its own steps)."""
+    if args.lr_schedule == "constant":
+        return MODELS[name]
+    per_worker = -(-rows // max(1, workers))
+    return functools.partial(MODELS[name], args.epochs * -(-per_worker // args.batch_size))
 
 
 def _positive_int(text: str) -> int:
@@ -104,6 +116,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                             "(default adag)")
     parser.add_argument("--window", type=_positive_int, default=5, help="batches between exchanges (default 5)")
     parser.add_argument("--epochs", type=_positive_int, default=4, help="epochs per run (default 4)")
+    parser.add_argument("--lr-schedule", choices=["cosine", "constant"], default="cosine",
+                        help="Adam's learning rate: 1e-3 decayed to 0 over the run (cosine) or constant "
+                             "(default cosine)")
     parser.add_argument("--batch-size", type=_positive_int, default=32,
                         help="minibatch size per worker (default 32)")
     parser.add_argument("--limit", type=_positive_int, default=None,
@@ -229,11 +244,11 @@ def main(argv: list[str] | None = None) -> int:
         x_test, y_test = to_numpy(test)
         logging.info("%d training and %d test windows of %d hours", len(x_train), len(x_test), N_IN)
         for name in args.model_names:
-            builder = MODELS[name]
             if not args.no_baseline:
+                builder = model_builder(name, args, len(x_train), 1)
                 result = plain_keras_fit(builder, x_train, y_train, epochs=args.epochs, batch_size=args.batch_size,
                                          threads=args.cores_per_worker)
-                model = builder()
+                model = MODELS[name]()
                 model.set_weights(result["weights"])
                 value = mape_original_units(scaler, y_test, model.predict(x_test, verbose=0))
                 rows.append(baseline_row(name, result, rows=len(x_train), epochs=args.epochs, metric="mape",
@@ -243,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
             for n in args.worker_counts:
                 trainer_options, fit_options = checkpoint_options(args, name, n)
                 fitted = Trainer(
-                    builder, algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
+                    model_builder(name, args, len(x_train), n),
+                    algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
                     batch_size=args.batch_size, epochs=args.epochs, **trainer_options,
                 ).fit(train, **fit_options)
                 value = predict_mape(fitted, test, scaler)

@@ -28,6 +28,7 @@ import logging
 import math
 import os
 import sys
+import sysconfig
 import threading
 import time
 import uuid
@@ -58,16 +59,20 @@ def ship_by_value(*objects: Any) -> None:
 
     cloudpickle pickles functions and classes of importable modules by
     reference, which fails on executors that do not have the user's script or
-    test module on their path. Modules outside site-packages are shipped whole.
+    test module on their path. Modules outside site-packages and the standard
+    library are shipped whole; a ``functools.partial`` ships its function's module.
     """
     from pyspark import cloudpickle
 
+    stdlib = sysconfig.get_paths()["stdlib"]
     for obj in objects:
+        while isinstance(obj, functools.partial):
+            obj = obj.func
         module = sys.modules.get(getattr(obj, "__module__", None) or "")
         path = getattr(module, "__file__", None) or ""
         if module is None or module.__name__ == "__main__" or module.__name__.split(".")[0] == "trainer":
             continue
-        if path and "-packages" not in path:
+        if path and "-packages" not in path and not path.startswith(stdlib):
             cloudpickle.register_pickle_by_value(module)
 
 
