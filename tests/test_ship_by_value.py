@@ -7,6 +7,7 @@ import importlib
 import subprocess
 import sys
 import textwrap
+import threading
 
 import pytest
 from pyspark import cloudpickle
@@ -47,3 +48,15 @@ def test_a_partial_builder_ships_its_function_by_value(user_module):
 def test_a_plain_builder_ships_by_value(user_module):
     ship_by_value(user_module.build)
     assert "units" in _load_elsewhere(cloudpickle.dumps(functools.partial(user_module.build, 8)))
+
+
+@pytest.mark.timeout(60)
+def test_a_builder_that_cannot_be_serialized_fails_with_the_fix():
+    lock = threading.Lock()
+
+    def builder():
+        with lock:
+            return None
+
+    with pytest.raises(TypeError, match="cannot be sent to the executors.*module level"):
+        ship_by_value(builder)

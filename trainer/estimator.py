@@ -61,19 +61,30 @@ def ship_by_value(*objects: Any) -> None:
     reference, which fails on executors that do not have the user's script or
     test module on their path. Modules outside site-packages and the standard
     library are shipped whole; a ``functools.partial`` ships its function's module.
+
+    Raises TypeError, before any cluster work, for an object that cannot be
+    serialized (a closure over a lock, an open file, a live session, ...).
     """
     from pyspark import cloudpickle
 
     stdlib = sysconfig.get_paths()["stdlib"]
-    for obj in objects:
+    for given in objects:
+        obj = given
         while isinstance(obj, functools.partial):
             obj = obj.func
         module = sys.modules.get(getattr(obj, "__module__", None) or "")
         path = getattr(module, "__file__", None) or ""
-        if module is None or module.__name__ == "__main__" or module.__name__.split(".")[0] == "trainer":
-            continue
-        if path and "-packages" not in path and not path.startswith(stdlib):
+        if module is not None and module.__name__ != "__main__" and module.__name__.split(".")[0] != "trainer" \
+                and path and "-packages" not in path and not path.startswith(stdlib):
             cloudpickle.register_pickle_by_value(module)
+        try:
+            cloudpickle.dumps(given)
+        except Exception as exc:
+            raise TypeError(
+                f"{given!r} cannot be sent to the executors: {type(exc).__name__}: {exc}. Define the model "
+                "function (and custom objects) at module level, or make it capture only picklable values "
+                "(numbers, strings, functions), and build Keras objects inside it."
+            ) from exc
 
 
 def _identity(batches):
