@@ -35,7 +35,9 @@ DynSGD, constant       -           5.05 %
 DOWNPOUR sums the workers' steps: one worker trains like plain Keras, eight
 stale workers overshoot. ADAG's 1/window commits move the center at the same
 pace whatever the number of workers, so its MAPE hardly moves with N, at the
-price of slower progress per epoch than plain Keras.
+price of slower progress per epoch than plain Keras. (The same run repeated
+moves MAPE by about 0.5 points.)
+
 Results (JSON, CSV, markdown, PNG) go to --out.
 
     python jobs/forecast.py --workers 1,2 --epochs 4 --out results/forecast

@@ -133,6 +133,16 @@ def test_forecast_models_match_the_seed(forecast_job):
         assert model.loss == "mse"
 
 
+def test_forecast_cosine_schedule_decays_over_one_workers_steps(forecast_job):
+    args = forecast_job.parse_args(["--lr-schedule", "cosine", "--epochs", "4", "--batch-size", "32"])
+    assert forecast_job.model_builder("lstm", forecast_job.parse_args([]), 8616, 2) is forecast_job.build_lstm
+    for workers, steps in ((1, 4 * 270), (8, 4 * 34)):  # ceil(8616 / workers / 32) steps per epoch
+        model = forecast_job.model_builder("gru", args, 8616, workers)()
+        schedule = model.optimizer._learning_rate  # the public property gives the current value only
+        assert schedule.decay_steps == steps
+        assert float(schedule(steps)) == pytest.approx(0.0, abs=1e-9)
+
+
 def test_forecast_series_too_short_for_workers(forecast_job):
     args = forecast_job.parse_args(["--limit", "300", "--workers", "1,8"])
     with pytest.raises(ValueError, match="8 workers x batch 32 need at least 256"):

@@ -11,7 +11,7 @@ the sequential baseline on one worker) and ``comparison_rows`` /
 * ``vs_ideal``: ``time_s / ideal_s`` (1.0 is ideal; the sequential run is at ``N``);
 * ``vs_task_parallel``: ``time_s`` over the measured task-parallel time. On a
   machine whose cores slow each other down (2 vCPUs here: two busy processes
-  each run about a quarter slower than one alone) no strategy reaches
+  each run 10-25 % slower than one alone) no strategy reaches
   ``ideal_s``; this ratio isolates what MOP adds on top of task parallelism;
 * ``max_config_gap``: the largest difference, over the configurations, between
   a configuration's final metric under this strategy and under the sequential

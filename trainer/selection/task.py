@@ -12,9 +12,10 @@ driver's :class:`~trainer.selection.hopper.HopperServer` and then loops:
 2. take the configuration's Keras model from the task's cache (built once per
    task with ``model_fn(params)``, never rebuilt on later visits; configurations
    that differ only in a constant learning rate share one model object, see
-   `compiled_signature`), load the state, and train ONE pass over the local training rows (``model.fit`` with
-   ``epochs=1``, the configuration's batch size, rows shuffled by a numpy
-   permutation seeded by the driver for this model, epoch and shard);
+   `compiled_signature`), load the state, and train ONE pass over the local
+   training rows (``model.fit`` with ``epochs=1``, the configuration's batch
+   size, rows shuffled by a numpy permutation seeded by the driver for this
+   model, epoch and shard);
 3. evaluate on the local validation rows;
 4. send back the new state, the training and validation metrics and the row
    counts that the driver uses to weight the per-shard metrics.
