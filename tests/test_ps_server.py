@@ -223,6 +223,26 @@ def test_pull_commit_round_trip_version_and_staleness():
 
 
 @pytest.mark.timeout(20)
+def test_counted_commits_return_the_batches_of_the_epoch_per_attempt():
+    with server(num_workers=2) as ps:
+        with client(ps, 0) as c0, client(ps, 1) as c1:
+            c0.hello(), c1.hello()
+            assert c0.commit(ones(), {"epoch": 0, "batches": 5})[1]["epoch_batches"] == 5
+            assert c1.commit(ones(), {"epoch": 0, "batches": 3})[1]["epoch_batches"] == 8
+            assert c1.commit(ones(), {"epoch": 1, "batches": 4})[1]["epoch_batches"] == 4  # another epoch
+            assert "epoch_batches" not in c0.commit(ones(), {"epoch": 0})[1]  # not counted, not told
+            with pytest.raises(RemoteError, match="'epoch' and 'batches' as ints >= 0"):
+                c0.commit(ones(), {"epoch": 0, "batches": -1})
+            with pytest.raises(RemoteError, match="'epoch' and 'batches' as ints >= 0"):
+                c0.commit(ones(), {"batches": 2})
+            assert c0.commit(ones(), {"epoch": 0, "batches": 2})[1]["epoch_batches"] == 10
+        assert ps.version == 5  # the rejected commits changed nothing
+        with client(ps, 0, attempt=1) as retried:  # a retried attempt counts its epochs from zero
+            retried.hello()
+            assert retried.commit(ones(), {"epoch": 0, "batches": 5})[1]["epoch_batches"] == 5
+
+
+@pytest.mark.timeout(20)
 def test_bad_payload_and_failing_rule_reply_error_and_keep_connection(caplog):
     with server() as ps, client(ps) as c:
         with pytest.raises(RemoteError, match="expected 2"):

@@ -88,6 +88,48 @@ def test_transform_handles_empty_partitions(digits, spark):
     assert all(isinstance(v, float) for v in values)
 
 
+class _SlowOnWorker1(keras.layers.Layer):
+    """Identity layer that sleeps on every batch in worker task 1 (eager mode runs it each step)."""
+
+    def call(self, x):
+        from pyspark import TaskContext
+
+        context = TaskContext.get()
+        if context is not None and context.partitionId() == 1:
+            time.sleep(0.04)
+        return x
+
+
+def _straggler_model():
+    model = keras.Sequential([keras.Input((64,)), _SlowOnWorker1(), keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"], run_eagerly=True)
+    return model
+
+
+@pytest.mark.timeout(300)
+def test_shared_epochs_let_the_fast_worker_do_the_straggler_s_batches(digits):
+    train, test = digits
+    budget = 2 * 24  # 1,500 rows: 750 per worker, 24 batches of 32 each, per epoch
+    runs = {}
+    for share in (True, False):
+        fitted = Trainer(_straggler_model, algorithm=DOWNPOUR(window=2), num_workers=2, batch_size=32, epochs=3,
+                         verbose=False, share_epochs=share,
+                         custom_objects={"_SlowOnWorker1": _SlowOnWorker1}).fit(train)
+        runs[share] = fitted
+        assert fitted.evaluate(test)["accuracy"] >= 0.85
+    shared, fixed = runs[True].history, runs[False].history
+    for epoch in shared.epochs:  # the epoch ends at the first exchange past one pass over all the data
+        assert budget <= epoch["batches"] <= budget + 2 * 2, shared.epochs
+    per_worker = {w["worker"]: [e["batches"] for e in w["epochs"]] for w in shared.workers}
+    assert all(fast > slow for fast, slow in zip(per_worker[0], per_worker[1])), per_worker
+    assert sum(per_worker[0]) > 1.5 * sum(per_worker[1]), per_worker
+    assert all(w["shared_epochs"] for w in shared.workers)
+    assert [e["batches"] for w in fixed.workers for e in w["epochs"]] == [24] * 6  # one pass each, every epoch
+    assert not any(w["shared_epochs"] for w in fixed.workers)
+    assert shared.timings["train_s"] < fixed.timings["train_s"]
+
+
 # -- bad input: a clear error within seconds, before any training job -------------
 
 def _fails_fast(df, match, **kwargs):

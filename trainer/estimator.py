@@ -107,8 +107,8 @@ class TrainingHistory:
         workers: one dict per worker task (rows, commits, comm_s, bytes_sent,
             bytes_received, timings, per-epoch logs); retried tasks appear once
             per attempt.
-        epochs: per epoch: wall time over all workers and the mean of the
-            workers' Keras logs (loss, metrics).
+        epochs: per epoch: wall time over all workers, batches trained by
+            all workers and the mean of the workers' Keras logs (loss, metrics).
         events: notable events (retries, server-side rejections).
         timings: wall_s, data_delivery_s, model_build_s, train_s, epoch_s.
     """
@@ -150,7 +150,8 @@ class TrainingHistory:
         epochs = []
         for epoch in sorted({e["epoch"] for w in final for e in w["epochs"] if "end" in e}):
             parts = [e for w in final for e in w["epochs"] if e["epoch"] == epoch and "end" in e]
-            entry = {"epoch": epoch, "time_s": max(p["end"] for p in parts) - min(p["start"] for p in parts)}
+            entry = {"epoch": epoch, "time_s": max(p["end"] for p in parts) - min(p["start"] for p in parts),
+                     "batches": sum(p.get("batches", 0) for p in parts)}
             for key in parts[0]["logs"]:
                 entry[key] = float(np.mean([p["logs"].get(key, np.nan) for p in parts]))
             epochs.append(entry)
@@ -213,6 +214,13 @@ class Trainer:
             version, staleness, bytes, epoch, step, loss); keep it fast.
         verbose: Bool. Progress bar and INFO logs on the driver.
         check_data: Bool. Scan the data once for nulls/NaN/inf and label ranges.
+        share_epochs: Bool. With an asynchronous algorithm and a window, an
+            epoch ends when all workers together have trained on as many
+            batches as one pass over the data (counted by the parameter
+            server): a faster worker trains on more batches of its shard, a
+            slower one on fewer, and nobody waits for a straggler. False makes
+            every worker pass exactly once over its own shard per epoch (as
+            synchronous algorithms always do).
     """
 
     def __init__(
@@ -240,6 +248,7 @@ class Trainer:
         on_update: Callable[[Any], None] | None = None,
         verbose: bool = True,
         check_data: bool = True,
+        share_epochs: bool = True,
     ) -> None:
         self.algorithm = get_algorithm(algorithm)
         self.num_workers = _positive_int("num_workers", num_workers)
@@ -273,6 +282,7 @@ class Trainer:
         self.on_update = on_update
         self.verbose = bool(verbose)
         self.check_data = bool(check_data)
+        self.share_epochs = bool(share_epochs)
 
     # -- helpers -------------------------------------------------------------
     def _driver_model(self):
@@ -401,6 +411,7 @@ class Trainer:
                     num_workers=workers, batch_size=self.batch_size, epochs=self.epochs,
                     input_shape=spec.input_shape, label_size=spec.label_size, attempt=attempt, seed=self.seed,
                     io_timeout=self.io_timeout, keras_backend=keras.backend.backend(),
+                    share_epochs=self.share_epochs,
                 )
                 try:
                     rows = run_barrier_job(

@@ -30,7 +30,8 @@ class TrainingProgress:
             if record.step is not None and worker is not None and 0 <= worker < len(self._steps):
                 self._steps[worker] = max(self._steps[worker], record.step)
             done = self._base + sum(self._steps)
-            self._bar.update(max(0, done - self._bar.n))
+            # Shared epochs can end a few batches past the planned total.
+            self._bar.update(max(0, min(done, self._bar.total) - self._bar.n))
             postfix = {"epoch": f"{(record.epoch or 0) + 1}/{self._epochs}", "updates": self._updates}
             if record.loss is not None and record.loss == record.loss:
                 postfix["loss"] = f"{record.loss:.4f}"

@@ -2,10 +2,20 @@
 
 `train_partition` runs inside a Python worker of an executor. It receives its
 shard as Arrow record batches, builds the Keras model once, pulls the center
-weights from the parameter server, and trains with plain ``model.fit`` for all
-epochs. The `ParameterServerSync` Keras callback does the exchange every
-``window`` batches (or at every epoch end) through the algorithm's pure worker
-rules. It yields one Arrow record with the worker's history.
+weights from the parameter server, and trains with plain ``model.fit``. The
+`ParameterServerSync` Keras callback does the exchange every ``window``
+batches (or at every epoch end) through the algorithm's pure worker rules.
+It yields one Arrow record with the worker's history.
+
+Epochs. Synchronous rules need every worker at every round, so each worker
+makes exactly one pass over its own shard per epoch. Asynchronous rules with a
+window *share* each epoch by default: the parameter server counts the batches
+all workers report, and an epoch ends for everybody once they add up to one
+pass over all the data. On a shared or uneven machine one worker often runs
+20-30 % slower than another (measured on the 2-vCPU development machine); with
+fixed passes the fast one would sit idle while the slow one finishes, with
+shared epochs the fast one does more batches (another reshuffled pass over
+its own shard) and the slow one fewer.
 
 It knows nothing about how it was launched beyond the Spark task context.
 """
@@ -13,6 +23,7 @@ It knows nothing about how it was launched beyond the Spark task context.
 from __future__ import annotations
 
 import json
+import math
 import os
 import tempfile
 import time
@@ -64,6 +75,7 @@ class WorkerConfig:
     io_timeout: float = 600.0
     keras_backend: str = "tensorflow"
     env: dict[str, str] = field(default_factory=dict)
+    share_epochs: bool = True
 
 
 def load_keras_bytes(data: bytes, custom_objects=None):
@@ -163,12 +175,26 @@ def _set_weights(model, arrays: list[np.ndarray], with_optimizer: bool) -> None:
             var.assign(value)
 
 
-def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict):
-    """Build the Keras callback (imported lazily: keras must load after configure_process)."""
+def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> int:
+    """Minibatches in one epoch over all workers: one pass over every (padded) shard."""
+    return math.ceil(shard_rows / batch_size) * num_workers
+
+
+def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, budget: int | None):
+    """Build the Keras callback (imported lazily: keras must load after configure_process).
+
+    `budget` is the number of minibatches in one epoch over all workers when
+    the workers share each epoch (asynchronous rules with a window), else None.
+    """
     import keras
 
     class ParameterServerSync(keras.callbacks.Callback):
-        """Exchanges with the parameter server every `window` batches and at epoch/training end."""
+        """Exchanges with the parameter server every `window` batches; ends shared epochs.
+
+        One instance lives through every ``fit`` call of a task: `begin` once,
+        then `start_epoch`/`finish_epoch` around the passes of each epoch, then
+        `finish`.
+        """
 
         def __init__(self) -> None:
             super().__init__()
@@ -176,33 +202,39 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict):
             self.since = 0
             self.step = 0
             self.epoch = 0
+            self.epoch_over = False
+            self.logs: dict[str, float] = {}
             self.anchor: list[np.ndarray] = []
 
-        def on_train_begin(self, logs=None):
+        def begin(self, model) -> None:
+            self.set_model(model)
             if self.with_optimizer:
-                self.model.optimizer.build(self.model.trainable_variables)
-            self.anchor = _get_weights(self.model, self.with_optimizer)
+                model.optimizer.build(model.trainable_variables)
+            self.anchor = _get_weights(model, self.with_optimizer)
 
-        def on_epoch_begin(self, epoch, logs=None):
-            self.epoch = epoch
-            record["epochs"].append({"epoch": epoch, "start": time.time()})
+        def start_epoch(self, epoch: int) -> None:
+            self.epoch, self.epoch_over = epoch, False
+            record["epochs"].append({"epoch": epoch, "start": time.time(), "batches": 0})
 
         def on_train_batch_end(self, batch, logs=None):
             self.step += 1
             self.since += 1
+            record["epochs"][-1]["batches"] += 1
             if algorithm.window is not None and self.since >= algorithm.window:
                 self.exchange(logs)
 
         def on_epoch_end(self, epoch, logs=None):
-            if algorithm.window is None:
-                self.exchange(logs)
-            logs = {k: float(v) for k, v in (logs or {}).items()}
-            record["epochs"][-1].update(end=time.time(), logs=logs)
-            client.epoch_done(epoch, logs)
+            self.logs = {k: float(v) for k, v in (logs or {}).items()}
 
-        def on_train_end(self, logs=None):
+        def finish_epoch(self) -> None:
+            if algorithm.window is None:
+                self.exchange(self.logs)
+            record["epochs"][-1].update(end=time.time(), logs=self.logs)
+            client.epoch_done(self.epoch, self.logs)
+
+        def finish(self) -> None:
             if self.since:
-                self.exchange(logs)
+                self.exchange(self.logs)
 
         def exchange(self, logs) -> None:
             started = time.perf_counter()
@@ -210,12 +242,17 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict):
             payload = algorithm.worker_payload(weights, self.anchor)
             loss = float((logs or {}).get("loss", float("nan")))
             meta = {"worker": worker, "epoch": self.epoch, "step": self.step, "loss": loss}
-            reply, _ = client.commit(payload, meta)
+            if budget is not None:
+                meta["batches"] = self.since
+            reply, reply_meta = client.commit(payload, meta)
             new_weights, self.anchor = algorithm.worker_apply(weights, self.anchor, reply)
             _set_weights(self.model, new_weights, self.with_optimizer)
             self.since = 0
             record["commits"] += 1
             record["comm_s"] += time.perf_counter() - started
+            if budget is not None and reply_meta.get("epoch_batches", budget) >= budget:
+                self.epoch_over = True
+                self.model.stop_training = True
 
     return ParameterServerSync()
 
@@ -263,13 +300,26 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         start_epoch = int(meta.get("start_epoch", 0))
         _set_weights(model, list(center), config.algorithm.exchanges_optimizer_state)
         record["start_epoch"] = start_epoch
-        callback = make_sync_callback(client, config.algorithm, worker, record)
+        shared = config.share_epochs and not config.algorithm.synchronous and config.algorithm.window is not None
+        budget = epoch_batches_budget(len(x), config.batch_size, len(sizes)) if shared else None
+        record["shared_epochs"] = shared
+        callback = make_sync_callback(client, config.algorithm, worker, record, budget)
+        callback.begin(model)
         train_start = time.time()
-        if start_epoch < config.epochs:
-            model.fit(
-                x, y, batch_size=config.batch_size, epochs=config.epochs, initial_epoch=start_epoch,
-                shuffle=True, verbose=0, callbacks=[callback],
-            )
+        for epoch in range(start_epoch, config.epochs):
+            callback.start_epoch(epoch)
+            # A shared epoch ends when the server has counted `budget` batches from all
+            # workers: a faster worker goes on with a reshuffled pass over its shard,
+            # a slower one stops early, and nobody waits for a straggler.
+            while True:
+                model.fit(
+                    x, y, batch_size=config.batch_size, epochs=epoch + 1, initial_epoch=epoch,
+                    shuffle=True, verbose=0, callbacks=[callback],
+                )
+                if budget is None or callback.epoch_over:
+                    break
+            callback.finish_epoch()
+        callback.finish()
         record.update(
             train_s=time.time() - train_start, end=time.time(), steps=callback.step,
             bytes_sent=client.bytes_sent, bytes_received=client.bytes_received,

@@ -6,7 +6,11 @@ workers commit over TCP:
 
 * asynchronous rules: ``server_commit`` runs under a lock as soon as one
   payload arrives; staleness is the number of center updates since the
-  committing connection last received the center;
+  committing connection last received the center. The server also counts
+  the minibatches that the workers of an attempt report for each epoch
+  (COMMIT meta ``"batches"``) and returns the running total as
+  ``"epoch_batches"``: workers use it to end an epoch together when they
+  share its work (see ``trainer.worker``);
 * synchronous rules: a round barrier waits until every worker has committed,
   the last arriving thread runs ``server_round`` and every waiter gets its own
   reply. A round is aborted (every waiter gets an ERROR reply starting with
@@ -242,6 +246,7 @@ class ParameterServer:
         self._updates: list[UpdateRecord] = []
         self._epochs_done: dict[int, dict[str, Any]] = dict(epochs_done or {})
         self._start_epochs: dict[int, int] = {}  # attempt -> epoch its workers start at
+        self._epoch_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (attempt, epoch)
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self._conns: set[_Conn] = set()
         self._threads: set[threading.Thread] = set()
@@ -781,6 +786,12 @@ class ParameterServer:
         return None
 
     def _commit_async(self, conn: _Conn, frame: Frame) -> None:
+        epoch, batches = frame.meta.get("epoch"), frame.meta.get("batches")
+        counted = batches is not None
+        if counted and not (type(batches) is int and batches >= 0 and type(epoch) is int and epoch >= 0):
+            self._error(conn, f"a COMMIT that counts 'batches' needs 'epoch' and 'batches' as ints >= 0, received "
+                              f"epoch={epoch!r:.20} and batches={batches!r:.20}")
+            return
         with self._lock:
             staleness = self._version - conn.last_version
             version = self._version + 1
@@ -788,7 +799,10 @@ class ParameterServer:
             try:
                 new_center, reply = self._algorithm.server_commit(list(self._center), frame.arrays, staleness)
                 new_center = _freeze(new_center)
-                buffers = encode(Msg.OK, {"version": version, "staleness": staleness}, reply)
+                meta = {"version": version, "staleness": staleness}
+                if counted:
+                    meta["epoch_batches"] = self._epoch_batches[(conn.attempt, epoch)] + batches
+                buffers = encode(Msg.OK, meta, reply)
             except Exception as exc:
                 log.exception("parameter server: server_commit failed")
                 buffers = encode(Msg.ERROR, {"error": f"server_commit failed: {type(exc).__name__}: {exc}"})
@@ -796,6 +810,8 @@ class ParameterServer:
                 self._center = new_center
                 self._version = version
                 conn.last_version = version
+                if counted:
+                    self._epoch_batches[(conn.attempt, epoch)] += batches
                 record = self._record(conn, frame, version, staleness, frame_size(buffers), "commit")
         if record is not None:
             self._notify(record)
