@@ -58,7 +58,7 @@ import numpy as np
 
 from trainer import Trainer
 from trainer.benchmark import (
-    add_checkpoint_args, algorithm_from_args, baseline_row, check_checkpoint_args, checkpoint_options,
+    add_trainer_args, algorithm_from_args, baseline_row, check_checkpoint_args, trainer_options,
     cluster_session, fitted_row, parse_workers, plain_keras_fit, timing_valid, with_ratios,
 )
 from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
@@ -149,7 +149,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="cores (and threads) per worker (default 1)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
     parser.add_argument("--models", default="lstm,gru", help="comma-separated models: lstm, gru (default both)")
-    add_checkpoint_args(parser)
+    add_trainer_args(parser)
     parser.add_argument("--out", default="results/forecast", help="results directory (default results/forecast)")
     args = parser.parse_args(argv)
     check_checkpoint_args(parser, args)
@@ -276,11 +276,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"{name} plain Keras: {rows[-1]['epoch_time_s']:.1f} s/epoch, test MAPE {value:.2f} %",
                       flush=True)
             for n in args.worker_counts:
-                trainer_options, fit_options = checkpoint_options(args, name, n)
+                run_options, fit_options = trainer_options(args, name, n)
                 fitted = Trainer(
                     model_builder(name, args, len(x_train), n),
                     algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
-                    batch_size=args.batch_size, epochs=args.epochs, **trainer_options,
+                    batch_size=args.batch_size, epochs=args.epochs, **run_options,
                 ).fit(train, **fit_options)
                 value = predict_mape(fitted, test, scaler)
                 valid = timing_valid(n, args.cores_per_worker, args.master)

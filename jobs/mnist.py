@@ -23,7 +23,7 @@ import numpy as np
 
 from trainer import Trainer
 from trainer.benchmark import (
-    add_checkpoint_args, algorithm_from_args, baseline_row, check_checkpoint_args, checkpoint_options,
+    add_trainer_args, algorithm_from_args, baseline_row, check_checkpoint_args, trainer_options,
     cluster_session, fitted_row, parse_workers, plain_keras_fit, timing_valid, with_ratios,
 )
 from trainer.data.prep import images_to_dataframe, scale_pixels
@@ -61,7 +61,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", default=None, help="folder with the MNIST idx files, or a Parquet/CSV file")
     parser.add_argument("--cores-per-worker", type=int, default=1, help="cores (and threads) per worker (default 1)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
-    add_checkpoint_args(parser)
+    add_trainer_args(parser)
     parser.add_argument("--out", default="results/mnist", help="results directory (default results/mnist)")
     args = parser.parse_args(argv)
     check_checkpoint_args(parser, args)
@@ -90,10 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                                      value=float(accuracy), threads=args.cores_per_worker))
             print(f"plain Keras: {rows[-1]['epoch_time_s']:.1f} s/epoch, test accuracy {accuracy:.4f}", flush=True)
         for n in args.worker_counts:
-            trainer_options, fit_options = checkpoint_options(args, "cnn", n)
+            run_options, fit_options = trainer_options(args, "cnn", n)
             fitted = Trainer(
                 build_cnn, algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
-                batch_size=args.batch_size, epochs=args.epochs, **trainer_options,
+                batch_size=args.batch_size, epochs=args.epochs, **run_options,
             ).fit(train, **fit_options)
             accuracy = fitted.evaluate(test)["accuracy"]
             rows.append(fitted_row("cnn", fitted, workers=n, rows=len(x_train), epochs=args.epochs,

@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from trainer.benchmark import trainer_options
 from trainer.checkpoint import load_checkpoint
 from trainer.cluster import LocalCluster
 from trainer.report import write_results
@@ -123,6 +124,8 @@ def test_forecast_flags_and_defaults(forecast_job):
     assert args.worker_counts == [1, 2] and args.model_names == ["lstm", "gru"]
     args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
     assert args.model_names == ["gru"] and args.worker_counts == [1, 2, 4] and args.limit == 600
+    assert trainer_options(args, "gru", 2) == ({"retry_timeout": 60.0, "share_epochs": True}, {})
+    assert trainer_options(forecast_job.parse_args(["--fixed-epochs"]), "gru", 2)[0]["share_epochs"] is False
 
 
 def test_forecast_models_match_the_seed(forecast_job):
@@ -224,9 +227,10 @@ def test_bench_summary(bench_job, tmp_path):
 def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
     out = tmp_path / "mnist"
     result = run_job("mnist", ["--master", jobs_cluster.master_url, "--workers", "1,2", "--limit", "2000",
-                               "--epochs", "1"], out)
+                               "--epochs", "1", "--fixed-epochs"], out)
     rows = result["rows"]
     assert result["metadata"]["job"] == "mnist" and result["metadata"]["master"] == jobs_cluster.master_url
+    assert result["metadata"]["fixed_epochs"] is True
     _check_distributed_rows(rows, [1, 2])
     assert [r["workers"] for r in rows if r["mode"] != "distributed"] == [0]  # the plain Keras baseline
     for r in rows:

@@ -148,8 +148,11 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return rows
 
 
-def add_checkpoint_args(parser) -> None:
-    """--checkpoint-dir, --resume and --retry-timeout for a job's argument parser."""
+def add_trainer_args(parser) -> None:
+    """--fixed-epochs, --checkpoint-dir, --resume and --retry-timeout for a job's argument parser."""
+    parser.add_argument("--fixed-epochs", action="store_true",
+                        help="every worker makes exactly one pass over its shard per epoch, instead of the "
+                             "workers of an asynchronous algorithm sharing each epoch (Trainer share_epochs=False)")
     parser.add_argument("--checkpoint-dir", default=None,
                         help="save the parameter server's state under DIR/<model>-<N>w every 100 updates and "
                              "at every epoch (default: no checkpoints)")
@@ -167,9 +170,9 @@ def check_checkpoint_args(parser, args) -> None:
         parser.error("--resume needs --checkpoint-dir: the folder the interrupted run saved its checkpoints to")
 
 
-def checkpoint_options(args, model_name: str, workers: int) -> tuple[dict[str, Any], dict[str, Any]]:
+def trainer_options(args, model_name: str, workers: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(Trainer keyword arguments, fit keyword arguments) for one run of a job."""
-    options: dict[str, Any] = {"retry_timeout": args.retry_timeout}
+    options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs}
     if args.checkpoint_dir is None:
         return options, {}
     directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w"
