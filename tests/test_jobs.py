@@ -128,6 +128,17 @@ def test_forecast_flags_and_defaults(forecast_job):
     assert trainer_options(forecast_job.parse_args(["--fixed-epochs"]), "gru", 2)[0]["share_epochs"] is False
 
 
+def test_mnist_cnn_is_the_seed_s_with_optional_dropout():
+    mnist_job = _load_job("mnist")
+    for dropout in (True, False):
+        model = mnist_job.build_cnn(dropout=dropout)
+        assert model.count_params() == 1_048_853
+        kinds = [layer.__class__.__name__ for layer in model.layers]
+        assert kinds.count("Dropout") == (2 if dropout else 0)
+        assert [k for k in kinds if k != "Dropout"] == ["Conv2D", "Conv2D", "MaxPooling2D", "Flatten", "Dense", "Dense"]
+    assert mnist_job.parse_args(["--no-dropout"]).no_dropout is True
+
+
 def test_forecast_models_match_the_seed(forecast_job):
     for name, builder in forecast_job.MODELS.items():
         model = builder()
