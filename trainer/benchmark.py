@@ -149,7 +149,10 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def add_trainer_args(parser) -> None:
-    """--fixed-epochs, --checkpoint-dir, --resume and --retry-timeout for a job's argument parser."""
+    """--seed, --fixed-epochs, --checkpoint-dir, --resume and --retry-timeout for a job's argument parser."""
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the distributed runs (worker i uses seed + i; default 0): repeat a run with "
+                             "other seeds to see its run-to-run spread")
     parser.add_argument("--fixed-epochs", action="store_true",
                         help="every worker makes exactly one pass over its shard per epoch, instead of the "
                              "workers of an asynchronous algorithm sharing each epoch (Trainer share_epochs=False)")
@@ -172,7 +175,8 @@ def check_checkpoint_args(parser, args) -> None:
 
 def trainer_options(args, model_name: str, workers: int) -> tuple[dict[str, Any], dict[str, Any]]:
     """(Trainer keyword arguments, fit keyword arguments) for one run of a job."""
-    options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs}
+    options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs,
+                               "seed": args.seed}
     if args.checkpoint_dir is None:
         return options, {}
     directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w"
