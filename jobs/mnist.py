@@ -8,7 +8,7 @@ embedded LocalCluster or on --master. Plain single-process Keras with the same
 thread count is measured in the same run. Results (JSON, CSV, markdown, PNG)
 go to --out.
 
-    python jobs/mnist.py --workers 1,2 --epochs 4 --out results/mnist
+    python jobs/mnist.py --workers 1,2 --epochs 6 --out results/mnist
     python jobs/mnist.py --master spark://master:7077 --workers 1,2,3 --limit 10000
 """
 
@@ -39,10 +39,10 @@ def build_cnn(dropout: bool = True) -> keras.Model:
     """The seed's MNIST CNN (conv32-conv32-maxpool-dense225-dense10, 1,048,853 parameters).
 
     By default with dropout after the pooling (0.25) and after the dense layer
-    (0.5): no extra parameters, and it lifts plain Keras from 98.7 % to 99 %
-    test accuracy in 4 epochs on this machine (without it the model overfits:
-    training loss 0.01 after 4 epochs). ``dropout=False`` is the seed's model
-    exactly.
+    (0.5): no extra parameters. Without it the model overfits (training loss
+    0.01 after 4 epochs) and stops at 98.6-98.7 % test accuracy; with it plain
+    Keras measured 98.9-99.1 % after 4 epochs, hence the job's 6 epochs.
+    ``dropout=False`` is the seed's model exactly.
     """
     after_pool = [keras.layers.Dropout(0.25)] if dropout else []
     after_dense = [keras.layers.Dropout(0.5)] if dropout else []
@@ -68,7 +68,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
     parser.add_argument("--algorithm", default="downpour", help="single, sync, downpour, adag, easgd, aeasgd, dynsgd")
     parser.add_argument("--window", type=int, default=5, help="batches between exchanges (default 5)")
-    parser.add_argument("--epochs", type=int, default=4, help="epochs per run (default 4)")
+    parser.add_argument("--epochs", type=int, default=6, help="epochs per run (default 6)")
     parser.add_argument("--batch-size", type=int, default=32, help="minibatch size per worker (default 32)")
     parser.add_argument("--limit", type=int, default=None, help="use only the first N training rows")
     parser.add_argument("--data", default=None, help="folder with the MNIST idx files, or a Parquet/CSV file")
