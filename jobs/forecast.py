@@ -20,7 +20,8 @@ epoch times, speed-up and parameter-server traffic. The defaults follow the
 original benchmark: batch 32, communication window 5, 4 epochs, ADAG.
 
 Why ADAG and a constant rate (LSTM, full data, 4 epochs, test MAPE measured
-on this project's 2-core machine; plain Keras 3.44 %, 3.03 % with cosine):
+on this project's 2-core machine with one fixed pass per worker per epoch,
+before shared epochs; plain Keras 3.44 %, 3.03 % with cosine):
 
 =====================  ==========  ==========================
 algorithm, schedule    1 worker    8 workers (time-shared)
@@ -35,8 +36,8 @@ DynSGD, constant       -           5.05 %
 DOWNPOUR sums the workers' steps: one worker trains like plain Keras, eight
 stale workers overshoot. ADAG's 1/window commits move the center at the same
 pace whatever the number of workers, so its MAPE hardly moves with N, at the
-price of slower progress per epoch than plain Keras. (The same run repeated
-moves MAPE by about 0.5 points.)
+price of slower progress per epoch than plain Keras. (The same set-up
+repeated moved the 1-worker MAPE between 4.04 and 5.16 %; see the README.)
 
 Results (JSON, CSV, markdown, PNG) go to --out.
 
