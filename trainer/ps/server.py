@@ -811,7 +811,7 @@ class ParameterServer:
                 self._version = version
                 conn.last_version = version
                 if counted:
-                    self._epoch_batches[(conn.attempt, epoch)] += batches
+                    self._epoch_batches[(conn.attempt, epoch)] = meta["epoch_batches"]
                 record = self._record(conn, frame, version, staleness, frame_size(buffers), "commit")
         if record is not None:
             self._notify(record)
