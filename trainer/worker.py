@@ -2,8 +2,8 @@
 
 `train_partition` runs inside a Python worker of an executor. It receives its
 shard as Arrow record batches, builds the Keras model once, pulls the center
-weights from the parameter server, and trains with plain ``model.fit``. The
-`ParameterServerSync` Keras callback does the exchange every ``window``
+weights from the parameter server, and trains with plain ``model.fit`` on a
+single-threaded input pipeline (`trainer.feed`). The `ParameterServerSync` Keras callback does the exchange every ``window``
 batches (or at every epoch end) through the algorithm's pure worker rules.
 It yields one Arrow record with the worker's history.
 
@@ -279,6 +279,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
 
     import keras
 
+    from .feed import ShardFeed
     from .ps.client import PSClient
 
     keras.backend.clear_session()
@@ -305,6 +306,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         record["shared_epochs"] = shared
         callback = make_sync_callback(client, config.algorithm, worker, record, budget)
         callback.begin(model)
+        feed = ShardFeed(x, y, seed=config.seed + 1000 * config.attempt + worker)
         train_start = time.time()
         for epoch in range(start_epoch, config.epochs):
             callback.start_epoch(epoch)
@@ -312,10 +314,8 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
             # workers: a faster worker goes on with a reshuffled pass over its shard,
             # a slower one stops early, and nobody waits for a straggler.
             while True:
-                model.fit(
-                    x, y, batch_size=config.batch_size, epochs=epoch + 1, initial_epoch=epoch,
-                    shuffle=True, verbose=0, callbacks=[callback],
-                )
+                model.fit(**feed.fit_kwargs(config.batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
+                          callbacks=[callback])
                 if budget is None or callback.epoch_over:
                     break
             callback.finish_epoch()

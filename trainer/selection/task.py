@@ -300,9 +300,12 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
 
     import keras
 
+    from ..feed import ShardFeed
+
     keras.backend.clear_session()
     keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here
     cache = ModelCache()
+    feeds: dict[tuple[int, ...], ShardFeed] = {}
     record: dict[str, Any] = {
         "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
         "data_checksum": checksum, "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0, "train_s": 0.0,
@@ -329,8 +332,10 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
             # Shuffle with numpy: keras.utils.set_random_seed here would clear TensorFlow's caches every unit.
             order = np.random.default_rng(int(work["seed"])).permutation(len(x))
             started = time.time()
-            history = model.fit(x[order].reshape((len(x), *cfg.input_shape)), y[order], batch_size=cfg.batch_size,
-                                epochs=1, shuffle=False, verbose=0)
+            shape = tuple(cfg.input_shape)
+            if shape not in feeds:  # the shard as tensors once per input shape
+                feeds[shape] = ShardFeed(x.reshape((len(x), *shape)), y)
+            history = model.fit(**feeds[shape].fit_kwargs(cfg.batch_size, order), epochs=1, verbose=0)
             train_s = time.time() - started
             val_logs: dict[str, float] = {}
             if len(xv):
