@@ -109,6 +109,8 @@ def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
     (["--algorithm", "sgd"], "Unknown algorithm"),
     (["--epochs", "0"], "positive integer"),
     (["--batch-size", "x"], "positive integer"),
+    (["--learning-rate", "0"], "positive number"),
+    (["--learning-rate", "fast"], "positive number"),
     (["--resume"], "--resume needs --checkpoint-dir"),
 ])
 def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
@@ -120,7 +122,8 @@ def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
 
 def test_forecast_flags_and_defaults(forecast_job):
     args = forecast_job.parse_args([])
-    assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("adag", 5, 4, 32)
+    assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("dynsgd", 5, 4, 32)
+    assert args.learning_rate == 2e-3
     assert args.worker_counts == [1, 2] and args.model_names == ["lstm", "gru"]
     args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
     assert args.model_names == ["gru"] and args.worker_counts == [1, 2, 4] and args.limit == 600
@@ -156,6 +159,15 @@ def test_forecast_cosine_schedule_decays_over_one_workers_steps(forecast_job):
         schedule = model.optimizer._learning_rate  # the public property gives the current value only
         assert schedule.decay_steps == steps
         assert float(schedule(steps)) == pytest.approx(0.0, abs=1e-9)
+
+
+def test_forecast_learning_rate_reaches_the_optimizer(forecast_job):
+    args = forecast_job.parse_args(["--learning-rate", "0.004"])
+    model = forecast_job.model_builder("lstm", args, 8616, 2)()
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.004)
+    args = forecast_job.parse_args(["--learning-rate", "0.004", "--lr-schedule", "cosine"])
+    schedule = forecast_job.model_builder("gru", args, 8616, 1)().optimizer._learning_rate
+    assert float(schedule(0)) == pytest.approx(0.004)
 
 
 def test_forecast_series_too_short_for_workers(forecast_job):
