@@ -42,7 +42,8 @@ class ShardFeed:
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf
 
-            self._tensors = (tf.constant(x), tf.constant(y))
+            with tf.device("/CPU:0"):  # tf.data runs on the host; on a GPU machine keep the shard there too
+                self._tensors = (tf.constant(x), tf.constant(y))
 
     def fit_kwargs(self, batch_size: int, order: np.ndarray | None = None) -> dict[str, Any]:
         """Inputs for ``model.fit`` in minibatches of `batch_size` rows (the last one may be
