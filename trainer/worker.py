@@ -3,8 +3,9 @@
 `train_partition` runs inside a Python worker of an executor. It receives its
 shard as Arrow record batches, builds the Keras model once, pulls the center
 weights from the parameter server, and trains with plain ``model.fit`` on a
-single-threaded input pipeline (`trainer.feed`). The `ParameterServerSync` Keras callback does the exchange every ``window``
-batches (or at every epoch end) through the algorithm's pure worker rules.
+single-threaded input pipeline (`trainer.feed`). The `ParameterServerSync`
+Keras callback does the exchange every ``window`` batches (or at every epoch
+end) through the algorithm's pure worker rules.
 It yields one Arrow record with the worker's history.
 
 Epochs. Synchronous rules need every worker at every round, so each worker
