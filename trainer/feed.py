@@ -39,6 +39,7 @@ class ShardFeed:
             raise ValueError(f"x has {len(x)} rows and y has {len(y)}; they must match.")
         self.x, self.y, self.seed = x, y, seed
         self._tensors = None
+        self._shuffled: dict[int, Any] = {}  # batch size -> dataset; it reshuffles itself every pass
         if keras.backend.backend() == "tensorflow":
             import tensorflow as tf
 
@@ -52,6 +53,8 @@ class ShardFeed:
             if order is None:
                 return {"x": self.x, "y": self.y, "batch_size": batch_size, "shuffle": True}
             return {"x": self.x[order], "y": self.y[order], "batch_size": batch_size, "shuffle": False}
+        if order is None and batch_size in self._shuffled:
+            return {"x": self._shuffled[batch_size], "shuffle": False}
         import tensorflow as tf
 
         xt, yt = self._tensors
@@ -65,5 +68,8 @@ class ShardFeed:
         options.threading.private_threadpool_size = 1
         options.threading.max_intra_op_parallelism = 1
         options.autotune.enabled = False
+        dataset = dataset.with_options(options)
+        if order is None:
+            self._shuffled[batch_size] = dataset
         # shuffle=False: the dataset shuffles itself; fit's default True only draws a warning.
-        return {"x": dataset.with_options(options), "shuffle": False}
+        return {"x": dataset, "shuffle": False}
