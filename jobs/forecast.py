@@ -74,6 +74,7 @@ from trainer.benchmark import (
 from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
 from trainer.datasets import load_elecdemand
 from trainer.report import mape, markdown_table, plot_speedup, write_results
+from trainer.schedules import SCALING, scaled_rate, warmup_cosine
 
 log = logging.getLogger("jobs.forecast")
 
@@ -85,44 +86,48 @@ FEATURES = ["load", "temperature"]  # per hour, time-major in each window
 TARGET = "load"
 
 
-def _build(kind: str, decay_steps: int | None = None, learning_rate: float = LEARNING_RATE) -> keras.Model:
+def _build(kind: str, learning_rate: float = LEARNING_RATE, workers: int = 1, steps: int | None = None,
+           scaling: str = "none") -> keras.Model:
     layer = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[kind]
     model = keras.Sequential([
         keras.Input((N_IN, len(FEATURES))),
         layer(UNITS),
         keras.layers.Dense(1),
     ], name=f"forecast_{kind}")
-    rate = learning_rate if decay_steps is None else keras.optimizers.schedules.CosineDecay(learning_rate, decay_steps)
+    if steps is None:
+        rate = scaled_rate(learning_rate, workers, scaling)
+    else:
+        rate = warmup_cosine(learning_rate, workers, steps, scaling=scaling)
     model.compile(optimizer=keras.optimizers.Adam(rate), loss="mse")
     return model
 
 
-def build_lstm(decay_steps: int | None = None, learning_rate: float = LEARNING_RATE) -> keras.Model:
-    """LSTM(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam at `learning_rate`
-    (cosine-decayed over `decay_steps`)."""
-    return _build("lstm", decay_steps, learning_rate)
+def build_lstm(learning_rate: float = LEARNING_RATE, workers: int = 1, steps: int | None = None,
+               scaling: str = "none") -> keras.Model:
+    """LSTM(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam. The rate for one of
+    `workers` workers: see ``trainer.schedules`` (constant, or warm-up and cosine decay over `steps`)."""
+    return _build("lstm", learning_rate, workers, steps, scaling)
 
 
-def build_gru(decay_steps: int | None = None, learning_rate: float = LEARNING_RATE) -> keras.Model:
-    """GRU(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam at `learning_rate`
-    (cosine-decayed over `decay_steps`)."""
-    return _build("gru", decay_steps, learning_rate)
+def build_gru(learning_rate: float = LEARNING_RATE, workers: int = 1, steps: int | None = None,
+              scaling: str = "none") -> keras.Model:
+    """GRU(128) -> Dense(1) on (24 hours, [load, temperature]); MSE, Adam. The rate for one of
+    `workers` workers: see ``trainer.schedules`` (constant, or warm-up and cosine decay over `steps`)."""
+    return _build("gru", learning_rate, workers, steps, scaling)
 
 
 MODELS = {"lstm": build_lstm, "gru": build_gru}
 
 
 def model_builder(name: str, args: argparse.Namespace, rows: int, workers: int):
-    """The model factory for one run: with ``--lr-schedule cosine`` the learning rate decays to 0
-    over the optimizer steps ONE worker takes (each worker's optimizer counts its own steps)."""
-    if args.lr_schedule == "constant":
-        decay_steps = None
-    else:
+    """The model factory for a run on `workers` workers: Adam at --learning-rate scaled by --lr-scaling;
+    with ``--lr-schedule cosine`` warmed up and decayed over the optimizer steps ONE worker plans to take
+    (each worker's optimizer counts its own steps)."""
+    steps = None
+    if args.lr_schedule == "cosine":
         per_worker = -(-rows // max(1, workers))
-        decay_steps = args.epochs * -(-per_worker // args.batch_size)
-    if decay_steps is None and args.learning_rate == LEARNING_RATE:
-        return MODELS[name]
-    return functools.partial(MODELS[name], decay_steps, args.learning_rate)
+        steps = args.epochs * -(-per_worker // args.batch_size)
+    return functools.partial(MODELS[name], args.learning_rate, workers, steps, args.lr_scaling)
 
 
 def _positive(convert, noun: str):
@@ -162,7 +167,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--learning-rate", type=_positive_float, default=LEARNING_RATE,
                         help=f"Adam's learning rate (default {LEARNING_RATE:g})")
     parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="constant",
-                        help="the learning rate constant, or decayed to 0 over the run (cosine) (default constant)")
+                        help="the learning rate constant, or warmed up over the first tenth of each worker's "
+                             "steps and cosine-decayed to a tenth over the rest (default constant)")
+    parser.add_argument("--lr-scaling", choices=sorted(SCALING), default="none",
+                        help="scale the rate of N workers by sqrt(N) or N (warmed up to with cosine) "
+                             "(default none)")
     parser.add_argument("--batch-size", type=_positive_int, default=32,
                         help="minibatch size per worker (default 32)")
     parser.add_argument("--limit", type=_positive_int, default=None,

@@ -111,6 +111,7 @@ def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
     (["--batch-size", "x"], "positive integer"),
     (["--learning-rate", "0"], "positive number"),
     (["--learning-rate", "fast"], "positive number"),
+    (["--lr-scaling", "cubic"], "invalid choice"),
     (["--resume"], "--resume needs --checkpoint-dir"),
 ])
 def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
@@ -151,20 +152,24 @@ def test_forecast_models_match_the_seed(forecast_job):
         assert model.loss == "mse"
 
 
-def test_forecast_cosine_schedule_decays_over_one_workers_steps(forecast_job):
-    args = forecast_job.parse_args(["--lr-schedule", "cosine", "--epochs", "4", "--batch-size", "32"])
-    assert forecast_job.model_builder("lstm", forecast_job.parse_args([]), 8616, 2) is forecast_job.build_lstm
+def test_forecast_cosine_schedule_warms_up_and_decays_over_one_workers_steps(forecast_job):
+    args = forecast_job.parse_args(["--lr-schedule", "cosine", "--epochs", "4", "--batch-size", "32",
+                                    "--lr-scaling", "sqrt"])
     for workers, steps in ((1, 4 * 270), (8, 4 * 34)):  # ceil(8616 / workers / 32) steps per epoch
         model = forecast_job.model_builder("gru", args, 8616, workers)()
         schedule = model.optimizer._learning_rate  # the public property gives the current value only
-        assert schedule.decay_steps == steps
-        assert float(schedule(steps)) == pytest.approx(0.0, abs=1e-9)
+        peak = 2e-3 * workers ** 0.5
+        assert float(schedule(0)) == pytest.approx(2e-3)
+        assert float(schedule(round(steps / 10))) == pytest.approx(peak)
+        assert float(schedule(steps)) == pytest.approx(peak / 10)
 
 
-def test_forecast_learning_rate_reaches_the_optimizer(forecast_job):
+def test_forecast_learning_rate_and_scaling_reach_the_optimizer(forecast_job):
     args = forecast_job.parse_args(["--learning-rate", "0.004"])
     model = forecast_job.model_builder("lstm", args, 8616, 2)()
     assert float(model.optimizer.learning_rate) == pytest.approx(0.004)
+    args = forecast_job.parse_args(["--learning-rate", "0.004", "--lr-scaling", "linear"])
+    assert float(forecast_job.model_builder("lstm", args, 8616, 2)().optimizer.learning_rate) == pytest.approx(0.008)
     args = forecast_job.parse_args(["--learning-rate", "0.004", "--lr-schedule", "cosine"])
     schedule = forecast_job.model_builder("gru", args, 8616, 1)().optimizer._learning_rate
     assert float(schedule(0)) == pytest.approx(0.004)
