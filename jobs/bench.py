@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.report import markdown_table, run_metadata
+from trainer.report import markdown_table, metric_pivot, run_metadata
 
 JOBS_DIR = Path(__file__).resolve().parent
 
@@ -134,27 +134,6 @@ def _load_rows(step: Step) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     return data.get("metadata", {}), data.get("rows", [])
 
 
-def _metric_pivot(rows: list[dict[str, Any]], label: str) -> str:
-    """Model x workers table of the test metric; time-shared runs marked with '*'."""
-    workers = sorted({int(r["workers"]) for r in rows})
-    models = list(dict.fromkeys(r["model"] for r in rows))
-    table = []
-    for model in models:
-        line: dict[str, Any] = {"model": model}
-        for n in workers:
-            mine = [r for r in rows if r["model"] == model and int(r["workers"]) == n]
-            key = "plain Keras" if n == 0 else f"{n} worker{'s' if n > 1 else ''}"
-            if mine and mine[0].get("metric_value") is not None:
-                value = float(mine[0]["metric_value"])
-                line[key] = f"{value:.4f}" if abs(value) < 1 else f"{value:.2f}"
-                if mine[0].get("timing_valid") is False:
-                    line[key] += " *"
-            else:
-                line[key] = ""
-        table.append(line)
-    return f"{label} on the test set:\n\n{markdown_table(table)}"
-
-
 def _section(step: Step, rc: int, seconds: float, out: Path) -> list[str]:
     rel = step.out.relative_to(out) if step.out.is_relative_to(out) else step.out
     lines = [f"## {TITLES[step.job]}", "", f"`{shlex.join(['python', f'jobs/{step.job}.py', *step.argv])}`", ""]
@@ -173,7 +152,7 @@ def _section(step: Step, rc: int, seconds: float, out: Path) -> list[str]:
         "",
         markdown_table(rows, [c for c in TABLE_COLUMNS if any(c in r for r in rows)]),
         "",
-        _metric_pivot(rows, METRICS[step.job]),
+        metric_pivot(rows, METRICS[step.job]),
         "",
     ]
     if any(r.get("timing_valid") is False for r in rows):

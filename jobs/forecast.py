@@ -73,7 +73,7 @@ from trainer.benchmark import (
 )
 from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
 from trainer.datasets import load_elecdemand
-from trainer.report import mape, markdown_table, plot_speedup, write_results
+from trainer.report import mape, markdown_table, metric_pivot, plot_speedup, write_results
 from trainer.schedules import SCALING, scaled_rate, warmup_cosine
 
 log = logging.getLogger("jobs.forecast")
@@ -181,6 +181,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--cores-per-worker", type=_positive_int, default=1,
                         help="cores (and threads) per worker (default 1)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
+    parser.add_argument("--repeats", type=_positive_int, default=1,
+                        help="runs of every set-up, seeded --seed, --seed + 1, ...; the tables show mean ± sd "
+                             "(default 1)")
     parser.add_argument("--models", default="lstm,gru", help="comma-separated models: lstm, gru (default both)")
     add_trainer_args(parser)
     parser.add_argument("--out", default="results/forecast", help="results directory (default results/forecast)")
@@ -284,6 +287,44 @@ def _wait_for_workers(spark, needed: int, master: str | None) -> None:
         wait_for_slots(spark, needed, timeout=180.0)
 
 
+def _seeded(args: argparse.Namespace, seed: int) -> str:
+    return f" (seed {seed})" if args.repeats > 1 else ""
+
+
+def baseline_run(name: str, args: argparse.Namespace, seed: int, arrays, scaler) -> dict:
+    """Plain single-process Keras on the collected windows: its result row (workers 0)."""
+    x_train, y_train, x_test, y_test = arrays
+    result = plain_keras_fit(model_builder(name, args, len(x_train), 1), x_train, y_train, epochs=args.epochs,
+                             batch_size=args.batch_size, threads=args.cores_per_worker, seed=seed)
+    model = MODELS[name]()
+    model.set_weights(result["weights"])
+    value = mape_original_units(scaler, y_test, model.predict(x_test, verbose=0))
+    row = baseline_row(name, result, rows=len(x_train), epochs=args.epochs, metric="mape", value=value,
+                       threads=args.cores_per_worker, window=args.window, seed=seed)
+    print(f"{name} plain Keras{_seeded(args, seed)}: {row['epoch_time_s']:.1f} s/epoch, test MAPE {value:.2f} %",
+          flush=True)
+    return row
+
+
+def distributed_run(name: str, args: argparse.Namespace, seed: int, workers: int, train, test, scaler,
+                    rows: int) -> dict:
+    """``Trainer.fit`` on `workers` workers, the test hours predicted on the executors: its result row."""
+    run_options, fit_options = trainer_options(args, name, workers, seed)
+    fitted = Trainer(
+        model_builder(name, args, rows, workers), algorithm=algorithm_from_args(args.algorithm, args.window),
+        num_workers=workers, batch_size=args.batch_size, epochs=args.epochs, **run_options,
+    ).fit(train, **fit_options)
+    value = predict_mape(fitted, test, scaler)
+    valid = timing_valid(workers, args.cores_per_worker, args.master)
+    row = fitted_row(name, fitted, workers=workers, rows=rows, epochs=args.epochs, metric="mape", value=value,
+                     valid=valid, window=args.window, seed=seed)
+    print(f"{name} {workers} worker(s){_seeded(args, seed)}: {row['epoch_time_s']:.1f} s/epoch"
+          f"{'' if valid else ' (time-shared: timing not valid)'}, test MAPE {value:.2f} %, "
+          f"{fitted.history.num_updates} updates, data delivery {fitted.history.timings['data_delivery_s']:.1f} s",
+          flush=True)
+    return row
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     pdf = load_series(args)
@@ -297,32 +338,11 @@ def main(argv: list[str] | None = None) -> int:
         x_test, y_test = to_numpy(test)
         logging.info("%d training and %d test windows of %d hours", len(x_train), len(x_test), N_IN)
         for name in args.model_names:
-            if not args.no_baseline:
-                builder = model_builder(name, args, len(x_train), 1)
-                result = plain_keras_fit(builder, x_train, y_train, epochs=args.epochs, batch_size=args.batch_size,
-                                         threads=args.cores_per_worker)
-                model = MODELS[name]()
-                model.set_weights(result["weights"])
-                value = mape_original_units(scaler, y_test, model.predict(x_test, verbose=0))
-                rows.append(baseline_row(name, result, rows=len(x_train), epochs=args.epochs, metric="mape",
-                                         value=value, threads=args.cores_per_worker, window=args.window))
-                print(f"{name} plain Keras: {rows[-1]['epoch_time_s']:.1f} s/epoch, test MAPE {value:.2f} %",
-                      flush=True)
-            for n in args.worker_counts:
-                run_options, fit_options = trainer_options(args, name, n)
-                fitted = Trainer(
-                    model_builder(name, args, len(x_train), n),
-                    algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
-                    batch_size=args.batch_size, epochs=args.epochs, **run_options,
-                ).fit(train, **fit_options)
-                value = predict_mape(fitted, test, scaler)
-                valid = timing_valid(n, args.cores_per_worker, args.master)
-                rows.append(fitted_row(name, fitted, workers=n, rows=len(x_train), epochs=args.epochs,
-                                       metric="mape", value=value, valid=valid, window=args.window))
-                print(f"{name} {n} worker(s): {rows[-1]['epoch_time_s']:.1f} s/epoch"
-                      f"{'' if valid else ' (time-shared: timing not valid)'}, test MAPE {value:.2f} %, "
-                      f"{fitted.history.num_updates} updates, data delivery "
-                      f"{fitted.history.timings['data_delivery_s']:.1f} s", flush=True)
+            for seed in range(args.seed, args.seed + args.repeats):
+                if not args.no_baseline:
+                    rows.append(baseline_run(name, args, seed, (x_train, y_train, x_test, y_test), scaler))
+                for n in args.worker_counts:
+                    rows.append(distributed_run(name, args, seed, n, train, test, scaler, len(x_train)))
     rows = with_ratios(rows)
     out = Path(args.out)
     metadata = {"job": "forecast", **vars(args), "n_in": N_IN, "test_hours": TEST_HOURS, "units": UNITS,
@@ -330,9 +350,10 @@ def main(argv: list[str] | None = None) -> int:
                 "training_windows": len(x_train), "test_windows": len(x_test)}
     paths = write_results(rows, out, "forecast", metadata=metadata)
     plot_speedup(rows, out / "forecast.png", "mape", title="Energy-demand forecasting (LSTM, GRU)")
-    print(markdown_table(rows, ["model", "mode", "workers", "algorithm", "epoch_time_s", "time_s", "speedup",
-                                "efficiency", "throughput_vs_keras", "metric_value", "updates", "bytes",
+    print(markdown_table(rows, ["model", "mode", "workers", "seed", "algorithm", "epoch_time_s", "time_s",
+                                "speedup", "efficiency", "throughput_vs_keras", "metric_value", "updates", "bytes",
                                 "timing_valid"]))
+    print(metric_pivot(rows, "MAPE (%)"))
     print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'forecast.png'}")
     return 0
 

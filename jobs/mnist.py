@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         if not args.no_baseline:
             x = (x_train[..., None] / 255.0).astype(np.float32)
             result = plain_keras_fit(builder, x, y_train, epochs=args.epochs, batch_size=args.batch_size,
-                                     threads=args.cores_per_worker)
+                                     threads=args.cores_per_worker, seed=args.seed)
             model = builder()
             model.set_weights(result["weights"])
             accuracy = model.evaluate((x_test[..., None] / 255.0).astype(np.float32), y_test, verbose=0)[1]

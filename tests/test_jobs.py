@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer.benchmark import trainer_options
+from trainer.benchmark import trainer_options, with_ratios
 from trainer.checkpoint import load_checkpoint
 from trainer.cluster import LocalCluster
 from trainer.report import write_results
@@ -112,6 +112,7 @@ def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
     (["--learning-rate", "0"], "positive number"),
     (["--learning-rate", "fast"], "positive number"),
     (["--lr-scaling", "cubic"], "invalid choice"),
+    (["--repeats", "0"], "positive integer"),
     (["--resume"], "--resume needs --checkpoint-dir"),
 ])
 def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
@@ -131,6 +132,29 @@ def test_forecast_flags_and_defaults(forecast_job):
     assert trainer_options(args, "gru", 2) == ({"retry_timeout": 60.0, "share_epochs": True, "seed": 0}, {})
     assert trainer_options(forecast_job.parse_args(["--seed", "3"]), "gru", 2)[0]["seed"] == 3
     assert trainer_options(forecast_job.parse_args(["--fixed-epochs"]), "gru", 2)[0]["share_epochs"] is False
+    assert args.repeats == 1 and forecast_job.parse_args(["--repeats", "3"]).repeats == 3
+
+
+def test_repeated_runs_get_their_own_seed_and_checkpoint_folder(forecast_job, tmp_path):
+    args = forecast_job.parse_args(["--seed", "5", "--checkpoint-dir", str(tmp_path)])
+    assert trainer_options(args, "gru", 2) == trainer_options(args, "gru", 2, seed=5)
+    first, _ = trainer_options(args, "gru", 2, seed=5)
+    second, _ = trainer_options(args, "gru", 2, seed=6)
+    assert (first["seed"], second["seed"]) == (5, 6)
+    assert (first["checkpoint_dir"], second["checkpoint_dir"]) == (str(tmp_path / "gru-2w"),
+                                                                   str(tmp_path / "gru-2w-seed6"))
+
+
+def test_ratios_compare_with_the_mean_of_repeated_baselines():
+    def row(workers, epoch_time, samples):
+        return {"model": "gru", "workers": workers, "epoch_time_s": epoch_time, "samples_per_s_per_worker": samples}
+
+    rows = with_ratios([row(0, 1.0, 100.0), row(0, 1.0, 300.0), row(1, 4.0, 150.0), row(1, 2.0, 150.0),
+                        row(2, 1.5, 100.0)])
+    two = rows[-1]
+    assert two["speedup"] == pytest.approx(2.0) and two["efficiency"] == pytest.approx(1.0)  # mean of 4 s and 2 s
+    assert two["throughput_vs_keras"] == pytest.approx(0.5)  # the plain rows average 200 samples/s
+    assert rows[0]["speedup"] is None
 
 
 def test_mnist_cnn_is_the_seed_s_with_optional_dropout():
@@ -290,10 +314,13 @@ def test_forecast_job_on_a_standalone_master(jobs_cluster, tmp_path):
     # --resume continues a run from its checkpoint, here one more epoch of the 2-worker GRU, on
     # another cluster: the job's own embedded one (no --master), 2 workers x all cores, time-shared.
     cores = os.cpu_count() or 1
+    # With --repeats 2 the second run (seed 1) has no checkpoint of its own and starts afresh.
     resumed = run_job("forecast", ["--workers", "2", "--cores-per-worker", str(cores), "--limit", "600",
                                    "--epochs", "2", "--models", "gru", "--no-baseline", "--checkpoint-dir",
-                                   str(checkpoints), "--resume"], tmp_path / "resumed")["rows"]
-    assert [(r["workers"], r["resumed"], r["retries"]) for r in resumed] == [(2, True, 0)]
-    assert resumed[0]["timing_valid"] is False  # 2 workers x all cores are time-shared
-    assert 0 < resumed[0]["metric_value"] < 100
+                                   str(checkpoints), "--resume", "--repeats", "2"], tmp_path / "resumed")["rows"]
+    assert [(r["workers"], r["seed"], r["resumed"], r["retries"]) for r in resumed] == [(2, 0, True, 0),
+                                                                                        (2, 1, False, 0)]
+    assert all(r["timing_valid"] is False for r in resumed)  # 2 workers x all cores are time-shared
+    assert all(0 < r["metric_value"] < 100 for r in resumed)
     assert load_checkpoint(checkpoints / "gru-2w").completed_epochs == 2
+    assert load_checkpoint(checkpoints / "gru-2w-seed1").completed_epochs == 2

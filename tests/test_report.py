@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer.report import COLUMNS, mape, markdown_table, plot_speedup, speedup_rows, write_results
+from trainer.report import COLUMNS, mape, markdown_table, metric_pivot, plot_speedup, speedup_rows, write_results
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -115,3 +115,19 @@ def test_mape_percent_in_original_units():
         mape([1.0, 2.0, 3.0], [1.0, 2.0])
     with pytest.raises(ValueError, match="finite"):
         mape([1.0], [float("nan")])
+
+
+def test_metric_pivot_shows_the_mean_and_spread_of_repeated_runs():
+    rows = [
+        {"model": "lstm", "workers": 0, "metric_value": 2.5, "timing_valid": True},
+        {"model": "lstm", "workers": 1, "metric_value": 2.0, "timing_valid": True},
+        {"model": "lstm", "workers": 1, "metric_value": 3.0, "timing_valid": True},
+        {"model": "lstm", "workers": 8, "metric_value": 4.0, "timing_valid": False},
+        {"model": "gru", "workers": 1, "metric_value": 0.9912, "timing_valid": True},
+    ]
+    text = metric_pivot(rows, "MAPE (%)")
+    assert text.startswith("MAPE (%) on the test set:")
+    header, _, lstm, gru = text.splitlines()[2:]
+    assert [c.strip() for c in header.strip("|").split("|")] == ["model", "plain Keras", "1 worker", "8 workers"]
+    assert [c.strip() for c in lstm.strip("|").split("|")] == ["lstm", "2.50", "2.50 ± 0.71 (2 runs)", "4.00 *"]
+    assert [c.strip() for c in gru.strip("|").split("|")] == ["gru", "", "0.9912", ""]

@@ -51,14 +51,14 @@ def timing_valid(workers: int, cores_per_worker: int, master: str | None) -> boo
     return bool(master) or workers * cores_per_worker <= (os.cpu_count() or 1)
 
 
-def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, queue) -> None:
+def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, queue) -> None:
     os.environ.update({
         "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
         "OMP_NUM_THREADS": str(threads), "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": backend,
     })
     import keras
 
-    keras.utils.set_random_seed(0)
+    keras.utils.set_random_seed(seed)
     model = builder()
     times: list[float] = []
 
@@ -76,8 +76,8 @@ def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, queue) 
 
 
 def plain_keras_fit(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int,
-                    threads: int = 1) -> dict[str, Any]:
-    """Train `builder()` with plain ``model.fit`` in a fresh process using `threads` threads.
+                    threads: int = 1, seed: int = 0) -> dict[str, Any]:
+    """Train `builder()` with plain ``model.fit`` in a fresh process using `threads` threads, Keras seeded with `seed`.
 
     Returns train_s, epoch_times, loss and the trained weights. A separate
     process is needed because TensorFlow fixes its thread pools at start-up.
@@ -87,7 +87,7 @@ def plain_keras_fit(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *,
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     proc = ctx.Process(target=_baseline_child, args=(builder, x, y, epochs, batch_size, threads,
-                                                     keras.backend.backend(), queue))
+                                                     keras.backend.backend(), seed, queue))
     proc.start()
     try:
         result = queue.get()
@@ -134,25 +134,26 @@ def baseline_row(model_name: str, result: dict[str, Any], *, rows: int, epochs: 
 
 
 def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Add speed-up/efficiency (epoch time vs the 1-worker row of the same model) and the
-    framework-overhead ratio (per-worker samples/s vs the plain Keras row, workers == 0)."""
+    """Add speed-up/efficiency (epoch time vs the 1-worker rows of the same model) and the
+    framework-overhead ratio (per-worker samples/s vs the plain Keras rows, workers == 0).
+    Repeated runs of a baseline count with their mean."""
     from .report import speedup_rows
 
     rows = speedup_rows(rows, group_by=("model",), time_key="epoch_time_s")
     for r in rows:
-        plain = next((p for p in rows if p["model"] == r["model"] and p["workers"] == 0), None)
+        plain = [p["samples_per_s_per_worker"] for p in rows if p["model"] == r["model"] and p["workers"] == 0]
         if r["workers"] == 0:
             r["speedup"] = r["efficiency"] = None
-        elif plain is not None:
-            r["throughput_vs_keras"] = r["samples_per_s_per_worker"] / plain["samples_per_s_per_worker"]
+        elif plain:
+            r["throughput_vs_keras"] = r["samples_per_s_per_worker"] / float(np.mean(plain))
     return rows
 
 
 def add_trainer_args(parser) -> None:
     """--seed, --fixed-epochs, --checkpoint-dir, --resume and --retry-timeout for a job's argument parser."""
     parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the distributed runs (worker i uses seed + i; default 0): repeat a run with "
-                             "other seeds to see its run-to-run spread")
+                        help="seed of the runs (plain Keras uses it, worker i of a distributed run seed + i; "
+                             "default 0): repeat a run with other seeds to see its run-to-run spread")
     parser.add_argument("--fixed-epochs", action="store_true",
                         help="every worker makes exactly one pass over its shard per epoch, instead of the "
                              "workers of an asynchronous algorithm sharing each epoch (Trainer share_epochs=False)")
@@ -173,13 +174,15 @@ def check_checkpoint_args(parser, args) -> None:
         parser.error("--resume needs --checkpoint-dir: the folder the interrupted run saved its checkpoints to")
 
 
-def trainer_options(args, model_name: str, workers: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(Trainer keyword arguments, fit keyword arguments) for one run of a job."""
+def trainer_options(args, model_name: str, workers: int, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(Trainer keyword arguments, fit keyword arguments) for one run of a job: seeded with `seed`
+    (default --seed); a repeat with another seed checkpoints to its own folder."""
+    seed = args.seed if seed is None else seed
     options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs,
-                               "seed": args.seed}
+                               "seed": seed}
     if args.checkpoint_dir is None:
         return options, {}
-    directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w"
+    directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w{'' if seed == args.seed else f'-seed{seed}'}"
     resume = args.resume and (directory / CHECKPOINT_FILE).is_file()
     if args.resume and not resume:
         log.info("No checkpoint in %s: %s with %d worker(s) starts afresh", directory, model_name, workers)

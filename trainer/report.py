@@ -277,6 +277,39 @@ def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | N
     return "\n".join(lines)
 
 
+def metric_pivot(rows: Sequence[Mapping[str, Any]], label: str) -> str:
+    """A model x workers markdown table of the test metric (``metric_value``) after a line naming it.
+
+    Repeated runs of one set-up (several rows with the same model and
+    workers) show as ``mean ± sd (n runs)``; time-shared runs are marked '*';
+    workers 0 is the plain Keras column.
+    """
+    workers = sorted({int(r["workers"]) for r in rows})
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    table = []
+    for model in models:
+        line: dict[str, Any] = {"model": model}
+        for n in workers:
+            mine = [r for r in rows if r["model"] == model and int(r["workers"]) == n]
+            values = [v for r in mine if (v := _number(r.get("metric_value"))) is not None]
+            key = "plain Keras" if n == 0 else f"{n} worker{'s' if n > 1 else ''}"
+            line[key] = _mean_sd(values)
+            if values and any(r.get("timing_valid") is False for r in mine):
+                line[key] += " *"
+        table.append(line)
+    return f"{label} on the test set:\n\n{markdown_table(table)}"
+
+
+def _mean_sd(values: Sequence[float]) -> str:
+    if not values:
+        return ""
+    digits = 4 if abs(float(np.mean(values))) < 1 else 2
+    text = f"{np.mean(values):.{digits}f}"
+    if len(values) > 1:
+        text += f" ± {np.std(values, ddof=1):.{digits}f} ({len(values)} runs)"
+    return text
+
+
 # --------------------------------------------------------------------------- plot
 
 
