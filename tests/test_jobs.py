@@ -236,9 +236,10 @@ def test_bench_plan(bench_job, tmp_path):
     assert forecast.job == "forecast" and forecast.workers == [1, 2, 4, 8]
     assert forecast.argv[forecast.argv.index("--out") + 1] == str(tmp_path / "forecast")
     assert "--limit" not in mnist.argv + forecast.argv
+    assert forecast.argv[forecast.argv.index("--repeats") + 1] == "3" and "--repeats" not in mnist.argv
     quick = bench_job.plan(tmp_path, quick=True, skip_mnist=True, cores=2)
     assert [s.job for s in quick] == ["forecast"] and quick[0].workers == [1, 2, 4]
-    assert "--limit" in quick[0].argv and "--epochs" in quick[0].argv
+    assert "--limit" in quick[0].argv and "--epochs" in quick[0].argv and "--repeats" not in quick[0].argv
     assert bench_job.plan(tmp_path, cores=16)[0].workers == [1, 2, 4, 8, 16]
     assert bench_job.plan(tmp_path, cores=16)[1].workers == [1, 2, 4, 8, 16]
 
