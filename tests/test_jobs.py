@@ -125,7 +125,7 @@ def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
 def test_forecast_flags_and_defaults(forecast_job):
     args = forecast_job.parse_args([])
     assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("dynsgd", 5, 4, 32)
-    assert args.learning_rate == 2e-3
+    assert (args.learning_rate, args.lr_schedule, args.lr_scaling) == (2e-3, "cosine", "linear")
     assert args.worker_counts == [1, 2] and args.model_names == ["lstm", "gru"]
     args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
     assert args.model_names == ["gru"] and args.worker_counts == [1, 2, 4] and args.limit == 600
@@ -189,14 +189,15 @@ def test_forecast_cosine_schedule_warms_up_and_decays_over_one_workers_steps(for
 
 
 def test_forecast_learning_rate_and_scaling_reach_the_optimizer(forecast_job):
-    args = forecast_job.parse_args(["--learning-rate", "0.004"])
+    constant = ["--lr-schedule", "constant", "--learning-rate", "0.004"]
+    args = forecast_job.parse_args([*constant, "--lr-scaling", "none"])
     model = forecast_job.model_builder("lstm", args, 8616, 2)()
     assert float(model.optimizer.learning_rate) == pytest.approx(0.004)
-    args = forecast_job.parse_args(["--learning-rate", "0.004", "--lr-scaling", "linear"])
+    args = forecast_job.parse_args([*constant, "--lr-scaling", "linear"])
     assert float(forecast_job.model_builder("lstm", args, 8616, 2)().optimizer.learning_rate) == pytest.approx(0.008)
-    args = forecast_job.parse_args(["--learning-rate", "0.004", "--lr-schedule", "cosine"])
-    schedule = forecast_job.model_builder("gru", args, 8616, 1)().optimizer._learning_rate
-    assert float(schedule(0)) == pytest.approx(0.004)
+    args = forecast_job.parse_args(["--learning-rate", "0.004"])  # the default: warm-up from the base rate
+    schedule = forecast_job.model_builder("gru", args, 8616, 4)().optimizer._learning_rate
+    assert float(schedule(0)) == pytest.approx(0.004) and float(schedule(27)) == pytest.approx(0.016)
 
 
 def test_forecast_series_too_short_for_workers(forecast_job):
