@@ -83,7 +83,7 @@ from trainer.benchmark import (
 from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
 from trainer.datasets import load_elecdemand
 from trainer.report import mape, markdown_table, metric_pivot, plot_speedup, write_results
-from trainer.schedules import SCALING, scaled_rate, warmup_cosine
+from trainer.schedules import SCALING, planned_steps, worker_learning_rate
 
 log = logging.getLogger("jobs.forecast")
 
@@ -103,10 +103,7 @@ def _build(kind: str, learning_rate: float = LEARNING_RATE, workers: int = 1, st
         layer(UNITS),
         keras.layers.Dense(1),
     ], name=f"forecast_{kind}")
-    if steps is None:
-        rate = scaled_rate(learning_rate, workers, scaling)
-    else:
-        rate = warmup_cosine(learning_rate, workers, steps, scaling=scaling)
+    rate = worker_learning_rate(learning_rate, workers, scaling=scaling, steps=steps)
     model.compile(optimizer=keras.optimizers.Adam(rate), loss="mse")
     return model
 
@@ -132,10 +129,7 @@ def model_builder(name: str, args: argparse.Namespace, rows: int, workers: int):
     """The model factory for a run on `workers` workers: Adam at --learning-rate scaled by --lr-scaling;
     with ``--lr-schedule cosine`` warmed up and decayed over the optimizer steps ONE worker plans to take
     (each worker's optimizer counts its own steps)."""
-    steps = None
-    if args.lr_schedule == "cosine":
-        per_worker = -(-rows // max(1, workers))
-        steps = args.epochs * -(-per_worker // args.batch_size)
+    steps = planned_steps(rows, workers, args.batch_size, args.epochs) if args.lr_schedule == "cosine" else None
     return functools.partial(MODELS[name], args.learning_rate, workers, steps, args.lr_scaling)
 
 

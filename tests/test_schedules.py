@@ -4,7 +4,7 @@ import math
 
 import pytest
 
-from trainer.schedules import SCALING, scaled_rate, warmup_cosine
+from trainer.schedules import SCALING, planned_steps, scaled_rate, warmup_cosine, worker_learning_rate
 
 
 @pytest.mark.parametrize("scaling, eight", [("none", 1e-3), ("sqrt", 1e-3 * math.sqrt(8)), ("linear", 8e-3)])
@@ -55,3 +55,15 @@ def test_warmup_cosine_rejects_bad_input(kwargs, message):
 
 def test_scaling_names():
     assert sorted(SCALING) == ["linear", "none", "sqrt"]
+
+
+def test_planned_steps_count_one_workers_padded_shard():
+    assert planned_steps(8616, 1, 32, 4) == 4 * 270
+    assert planned_steps(8616, 8, 32, 4) == 4 * 34  # shards of 1,077 rows
+    assert planned_steps(10, 3, 4) == 1
+
+
+def test_worker_learning_rate_is_constant_without_steps():
+    assert worker_learning_rate(1e-3, 4, scaling="linear") == pytest.approx(4e-3)
+    schedule = worker_learning_rate(1e-3, 4, scaling="linear", steps=100)
+    assert float(schedule(0)) == pytest.approx(1e-3) and float(schedule(10)) == pytest.approx(4e-3)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import math
 import os
 import sys
 import sysconfig
@@ -46,6 +45,7 @@ from .launch import (
 )
 from .ps.server import uniform_progress
 from .progress import TrainingProgress
+from .schedules import planned_steps
 from .worker import (
     RESULT_DDL, ModelSource, WorkerConfig, arrow_to_numpy, configure_process, load_keras_bytes,
     model_to_bytes, train_partition,
@@ -376,7 +376,7 @@ class Trainer:
             # keeps the optimizer from collapsing coalesce(1) into the repartition.
             frame = frame.coalesce(1).mapInArrow(_identity, frame.schema)
         host, bind, port = self._ps_addresses(spark)
-        steps = math.ceil(math.ceil(spec.num_rows / self.num_workers) / self.batch_size)
+        steps = planned_steps(spec.num_rows, self.num_workers, self.batch_size)
         progress = TrainingProgress(steps * self.num_workers * self.epochs, self.num_workers, self.epochs,
                                     enabled=self.verbose)
         secret = new_secret()

@@ -65,3 +65,17 @@ def warmup_cosine(base: float, workers: int, steps: int, *, scaling: str = "line
         base, decay_steps=max(1, steps - warmup_steps), alpha=decay_floor,
         warmup_target=peak, warmup_steps=warmup_steps,
     )
+
+
+def planned_steps(rows: int, workers: int, batch_size: int, epochs: int = 1) -> int:
+    """Optimizer steps ONE of `workers` workers plans over `epochs` on `rows` rows: every
+    shard is padded to ``ceil(rows / workers)`` rows and split into minibatches of `batch_size`."""
+    return epochs * math.ceil(math.ceil(rows / workers) / batch_size)
+
+
+def worker_learning_rate(base: float, workers: int, *, scaling: str = "linear", steps: int | None = None):
+    """What to give one worker's optimizer: the constant ``scaled_rate`` when `steps` is None,
+    else ``warmup_cosine`` over those steps."""
+    if steps is None:
+        return scaled_rate(base, workers, scaling)
+    return warmup_cosine(base, workers, steps, scaling=scaling)
