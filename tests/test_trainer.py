@@ -18,23 +18,26 @@ from trainer import (
 pytestmark = pytest.mark.spark
 
 
+# DOWNPOUR adds every commit whole, so two workers move the center about twice as far
+# as one: at Adam 0.01 its loss swung back up mid-run and 1 run in ~10 ended below 0.88
+# (0.86-0.97); at 0.005, 8 of 8 runs ended at 0.95-0.97.
 ALGORITHMS = [
-    pytest.param(DOWNPOUR(window=4), 2, id="downpour"),
-    pytest.param(ADAG(window=4), 2, id="adag"),
-    pytest.param(DynSGD(window=4), 2, id="dynsgd"),
-    pytest.param(AEASGD(window=4, rho=2.0, lr=0.1), 2, id="aeasgd"),
-    pytest.param(EASGD(window=4), 2, id="easgd"),
-    pytest.param(SyncAveraging(every=4), 2, id="sync-every-4"),
-    pytest.param(SyncAveraging(average_optimizer_state=True), 2, id="sync-epoch-optimizer-state"),
-    pytest.param(SingleWorker(), 1, id="single"),
+    pytest.param(DOWNPOUR(window=4), 2, 0.005, id="downpour"),
+    pytest.param(ADAG(window=4), 2, 0.01, id="adag"),
+    pytest.param(DynSGD(window=4), 2, 0.01, id="dynsgd"),
+    pytest.param(AEASGD(window=4, rho=2.0, lr=0.1), 2, 0.01, id="aeasgd"),
+    pytest.param(EASGD(window=4), 2, 0.01, id="easgd"),
+    pytest.param(SyncAveraging(every=4), 2, 0.01, id="sync-every-4"),
+    pytest.param(SyncAveraging(average_optimizer_state=True), 2, 0.01, id="sync-epoch-optimizer-state"),
+    pytest.param(SingleWorker(), 1, 0.01, id="single"),
 ]
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("algorithm", "workers"), ALGORITHMS)
-def test_algorithm_trains_digits(digits, algorithm, workers):
+@pytest.mark.parametrize(("algorithm", "workers", "lr"), ALGORITHMS)
+def test_algorithm_trains_digits(digits, algorithm, workers, lr):
     train, test = digits
-    fitted = Trainer(digits_model(), algorithm=algorithm, num_workers=workers, batch_size=32, epochs=8,
+    fitted = Trainer(digits_model(lr), algorithm=algorithm, num_workers=workers, batch_size=32, epochs=8,
                      verbose=False).fit(train)
     metrics = fitted.evaluate(test)
     assert metrics["accuracy"] >= 0.88, f"{algorithm.describe()}: {metrics}"
