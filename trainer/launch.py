@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import logging
 import re
-import threading
 import time
 import uuid
 from typing import Any, Callable

@@ -50,7 +50,6 @@ class ModelSource:
     custom_objects: dict[str, Any] | None = None
 
     def build(self):
-        import keras
 
         if self.builder is not None:
             return self.builder()

@@ -18,10 +18,11 @@ workers commit over TCP:
   ``round_timeout`` expires, when a Spark retry starts a new attempt, or when
   the server stops -- nobody ever hangs.
 
-Threads: one accept thread (woken by a self-pipe on ``stop()``) and one
-daemon thread per connection. Every socket has a timeout: ``handshake_timeout``
-until the peer authenticated (HMAC challenge, see ``trainer.ps.wire``), then
-``io_timeout``. A peer that misbehaves only loses its own connection.
+Serving comes from ``trainer.ps.endpoint.AuthenticatedServer``: one accept
+thread and one daemon thread per connection; every socket has a timeout,
+``handshake_timeout`` until the peer authenticated (HMAC challenge, see
+``trainer.ps.wire``), then ``io_timeout``. A peer that misbehaves only loses
+its own connection.
 
 The stored center arrays are private read-only copies: update rules must be
 pure (return new arrays) as the Algorithm contract requires.
@@ -30,10 +31,7 @@ pure (return new arrays) as the Algorithm contract requires.
 from __future__ import annotations
 
 import collections
-import hmac
 import logging
-import selectors
-import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -41,31 +39,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from trainer.ps.wire import (
-    ALLOWED_DTYPES,
-    PREAUTH_MAX_BODY,
-    PREAUTH_MAX_META,
-    PROTOCOL_VERSION,
-    ConnectionClosed,
-    Frame,
-    Msg,
-    ProtocolError,
-    PSError,
-    PSTimeout,
-    auth_digest,
-    check_secret,
-    encode,
-    frame_size,
-    new_nonce,
-    read_frame,
-    send_buffers,
-    write_frame,
-)
+from trainer.ps.endpoint import AuthenticatedServer, Connection
+from trainer.ps.wire import ALLOWED_DTYPES, Frame, Msg, ProtocolError, PSError, encode, frame_size
 
 log = logging.getLogger("trainer.ps")
 
-#: How long stop() waits for the server's threads in total.
-STOP_JOIN_TIMEOUT = 5.0
 #: Most events kept in ParameterServer.events (oldest are dropped).
 MAX_EVENTS = 10_000
 
@@ -90,15 +68,12 @@ class UpdateRecord:
     kind: str  # "commit" (asynchronous) or "round" (synchronous)
 
 
-class _Conn:
-    """Server-side state of one TCP connection."""
+class _Conn(Connection):
+    """Server-side state of one TCP connection, with the center version it last received."""
 
-    def __init__(self, sock: socket.socket, addr: Any) -> None:
-        self.sock = sock
-        self.peer = _format_addr(addr)
-        self.worker: int | None = None
-        self.attempt: int | None = None
-        self.last_version = 0  # center version this connection last received
+    def __init__(self, sock: Any, addr: Any) -> None:
+        super().__init__(sock, addr)
+        self.last_version = 0
 
 
 class _Round:
@@ -111,12 +86,6 @@ class _Round:
         self.replies: list[list[np.ndarray]] | None = None
         self.version: int | None = None
         self.error: str | None = None
-
-
-def _format_addr(addr: Any) -> str:
-    if isinstance(addr, tuple) and len(addr) >= 2:
-        return f"{addr[0]}:{addr[1]}"
-    return str(addr)
 
 
 def _freeze(arrays: Sequence[Any], what: str = "center") -> list[np.ndarray]:
@@ -162,8 +131,11 @@ def _opt_float(value: Any) -> float | None:
     return None
 
 
-class ParameterServer:
+class ParameterServer(AuthenticatedServer):
     """Parameter server holding the center variable; see the module docstring.
+
+    Serving (listening, the handshake, one thread per connection, stopping)
+    comes from :class:`~trainer.ps.endpoint.AuthenticatedServer`.
 
     Args:
         algorithm: an ``Algorithm`` (``synchronous`` picks commit vs round mode).
@@ -188,6 +160,13 @@ class ParameterServer:
             workers' HELLO gets the right ``start_epoch``.
     """
 
+    label = "parameter server"
+    thread_prefix = "ps"
+    not_started_type = PSNotStartedError
+    wrong_secret_reply = ("authentication failed: the worker does not hold this server's secret "
+                          "(pass the secret of the running ParameterServer to PSClient)")
+    requests = "HELLO, PULL, COMMIT, EPOCH_DONE or BYE"
+
     def __init__(
         self,
         algorithm: Any,
@@ -207,37 +186,25 @@ class ParameterServer:
         version: int = 0,
         epochs_done: dict[int, dict[str, Any]] | None = None,
     ) -> None:
-        if type(num_workers) is not int or num_workers < 1:
-            raise ValueError(f"num_workers must be a positive int, received {num_workers!r}")
-        for name, value in (
-            ("io_timeout", io_timeout),
-            ("handshake_timeout", handshake_timeout),
-            ("round_timeout", round_timeout),
-        ):
-            if not value > 0:
-                raise ValueError(f"{name} must be a positive number of seconds, received {value!r}")
+        if not round_timeout > 0:
+            raise ValueError(f"round_timeout must be a positive number of seconds, received {round_timeout!r}")
+        center = _freeze(center)
+        center_bytes = sum(a.nbytes for a in center)
+        super().__init__(num_workers, secret, host=host, port=port, io_timeout=io_timeout,
+                         handshake_timeout=handshake_timeout, max_connections=max_connections, log=log,
+                         max_body=4 * center_bytes + (16 << 20) if max_body is None else int(max_body))
         check_workers = getattr(algorithm, "check_workers", None)
         if check_workers is not None:
             check_workers(num_workers)
         self._algorithm = algorithm
         self._synchronous = bool(getattr(algorithm, "synchronous", False))
         self._with_optimizer = bool(getattr(algorithm, "exchanges_optimizer_state", False))
-        self._center = _freeze(center)
+        self._center = center
         self._shapes = [a.shape for a in self._center]
-        self._num_workers = num_workers
-        self._secret = check_secret(secret)
-        self._host = host
-        self._port = port
-        center_bytes = sum(a.nbytes for a in self._center)
-        self._max_body = 4 * center_bytes + (16 << 20) if max_body is None else int(max_body)
-        self._io_timeout = float(io_timeout)
-        self._handshake_timeout = float(handshake_timeout)
         self._round_timeout = float(round_timeout)
-        self._max_connections = 2 * num_workers + 4 if max_connections is None else int(max_connections)
         self._on_update = on_update
         self._on_epoch_done = on_epoch_done
 
-        self._lock = threading.Lock()
         self._cond = threading.Condition(self._lock)
         self._callback_lock = threading.Lock()
         self._version = int(version)
@@ -248,111 +215,23 @@ class ParameterServer:
         self._start_epochs: dict[int, int] = {}  # attempt -> epoch its workers start at
         self._epoch_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (attempt, epoch)
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
-        self._conns: set[_Conn] = set()
-        self._threads: set[threading.Thread] = set()
-        self._bytes_in = 0
-        self._bytes_out = 0
-
-        self._started = False
-        self._stopping = False
-        self._address: tuple[str, int] | None = None
-        self._listener: socket.socket | None = None
-        self._wake_r: socket.socket | None = None
-        self._wake_w: socket.socket | None = None
-        self._accept_thread: threading.Thread | None = None
 
     # -- lifecycle ------------------------------------------------------------
 
     def start(self) -> tuple[str, int]:
         """Bind, listen and start serving; returns the bound ``(host, port)``."""
-        with self._lock:
-            if self._started or self._stopping:
-                raise PSNotStartedError(
-                    "this ParameterServer was already started (or stopped); a server cannot be started "
-                    "twice, create a new one instead."
-                )
-            self._started = True
-        listener = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET, socket.SOCK_STREAM)
-        try:
-            listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            listener.bind((self._host, self._port))
-            listener.listen(max(16, self._max_connections))
-            listener.setblocking(False)
-        except OSError as exc:
-            listener.close()
-            self._stopping = True
-            raise PSError(
-                f"cannot listen on {self._host}:{self._port}: {exc}. Choose another port (port=0 picks a free one) "
-                f"or a host address of this machine."
-            ) from exc
-        self._listener = listener
-        bound = listener.getsockname()
-        self._address = (bound[0], bound[1])
-        self._wake_r, self._wake_w = socket.socketpair()
-        self._accept_thread = threading.Thread(
-            target=self._accept_loop, name=f"ps-accept-{self._address[1]}", daemon=True
-        )
-        self._accept_thread.start()
-        log.info(
-            "parameter server listening on %s:%d for %d workers (%s)",
-            self._address[0],
-            self._address[1],
-            self._num_workers,
-            getattr(self._algorithm, "describe", lambda: type(self._algorithm).__name__)(),
-        )
-        return self._address
+        address = super().start()
+        log.info("parameter server listening on %s:%d for %d workers (%s)", address[0], address[1],
+                 self._num_workers, getattr(self._algorithm, "describe", lambda: type(self._algorithm).__name__)())
+        return address
 
-    def stop(self) -> None:
-        """Stop serving (idempotent): abort any round, close every socket, join threads."""
-        with self._lock:
-            if not self._started or self._stopping:
-                self._stopping = True
-                return
-            self._stopping = True
-            self._abort_round_locked("round aborted: the parameter server is stopping")
-            conns = list(self._conns)
-            threads = list(self._threads)
-        if self._wake_w is not None:
-            try:
-                self._wake_w.send(b"x")
-            except OSError:
-                pass
-        for conn in conns:
-            try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-        deadline = time.monotonic() + STOP_JOIN_TIMEOUT
-        current = threading.current_thread()
-        if self._accept_thread is not None and self._accept_thread is not current:
-            self._accept_thread.join(max(0.0, deadline - time.monotonic()))
-        if self._listener is not None:
-            self._listener.close()  # no-op when the accept thread closed it
-        for t in threads:
-            if t is not current:
-                t.join(max(0.0, deadline - time.monotonic()))
-        alive = [t.name for t in threads if t.is_alive() and t is not current]
-        if alive:
-            log.warning("parameter server stopped but threads are still running: %s", alive)
-        for s in (self._wake_r, self._wake_w):
-            if s is not None:
-                s.close()
+    def _stopping_locked(self) -> None:
+        self._abort_round_locked("round aborted: the parameter server is stopping")
+
+    def _stopped(self) -> None:
         log.info("parameter server on %s stopped after %d updates", self._address, self._version)
 
-    def __enter__(self) -> "ParameterServer":
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
-
     # -- public state -----------------------------------------------------------
-
-    @property
-    def address(self) -> tuple[str, int]:
-        if self._address is None:
-            raise PSNotStartedError("the parameter server has no address yet: call start() first")
-        return self._address
 
     @property
     def version(self) -> int:
@@ -428,204 +307,20 @@ class ParameterServer:
         with self._lock:
             return sorted(self._round.payloads)
 
-    @property
-    def num_connections(self) -> int:
-        """Open connections (authenticated or not)."""
+    def _new_connection(self, sock: Any, addr: Any) -> _Conn:
+        return _Conn(sock, addr)
+
+    def _welcome(self, conn: Connection) -> dict[str, Any]:
+        assert conn.attempt is not None
+        self._note_attempt(conn, conn.attempt)
         with self._lock:
-            return len(self._conns)
+            return {"version": self._version, "num_workers": self._num_workers}
 
-    @property
-    def bytes_received(self) -> int:
+    def _closed(self, conn: Connection, said_bye: bool) -> None:
+        worker = conn.worker
         with self._lock:
-            return self._bytes_in
-
-    @property
-    def bytes_sent(self) -> int:
-        with self._lock:
-            return self._bytes_out
-
-    # -- accept loop --------------------------------------------------------------
-
-    def _accept_loop(self) -> None:
-        listener = self._listener
-        assert listener is not None and self._wake_r is not None
-        selector = selectors.DefaultSelector()
-        try:
-            selector.register(listener, selectors.EVENT_READ)
-            selector.register(self._wake_r, selectors.EVENT_READ)
-            while not self._stopping:
-                for key, _ in selector.select():
-                    if key.fileobj is self._wake_r or self._stopping:
-                        return
-                    try:
-                        sock, addr = listener.accept()
-                    except (BlockingIOError, InterruptedError):
-                        continue
-                    except OSError as exc:
-                        if self._stopping:
-                            return
-                        log.error("parameter server: accept() failed: %s", exc)
-                        self._event("accept_error", error=str(exc))
-                        time.sleep(0.05)  # e.g. out of file descriptors; do not spin
-                        continue
-                    self._admit(sock, addr)
-        except Exception:
-            log.exception("parameter server accept loop crashed")
-        finally:
-            selector.close()
-            listener.close()
-
-    def _admit(self, sock: socket.socket, addr: Any) -> None:
-        peer = _format_addr(addr)
-        with self._lock:
-            self._threads = {t for t in self._threads if t.is_alive()}
-            if self._stopping:
-                reason = "the parameter server is stopping"
-            elif len(self._conns) >= self._max_connections:
-                reason = f"too many connections (max_connections={self._max_connections})"
-            else:
-                reason = None
-                conn = _Conn(sock, addr)
-                self._conns.add(conn)
-                thread = threading.Thread(target=self._serve, args=(conn,), name=f"ps-conn-{peer}", daemon=True)
-                self._threads.add(thread)
-                thread.start()
-        if reason is not None:
-            log.warning("parameter server: refused connection from %s: %s", peer, reason)
-            self._event("connection_refused", peer=peer, reason=reason)
-            try:
-                sock.settimeout(1.0)
-                write_frame(sock, Msg.ERROR, {"error": f"connection refused: {reason}"})
-            except (PSError, OSError):
-                pass
-            sock.close()
-
-    # -- per connection ---------------------------------------------------------------
-
-    def _serve(self, conn: _Conn) -> None:
-        try:
-            if not self._handshake(conn):
-                return
-            conn.sock.settimeout(self._io_timeout)
-            while not self._stopping:
-                try:
-                    frame = read_frame(conn.sock, self._max_body)
-                except ConnectionClosed as exc:
-                    if self._stopping:
-                        return
-                    if exc.mid_frame:
-                        self._peer_problem(conn, "disconnect", f"connection lost mid-frame: {exc}")
-                    else:
-                        log.info("parameter server: worker %s at %s disconnected without BYE", conn.worker, conn.peer)
-                        self._event("disconnect", peer=conn.peer, worker=conn.worker, reason="closed without BYE")
-                    return
-                except PSTimeout:
-                    self._peer_problem(
-                        conn, "timeout", f"no request for io_timeout={self._io_timeout}s, closing the connection"
-                    )
-                    return
-                except ProtocolError as exc:
-                    self._peer_problem(conn, "protocol_error", str(exc))
-                    self._try_send_error(conn, f"protocol error: {exc}")
-                    return
-                with self._lock:
-                    self._bytes_in += frame.nbytes
-                if frame.msg == Msg.BYE:
-                    log.debug("parameter server: worker %s at %s said BYE", conn.worker, conn.peer)
-                    return
-                try:
-                    self._dispatch(conn, frame)
-                except (ConnectionClosed, PSTimeout) as exc:
-                    if not self._stopping:
-                        self._peer_problem(conn, "disconnect", f"could not send the reply: {exc}")
-                    return
-        except Exception:
-            log.exception("parameter server: unexpected error serving %s", conn.peer)
-        finally:
-            self._drop(conn)
-
-    def _handshake(self, conn: _Conn) -> bool:
-        sock = conn.sock
-        deadline = time.monotonic() + self._handshake_timeout
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-        nonce = new_nonce()
-        try:
-            sock.settimeout(self._handshake_timeout)
-            write_frame(
-                sock,
-                Msg.CHALLENGE,
-                {"nonce": nonce.hex(), "protocol": PROTOCOL_VERSION, "num_workers": self._num_workers},
-            )
-            frame = read_frame(sock, PREAUTH_MAX_BODY, max_meta=PREAUTH_MAX_META, deadline=deadline)
-            if frame.msg != Msg.AUTH:
-                raise ProtocolError(f"expected an AUTH frame to answer the challenge, received {frame.msg.name}")
-            worker, attempt, mac = frame.meta.get("worker"), frame.meta.get("attempt", 0), frame.meta.get("mac")
-            if type(worker) is not int or type(attempt) is not int or attempt < 0 or not isinstance(mac, str):
-                raise ProtocolError(
-                    "AUTH meta must be {'worker': int, 'attempt': int >= 0, 'mac': hex string}, received "
-                    f"worker={worker!r:.20}, attempt={attempt!r:.20}, mac of type {type(mac).__name__}"
-                )
-            try:
-                given = bytes.fromhex(mac)
-            except ValueError:
-                given = b""
-            if not hmac.compare_digest(given, auth_digest(self._secret, nonce, worker, attempt)):
-                self._auth_failed(
-                    conn,
-                    "wrong HMAC",
-                    "authentication failed: the worker does not hold this server's secret "
-                    "(pass the secret of the running ParameterServer to PSClient)",
-                )
-                return False
-            if not 0 <= worker < self._num_workers:
-                self._auth_failed(
-                    conn,
-                    f"worker index {worker} out of range",
-                    f"authentication failed: worker index {worker} is out of range, "
-                    f"expected 0 <= worker < {self._num_workers}",
-                )
-                return False
-            conn.worker, conn.attempt = worker, attempt
-            with self._lock:
-                self._bytes_in += frame.nbytes
-                version = self._version
-            self._note_attempt(conn, attempt)
-            self._send(conn, encode(Msg.OK, {"version": version, "num_workers": self._num_workers}))
-            log.debug("parameter server: %s authenticated as worker %d attempt %d", conn.peer, worker, attempt)
-            return True
-        except (ConnectionClosed, PSTimeout, ProtocolError) as exc:
-            if self._stopping:
-                return False
-            kind = "timed out" if isinstance(exc, PSTimeout) else "failed"
-            self._auth_failed(conn, f"handshake {kind}: {exc}", f"handshake {kind}: {exc}")
-            return False
-
-    def _auth_failed(self, conn: _Conn, why: str, reply: str) -> None:
-        log.warning("parameter server: rejected unauthenticated peer %s: %s", conn.peer, why)
-        self._event("auth_failed", peer=conn.peer, reason=why)
-        self._try_send_error(conn, reply)
-
-    def _try_send_error(self, conn: _Conn, text: str) -> None:
-        try:
-            conn.sock.settimeout(1.0)
-            write_frame(conn.sock, Msg.ERROR, {"error": text})
-        except (PSError, OSError):
-            pass
-
-    def _peer_problem(self, conn: _Conn, kind: str, text: str) -> None:
-        log.warning("parameter server: worker %s at %s: %s", conn.worker, conn.peer, text)
-        self._event(kind, peer=conn.peer, worker=conn.worker, reason=text)
-
-    def _drop(self, conn: _Conn) -> None:
-        with self._lock:
-            self._conns.discard(conn)
-            worker = conn.worker
             if (
                 self._synchronous
-                and worker is not None
                 and self._round.payloads
                 and worker not in self._round.payloads
                 and not any(c.worker == worker for c in self._conns)
@@ -634,12 +329,8 @@ class ParameterServer:
                     f"round aborted: worker {worker} ({conn.peer}) disconnected before committing to round "
                     f"{self._round.number}; its Spark task probably failed (see the executor logs)"
                 )
-        try:
-            conn.sock.close()
-        except OSError:
-            pass
 
-    def _event(self, kind: str, **fields: Any) -> None:
+    def _note(self, kind: str, **fields: Any) -> None:
         with self._lock:
             self._events.append({"time": time.time(), "kind": kind, **fields})
 
@@ -678,29 +369,8 @@ class ParameterServer:
 
     # -- requests -------------------------------------------------------------------
 
-    def _reply(self, conn: _Conn, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> int:
-        return self._send(conn, encode(Msg.OK, meta, arrays))
-
-    def _send(self, conn: _Conn, buffers: list) -> int:
-        n = send_buffers(conn.sock, buffers)
-        with self._lock:
-            self._bytes_out += n
-        return n
-
-    def _error(self, conn: _Conn, text: str) -> None:
-        log.warning("parameter server: request from worker %s at %s failed: %s", conn.worker, conn.peer, text)
-        self._send(conn, encode(Msg.ERROR, {"error": text}))
-
     def _dispatch(self, conn: _Conn, frame: Frame) -> None:
         meta = frame.meta
-        claimed = meta.get("worker", conn.worker)
-        if claimed != conn.worker:
-            self._error(
-                conn,
-                f"this connection authenticated as worker {conn.worker} but the {frame.msg.name} request says "
-                f"worker {claimed!r:.20}; open one connection per worker",
-            )
-            return
         if frame.msg == Msg.HELLO:
             self._hello(conn, meta)
         elif frame.msg == Msg.PULL:
@@ -711,7 +381,7 @@ class ParameterServer:
         elif frame.msg == Msg.COMMIT:
             problem = self._check_payload(frame.arrays)
             if problem is not None:
-                self._error(conn, problem)
+                self._reply_error(conn, problem)
             elif self._synchronous:
                 self._commit_sync(conn, frame)
             else:
@@ -719,14 +389,12 @@ class ParameterServer:
         elif frame.msg == Msg.EPOCH_DONE:
             self._epoch_done(conn, meta)
         else:
-            self._error(
-                conn, f"unexpected {frame.msg.name} request; expected HELLO, PULL, COMMIT, EPOCH_DONE or BYE"
-            )
+            self._unexpected(conn, frame)
 
     def _hello(self, conn: _Conn, meta: dict[str, Any]) -> None:
         attempt = meta.get("attempt", conn.attempt)
         if type(attempt) is not int or attempt < 0:
-            self._error(conn, f"HELLO 'attempt' must be an int >= 0, received {attempt!r:.20}")
+            self._reply_error(conn, f"HELLO 'attempt' must be an int >= 0, received {attempt!r:.20}")
             return
         conn.attempt = attempt
         self._note_attempt(conn, attempt)
@@ -745,7 +413,7 @@ class ParameterServer:
     def _epoch_done(self, conn: _Conn, meta: dict[str, Any]) -> None:
         epoch, logs = meta.get("epoch"), meta.get("logs", {})
         if type(epoch) is not int or epoch < 0 or not isinstance(logs, dict):
-            self._error(
+            self._reply_error(
                 conn,
                 f"EPOCH_DONE needs {{'epoch': int >= 0, 'logs': dict}}, received epoch={epoch!r:.20} and logs of "
                 f"type {type(logs).__name__}",
@@ -789,7 +457,7 @@ class ParameterServer:
         epoch, batches = frame.meta.get("epoch"), frame.meta.get("batches")
         counted = batches is not None
         if counted and not (type(batches) is int and batches >= 0 and type(epoch) is int and epoch >= 0):
-            self._error(conn, f"a COMMIT that counts 'batches' needs 'epoch' and 'batches' as ints >= 0, received "
+            self._reply_error(conn, f"a COMMIT that counts 'batches' needs 'epoch' and 'batches' as ints >= 0, received "
                               f"epoch={epoch!r:.20} and batches={batches!r:.20}")
             return
         with self._lock:
