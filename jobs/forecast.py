@@ -48,7 +48,12 @@ N, warm-up, cosine (default)    2.65 / 2.83 / 2.73 / 3.24  2.92 / 3.31 / 3.19 / 
 What is left at 8 workers is the large-batch gap itself: plain Keras at batch
 256 with the same schedule ended at 3.38 % for the LSTM (mean of 4 seeds;
 warm-ups over 30 % and 50 % of the steps: 3.34 and 3.27) against 2.72 % at
-batch 32. DOWNPOUR, which applies every commit whole and so keeps the
+batch 32. It is too few sequential steps (136), not a loss from the
+distribution: with ``--epochs 8`` the 8 workers reach 2.65 / 2.40 / 2.61 %
+(seeds 0-2) and plain Keras at batch 256 2.82 / 2.58 %. In 4 epochs at batch
+256 a higher peak (3e-3 or 4e-3 x 8: 3.50 and 3.36 %), outer momentum every 5
+steps (beta 0.5: 3.47 %), LAMB (3.96 %) or a decay to zero (3.54 %) did not
+help (means of 3-4 seeds). DOWNPOUR, which applies every commit whole and so keeps the
 sequential progress, diverged with 8 workers at 2e-3 (13.9 and 49 %).
 
 Before: ADAG commits 1/window of each worker's progress, so even one worker
