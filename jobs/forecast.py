@@ -51,11 +51,11 @@ warm-ups over 30 % and 50 % of the steps: 3.34 and 3.27) against 2.72 % at
 batch 32. It is too few sequential steps (136), not a loss from the
 distribution: with ``--epochs 8`` the 8 workers reach 2.65 / 2.40 / 2.61 %
 (seeds 0-2; the GRU 2.67 / 2.97 / 2.82 %) and plain Keras at batch 256 2.82 /
-2.58 %. In 4 epochs at batch
-256 a higher peak (3e-3 or 4e-3 x 8: 3.50 and 3.36 %), outer momentum every 5
-steps (beta 0.5: 3.47 %), LAMB (3.96 %) or a decay to zero (3.54 %) did not
-help (means of 3-4 seeds). DOWNPOUR, which applies every commit whole and so keeps the
-sequential progress, diverged with 8 workers at 2e-3 (13.9 and 49 %).
+2.58 %. In 4 epochs at batch 256 a higher peak (3e-3 or 4e-3 x 8: 3.50 and
+3.36 %), outer momentum every 5 steps (beta 0.5: 3.47 %), LAMB (3.96 %) or a
+decay to zero (3.54 %) did not help (means of 3-4 seeds). DOWNPOUR, which
+applies every commit whole and so keeps the sequential progress, diverged with
+8 workers at 2e-3 (13.9 and 49 %).
 
 Before: ADAG commits 1/window of each worker's progress, so even one worker
 learned at a fifth of its optimizer's pace (ADAG at 1e-3: LSTM 4.57 % on one

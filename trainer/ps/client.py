@@ -2,9 +2,10 @@
 
 ``PSClient`` (a ``trainer.ps.endpoint.AuthenticatedClient``) opens one TCP
 connection, answers the server's HMAC challenge and then issues blocking
-request/reply calls (HELLO, PULL, COMMIT, EPOCH_DONE). An ERROR reply raises ``RemoteError`` (a ``PSError``) carrying the server's
-message; socket problems raise ``ConnectionClosed`` or ``PSTimeout``, after
-which the client is closed. Retrying is the caller's job (typically by letting
+request/reply calls (HELLO, PULL, COMMIT, EPOCH_DONE). An ERROR reply
+raises ``RemoteError`` (a ``PSError``) carrying the server's message; socket
+problems raise ``ConnectionClosed`` or ``PSTimeout``, after which the client
+is closed. Retrying is the caller's job (typically by letting
 the Spark task fail), not the client's.
 
 Arrays returned by the client are zero-copy views into the received frame:

@@ -298,10 +298,12 @@ class AuthenticatedServer:
                 try:
                     frame = read_frame(conn.sock, self._max_body)
                 except ConnectionClosed as exc:
-                    if not self._stopping:
-                        self._problem(conn, "disconnect", f"connection lost mid-frame: {exc}" if exc.mid_frame
-                                      else "closed without BYE", level=logging.WARNING if exc.mid_frame
-                                      else logging.INFO)  # fmt: skip
+                    if self._stopping:
+                        return
+                    if exc.mid_frame:
+                        self._problem(conn, "disconnect", f"connection lost mid-frame: {exc}")
+                    else:
+                        self._problem(conn, "disconnect", "closed without BYE", level=logging.INFO)
                     return
                 except PSTimeout:
                     self._problem(conn, "timeout", f"no request for io_timeout={self._io_timeout}s, closing "
