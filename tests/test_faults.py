@@ -175,9 +175,17 @@ def test_training_survives_a_killed_executor(local_cluster_2, spark, digits):
     assert len(executors) == 2
     updates = []
 
+    def both_past_epoch_one() -> bool:
+        # Both workers must have finished epochs 0 and 1: counting commits alone lets a worker that
+        # started late still be in epoch 0 when the executor dies, and then resuming starts at 0.
+        reached = {}
+        for record in list(updates):
+            reached[record.worker] = max(reached.get(record.worker, 0), record.epoch or 0)
+        return len(reached) == 2 and min(reached.values()) >= 2
+
     def kill_one() -> None:
         deadline = time.monotonic() + 300
-        while len(updates) < 40 and time.monotonic() < deadline:
+        while not both_past_epoch_one() and time.monotonic() < deadline:
             time.sleep(0.05)
         os.kill(executors[0], signal.SIGKILL)
 
