@@ -28,11 +28,10 @@ import numpy as np
 from trainer.benchmark import cluster_session, timing_valid
 from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
 from trainer.datasets import load_elecdemand
-from trainer.report import mape, markdown_table, write_results
-from trainer.selection import STRATEGIES, GridSearch, choice
-from trainer.selection.compare import (
-    TABLE_COLUMNS, compare_strategies, comparison_rows, config_rows, plot_comparison,
-)
+from trainer.report import mape
+from trainer.selection import GridSearch, choice
+from trainer.selection.cli import comparison_parser, first_configs, parse_comparison_args, write_comparison
+from trainer.selection.compare import compare_strategies
 from trainer.selection.search import Search
 
 N_IN = 24
@@ -54,27 +53,15 @@ def model_fn(params: dict) -> keras.Model:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
-    parser.add_argument("--workers", type=int, default=2, help="workers of the parallel strategies (default 2)")
-    parser.add_argument("--cores-per-worker", type=int, default=1, help="cores (and threads) per worker (default 1)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per configuration (default 2)")
+    parser = comparison_parser(__doc__, default_out="results/select_forecast",
+                               limit_help="use only the last N hours of the series",
+                               data_help="CSV with time, load and temperature columns",
+                               seed_help="seed of the initial weights and shuffling")
     parser.add_argument("--batch-size", type=int, default=64, help="minibatch size (default 64)")
-    parser.add_argument("--limit", type=int, default=None, help="use only the last N hours of the series")
-    parser.add_argument("--max-configs", type=int, default=None, help="search only the first N of the 8 configs")
     parser.add_argument("--val-hours", type=int, default=720, help="hours before the test set used for validation")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES),
-                        help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the initial weights and shuffling")
-    parser.add_argument("--data", default=None, help="CSV with time, load and temperature columns")
-    parser.add_argument("--out", default="results/select_forecast", help="results directory")
-    args = parser.parse_args(argv)
-    args.strategy_list = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in args.strategy_list if s not in STRATEGIES]
-    if unknown or not args.strategy_list:
-        parser.error(f"--strategies: unknown {unknown}; expected a comma-separated subset of {','.join(STRATEGIES)}")
-    if min(args.workers, args.epochs, args.batch_size, args.val_hours) < 1:
-        parser.error("--workers, --epochs, --batch-size and --val-hours must be positive")
+    args = parse_comparison_args(parser, argv)
+    if min(args.batch_size, args.val_hours) < 1:
+        parser.error("--batch-size and --val-hours must be positive")
     minimum = N_IN + TEST_HOURS + args.val_hours + 24 * args.workers
     if args.limit is not None and args.limit < minimum:
         parser.error(f"--limit must leave training windows: at least {minimum} hours with these settings")
@@ -92,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
 
     def make_search() -> Search:
         grid = GridSearch(SPACE, epochs=args.epochs, batch_size=args.batch_size, metric="val_loss")
-        return grid if args.max_configs is None else Search(grid.configs()[: args.max_configs], grid.metric)
+        return first_configs(grid, args.max_configs)
 
     with cluster_session(args.master, workers, args.cores_per_worker, "select-forecast") as spark:
         series = timeseries_to_dataframe(spark, series_pd)
@@ -117,14 +104,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{strategy}: {result.timings['wall_s']:.1f} s, best "
                   f"{result.best_config.id if result.best_config else '-'} val_loss "
                   f"{result.best_value or float('nan'):.5f}, test MAPE {test_mape or float('nan'):.2f} %", flush=True)
-    valid = timing_valid(args.workers, args.cores_per_worker, args.master)
-    rows = comparison_rows(results, "select_forecast", timing_valid=valid, extra=extra)
-    meta = {"job": "select_forecast", "hours": len(series_pd), **{k: v for k, v in vars(args).items()}}
-    paths = write_results(rows, out, "select_forecast", metadata=meta)
-    write_results(config_rows(results, "select_forecast"), out, "select_forecast_configs", metadata=meta)
-    plot_comparison(results, out / "select_forecast_gantt.png", title="Energy forecasting model selection")
-    print(markdown_table(rows, [*TABLE_COLUMNS, "test_mape"]))
-    print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'select_forecast_gantt.png'}")
+    meta = {"job": "select_forecast", "hours": len(series_pd), **vars(args)}
+    write_comparison(results, out, "select_forecast", timing_valid=timing_valid(args.workers, args.cores_per_worker,
+                     args.master), extra=extra, metadata=meta, title="Energy forecasting model selection",
+                     extra_columns=["test_mape"])
     return 0
 
 

@@ -32,11 +32,9 @@ import numpy as np
 from trainer.benchmark import cluster_session, timing_valid
 from trainer.data.prep import images_to_dataframe, scale_pixels
 from trainer.datasets import load_mnist
-from trainer.report import markdown_table, write_results
-from trainer.selection import STRATEGIES, GridSearch, choice
-from trainer.selection.compare import (
-    TABLE_COLUMNS, compare_strategies, comparison_rows, config_rows, plot_comparison,
-)
+from trainer.selection import GridSearch, choice
+from trainer.selection.cli import comparison_parser, first_configs, parse_comparison_args, write_comparison
+from trainer.selection.compare import compare_strategies
 from trainer.selection.search import Search
 
 SPACE = {
@@ -67,37 +65,15 @@ def model_fn(params: dict) -> keras.Model:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
-    parser.add_argument("--workers", type=int, default=2, help="workers of the parallel strategies (default 2)")
-    parser.add_argument("--cores-per-worker", type=int, default=1, help="cores (and threads) per worker (default 1)")
-    parser.add_argument("--epochs", type=int, default=2, help="epochs per configuration (default 2)")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N training rows")
-    parser.add_argument("--max-configs", type=int, default=None, help="search only the first N of the 8 configs")
+    parser = comparison_parser(__doc__, default_out="results/select_mnist",
+                               limit_help="use only the first N training rows",
+                               data_help="folder with the MNIST idx files, or a Parquet/CSV file",
+                               seed_help="seed of the split, the initial weights and shuffling")
     parser.add_argument("--val-fraction", type=float, default=0.1, help="training rows held out for validation")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES),
-                        help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)")
-    parser.add_argument("--seed", type=int, default=0, help="seed of the split, the initial weights and shuffling")
-    parser.add_argument("--data", default=None, help="folder with the MNIST idx files, or a Parquet/CSV file")
-    parser.add_argument("--out", default="results/select_mnist", help="results directory")
-    args = parser.parse_args(argv)
-    args.strategy_list = [s.strip() for s in args.strategies.split(",") if s.strip()]
-    unknown = [s for s in args.strategy_list if s not in STRATEGIES]
-    if unknown or not args.strategy_list:
-        parser.error(f"--strategies: unknown {unknown}; expected a comma-separated subset of {','.join(STRATEGIES)}")
-    if args.workers < 1 or args.epochs < 1 or (args.max_configs is not None and args.max_configs < 1):
-        parser.error("--workers, --epochs and --max-configs must be positive")
+    args = parse_comparison_args(parser, argv)
     if not 0 < args.val_fraction < 1:
         parser.error("--val-fraction must be in (0, 1)")
     return args
-
-
-def make_search_factory(args: argparse.Namespace):
-    def make_search() -> Search:
-        grid = GridSearch(SPACE, epochs=args.epochs, metric="val_accuracy")
-        return grid if args.max_configs is None else Search(grid.configs()[: args.max_configs], grid.metric)
-
-    return make_search
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,12 +86,16 @@ def main(argv: list[str] | None = None) -> int:
     order = np.random.default_rng(args.seed).permutation(len(x_train))
     n_val = max(1, round(len(x_train) * args.val_fraction))
     val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
+
+    def make_search() -> Search:
+        return first_configs(GridSearch(SPACE, epochs=args.epochs, metric="val_accuracy"), args.max_configs)
+
     with cluster_session(args.master, workers, args.cores_per_worker, "select-mnist") as spark:
         train = scale_pixels(images_to_dataframe(spark, x_train[train_idx], y_train[train_idx])).cache()
         val = scale_pixels(images_to_dataframe(spark, x_train[val_idx], y_train[val_idx])).cache()
         test = scale_pixels(images_to_dataframe(spark, x_test, y_test)).cache()
         print(f"rows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
-        results = compare_strategies(model_fn, make_search_factory(args), train, val,
+        results = compare_strategies(model_fn, make_search, train, val,
                                      strategies=args.strategy_list, num_workers=args.workers, seed=args.seed,
                                      out_dir=out, verbose=False)
         extra = {}
@@ -126,14 +106,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{strategy}: {result.timings['wall_s']:.1f} s, best {best} val_accuracy "
                   f"{result.best_value or float('nan'):.4f}, test accuracy {test_accuracy or float('nan'):.4f}",
                   flush=True)
-    valid = timing_valid(args.workers, args.cores_per_worker, args.master)
-    rows = comparison_rows(results, "select_mnist", timing_valid=valid, extra=extra)
-    meta = {"job": "select_mnist", "train_rows": len(x_train), **{k: v for k, v in vars(args).items()}}
-    paths = write_results(rows, out, "select_mnist", metadata=meta)
-    write_results(config_rows(results, "select_mnist"), out, "select_mnist_configs", metadata=meta)
-    plot_comparison(results, out / "select_mnist_gantt.png", title="MNIST model selection")
-    print(markdown_table(rows, [*TABLE_COLUMNS, "test_accuracy"]))
-    print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'select_mnist_gantt.png'}")
+    meta = {"job": "select_mnist", "train_rows": len(x_train), **vars(args)}
+    write_comparison(results, out, "select_mnist", timing_valid=timing_valid(args.workers, args.cores_per_worker,
+                     args.master), extra=extra, metadata=meta, title="MNIST model selection",
+                     extra_columns=["test_accuracy"])
     return 0
 
 
