@@ -112,6 +112,7 @@ def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
     (["--learning-rate", "0"], "positive number"),
     (["--learning-rate", "fast"], "positive number"),
     (["--lr-scaling", "cubic"], "invalid choice"),
+    (["--loss", "huber"], "invalid choice"),
     (["--repeats", "0"], "positive integer"),
     (["--resume"], "--resume needs --checkpoint-dir"),
 ])
@@ -173,7 +174,9 @@ def test_forecast_models_match_the_seed(forecast_job):
         model = builder()
         assert model.input_shape == (None, 24, 2) and model.output_shape == (None, 1)
         assert model.layers[0].__class__.__name__.lower() == name and model.layers[0].units == 128
-        assert model.loss == "mse"
+        assert model.loss == "mae"
+    args = forecast_job.parse_args(["--loss", "mse"])
+    assert forecast_job.model_builder("gru", args, 8616, 2)().loss == "mse"
 
 
 def test_forecast_cosine_schedule_warms_up_and_decays_over_one_workers_steps(forecast_job):
