@@ -1,4 +1,5 @@
-"""Property tests of the model hopper (MOP) scheduler: pure state machine, no Spark."""
+"""Property tests of the model hopper (MOP) scheduler, and the task-parallel baseline's events: pure state
+machines, no Spark."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trainer.selection.baseline import TaskParallelScheduler
 from trainer.selection.scheduler import (
     Assignment,
     EpochDone,
@@ -266,8 +268,9 @@ def test_replay_of_a_prefix_continues_with_the_policy():
 # ---------------------------------------------------------------------------
 # Event API errors and budgets
 # ---------------------------------------------------------------------------
-def test_event_errors_are_clear():
-    sched = MopScheduler(["a", "b"], 2, epochs=1)
+@pytest.mark.parametrize("kind", [MopScheduler, TaskParallelScheduler])
+def test_event_errors_are_clear(kind):
+    sched = kind(["a", "b"], 2, epochs=1)
     with pytest.raises(ScheduleError, match="before start"):
         sched.complete(0, "a")
     first = sched.start()
@@ -295,9 +298,10 @@ def test_event_errors_are_clear():
         (dict(model_ids=["a"], num_workers=1, epochs=0), "epochs"),
     ],
 )
-def test_constructor_validation(kwargs, match):
-    with pytest.raises(ValueError, match=match):
-        MopScheduler(**kwargs)
+@pytest.mark.parametrize("kind", [MopScheduler, TaskParallelScheduler])
+def test_constructor_validation(kind, kwargs, match):
+    with pytest.raises(ValueError, match=f"{kind.__name__}: .*{match}"):
+        kind(**kwargs)
 
 
 def test_extend_reopens_a_parked_model_and_rejects_shrinking():
@@ -315,12 +319,49 @@ def test_extend_reopens_a_parked_model_and_rejects_shrinking():
         sched.extend("b", 3)
 
 
-def test_drop_while_running_frees_the_worker_without_an_epoch_event():
-    sched = MopScheduler(["a"], 1, epochs=2)
+@pytest.mark.parametrize("kind", [MopScheduler, TaskParallelScheduler])
+def test_drop_while_running_frees_the_worker_without_an_epoch_event(kind):
+    sched = kind(["a"], 1, epochs=2)
     (a,) = sched.start()
     assert sched.drop("a") == []
     assert sched.complete(0, "a") == []
     assert sched.epochs_done == [] and sched.done
+
+
+def _run_to_end(sched, order=lambda pending: 0):
+    """Complete assignments one at a time (``order`` picks which of the pending ones); returns them all."""
+    done, pending = [], sched.start()
+    while pending:
+        a = pending.pop(order(pending))
+        done.append(a)
+        pending += sched.complete(a.worker, a.model)
+    return done
+
+
+def test_task_parallel_pins_each_model_to_one_worker_for_every_epoch():
+    sched = TaskParallelScheduler(["a", "b", "c"], 2, epochs=3)
+    units = _run_to_end(sched, order=lambda pending: len(pending) - 1)  # the last-issued finishes first
+    assert sched.done and len(units) == 9
+    homes = {m: {a.worker for a in units if a.model == m} for m in "abc"}
+    assert all(len(workers) == 1 for workers in homes.values()), homes
+    for m in "abc":
+        assert [a.epoch for a in units if a.model == m] == [0, 1, 2]
+    assert [(e.model, e.epoch) for e in sched.epochs_done if e.model == "c"] == [("c", 0), ("c", 1), ("c", 2)]
+    assert [t.seq for t in sched.schedule] == list(range(9))
+
+
+def test_task_parallel_extend_and_drop_from_the_epoch_hook():
+    def hook(event: EpochDone) -> None:
+        if event == EpochDone("a", 0):
+            assert sched.extend("a", 3) == [] and sched.drop("b") == []  # inside the hook: no assignments
+
+    sched = TaskParallelScheduler(["a", "b"], 1, epochs=2, on_epoch_done=hook)
+    units = _run_to_end(sched)
+    assert [(a.model, a.epoch) for a in units] == [("a", 0), ("a", 1), ("a", 2)]
+    assert sched.done and sched.dropped == {"b"} and sched.budget("a") == 3
+    assert sched.extend("a", 4) == [Assignment("a", 0, 3)]  # parked at its budget: reopened
+    with pytest.raises(ScheduleError, match="does not replay"):
+        TaskParallelScheduler(["a"], 1).replay([])
 
 
 # ---------------------------------------------------------------------------

@@ -61,6 +61,7 @@ __all__ = [
     "ScheduledTask",
     "GanttBar",
     "Simulation",
+    "EpochScheduler",
     "MopScheduler",
     "simulate",
 ]
@@ -138,21 +139,28 @@ def _rank(seed: int, kind: str, key: Any) -> bytes:
     return hashlib.sha256(f"{seed}|{kind}|{key!r}".encode("utf-8")).digest()
 
 
-def _check_pos_int(name: str, value: Any, fix: str) -> int:
+def _check_pos_int(owner: str, name: str, value: Any, fix: str) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
-        raise ValueError(f"MopScheduler: `{name}` must be a positive int. Received {value!r}. Fix: {fix}")
+        raise ValueError(f"{owner}: `{name}` must be a positive int. Received {value!r}. Fix: {fix}")
     return int(value)
 
 
-class MopScheduler:
-    """Model hopper parallelism scheduler; see the module docstring.
+class EpochScheduler:
+    """What every scheduler of the runner shares: checked models and epoch budgets, one slot per
+    worker, the start / complete / drop / extend events and the :class:`EpochDone` hook.
+
+    Subclasses decide what a unit of work is and who gets it: ``_fill`` (assign
+    idle workers), ``_has_work`` (the model still needs a unit within its
+    budget), ``_unit_done`` (called as a unit of ``model`` ends; True when that
+    ends the model's epoch), ``_reopen`` (a model parked at its budget got more
+    epochs).
 
     Args:
         model_ids: unique, hashable ids (typically ``Config.id`` strings).
-        num_workers: ``W``; worker ``i`` owns shard ``i``.
+        num_workers: ``W``; worker ``i`` owns shard (or data copy) ``i``.
         epochs: epochs per model, one int for all or a dict ``{model: epochs}``
             covering every model. Raise a model's count later with :meth:`extend`.
-        seed: fixes the tie-breaking ranks (see the module docstring).
+        seed: fixes the tie-breaking ranks of schedulers that have any.
         on_epoch_done: optional ``callable(EpochDone)`` called inside
             :meth:`complete` when a model finishes an epoch, before new work is
             assigned. It may call :meth:`drop` or :meth:`extend`; those then
@@ -164,51 +172,42 @@ class MopScheduler:
     def __init__(self, model_ids: Sequence[Hashable], num_workers: int,
                  epochs: int | Mapping[Hashable, int] = 1, seed: int = 0,
                  on_epoch_done: Callable[[EpochDone], Any] | None = None) -> None:  # fmt: skip
+        owner = type(self).__name__
         models = list(model_ids)
         if not models:
             raise ValueError(
-                "MopScheduler: expected at least one model id. Received none. "
+                f"{owner}: expected at least one model id. Received none. "
                 "Fix: pass the ids of the configurations to train, e.g. [c.id for c in search.configs()]."
             )
         if len(set(models)) != len(models):
             dupes = sorted({repr(m) for m in models if models.count(m) > 1})
-            raise ValueError(
-                f"MopScheduler: model ids must be unique. Received duplicates: {', '.join(dupes)}."
-            )
-        self.num_workers = _check_pos_int(
-            "num_workers", num_workers, "pass the number of data shards, e.g. 2."
-        )
+            raise ValueError(f"{owner}: model ids must be unique. Received duplicates: {', '.join(dupes)}.")
+        self.num_workers = _check_pos_int(owner, "num_workers", num_workers,
+                                          "pass the number of data shards, e.g. 2.")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
-            raise ValueError(f"MopScheduler: `seed` must be an int. Received {seed!r}.")
+            raise ValueError(f"{owner}: `seed` must be an int. Received {seed!r}.")
         self.seed = int(seed)
         if isinstance(epochs, Mapping):
             missing = [m for m in models if m not in epochs]
             extra = [m for m in epochs if m not in set(models)]
             if missing or extra:
                 raise ValueError(
-                    f"MopScheduler: the epochs dict must have exactly one entry per model. "
+                    f"{owner}: the epochs dict must have exactly one entry per model. "
                     f"Missing: {missing!r}; unknown: {extra!r}. "
                     "Fix: pass {model_id: epochs} for every model."
                 )
-            budgets = {
-                m: _check_pos_int(f"epochs[{m!r}]", epochs[m], "use at least 1 epoch.") for m in models
-            }
+            budgets = {m: _check_pos_int(owner, f"epochs[{m!r}]", epochs[m], "use at least 1 epoch.") for m in models}
         else:
-            e = _check_pos_int("epochs", epochs, "pass an int >= 1 or a {model: epochs} dict.")
+            e = _check_pos_int(owner, "epochs", epochs, "pass an int >= 1 or a {model: epochs} dict.")
             budgets = {m: e for m in models}
         self.models: list[Hashable] = models
         self.on_epoch_done = on_epoch_done
         self._budget: dict[Hashable, int] = budgets
         self._epoch: dict[Hashable, int] = {m: 0 for m in models}
-        self._pending: dict[Hashable, set[int]] = {m: set(range(self.num_workers)) for m in models}
-        self._on: dict[Hashable, int | None] = {m: None for m in models}
         self._busy: list[Hashable | None] = [None] * self.num_workers
         self._dropped: set[Hashable] = set()
-        self._model_rank = {m: _rank(self.seed, "model", m) for m in models}
-        self._worker_order = sorted(range(self.num_workers), key=lambda w: _rank(self.seed, "worker", w))
         self._started = False
         self._in_hook = False
-        self._replay: deque[ScheduledTask] | None = None
         self.schedule: list[ScheduledTask] = []
         self.epochs_done: list[EpochDone] = []
 
@@ -219,7 +218,7 @@ class MopScheduler:
 
     @property
     def running(self) -> dict[int, Hashable]:
-        """``{worker: model}`` for every sub-epoch in flight."""
+        """``{worker: model}`` for every unit of work in flight."""
         return {w: m for w, m in enumerate(self._busy) if m is not None}
 
     @property
@@ -244,14 +243,6 @@ class MopScheduler:
         self._check_model(model)
         return self._budget[model]
 
-    def remaining(self, model: Hashable) -> int:
-        """Sub-epochs ``model`` still has to start within its budget (0 once dropped)."""
-        self._check_model(model)
-        if model in self._dropped:
-            return 0
-        left_epochs = max(0, self._budget[model] - self._epoch[model] - 1)
-        return len(self._pending[model]) + left_epochs * self.num_workers
-
     # -- events ------------------------------------------------------------
     def start(self) -> list[Assignment]:
         """Begin the run; returns the initial assignments (at most one per worker)."""
@@ -261,8 +252,9 @@ class MopScheduler:
         return self._fill()
 
     def complete(self, worker: int, model: Hashable) -> list[Assignment]:
-        """Event: ``worker`` finished its sub-epoch of ``model``. Returns new assignments."""
-        self._check_started("complete")
+        """Event: ``worker`` finished its unit of work on ``model``. Returns new assignments."""
+        if not self._started:
+            raise ScheduleError("complete() before start(). Fix: call start() first and launch what it returns.")
         self._check_worker(worker)
         self._check_model(model)
         if self._busy[worker] != model:
@@ -272,12 +264,10 @@ class MopScheduler:
                 "Fix: report each assignment exactly once, with the worker and model it was given."
             )
         self._busy[worker] = None
-        self._on[model] = None
-        if model not in self._dropped and not self._pending[model]:
+        if self._unit_done(model) and model not in self._dropped:
             event = EpochDone(model, self._epoch[model])
             self._epoch[model] += 1
-            if self._epoch[model] < self._budget[model]:
-                self._pending[model] = set(range(self.num_workers))
+            self._next_epoch(model)
             self.epochs_done.append(event)
             if self.on_epoch_done is not None:
                 self._in_hook = True
@@ -290,15 +280,14 @@ class MopScheduler:
     def drop(self, model: Hashable) -> list[Assignment]:
         """Event: stop ``model`` for good (e.g. a search stopped its configuration).
 
-        A sub-epoch of it that is in flight still ends with :meth:`complete`,
-        which frees the worker but emits no :class:`EpochDone`. Dropping twice
-        is a no-op. Returns ``[]``: removing a model frees no worker by itself.
+        A unit of it that is in flight still ends with :meth:`complete`, which
+        frees the worker but emits no :class:`EpochDone`. Dropping twice is a
+        no-op. Returns ``[]``: removing a model frees no worker by itself.
         """
         self._check_model(model)
         if model in self._dropped:
             return []
         self._dropped.add(model)
-        self._pending[model] = set()
         return [] if self._in_hook or not self._started else self._fill()
 
     def extend(self, model: Hashable, epochs: int) -> list[Assignment]:
@@ -309,7 +298,7 @@ class MopScheduler:
                 f"extend({model!r}, {epochs!r}): the model was dropped. "
                 "Fix: only extend models that are still in the run."
             )
-        epochs = _check_pos_int("epochs", epochs, "pass the model's new total number of epochs.")
+        epochs = _check_pos_int(type(self).__name__, "epochs", epochs, "pass the model's new total number of epochs.")
         if epochs < self._budget[model]:
             raise ScheduleError(
                 f"extend({model!r}, {epochs}): expected at least the current budget "
@@ -318,9 +307,65 @@ class MopScheduler:
         parked = self._epoch[model] >= self._budget[model]
         self._budget[model] = epochs
         if parked and self._epoch[model] < epochs:
-            self._pending[model] = set(range(self.num_workers))
+            self._next_epoch(model)
         return [] if self._in_hook or not self._started else self._fill()
 
+    # -- for subclasses ----------------------------------------------------
+    def _fill(self) -> list[Assignment]:
+        raise NotImplementedError
+
+    def _has_work(self, model: Hashable) -> bool:
+        raise NotImplementedError
+
+    def _unit_done(self, model: Hashable) -> bool:
+        raise NotImplementedError
+
+    def _next_epoch(self, model: Hashable) -> None:
+        """``model`` entered a new epoch (after one ended, or after an extend unparked it)."""
+
+    def _assign(self, model: Hashable, worker: int) -> Assignment:
+        self._busy[worker] = model
+        a = Assignment(model, worker, self._epoch[model])
+        self.schedule.append(ScheduledTask(len(self.schedule), model, worker, a.epoch))
+        return a
+
+    def _check_worker(self, worker: Any) -> None:
+        valid = isinstance(worker, numbers.Integral) and not isinstance(worker, bool)
+        if not valid or not 0 <= worker < self.num_workers:
+            raise ScheduleError(
+                f"Unknown worker {worker!r}: expected an int in [0, {self.num_workers - 1}]."
+            )
+
+    def _check_model(self, model: Hashable) -> None:
+        if model not in self._budget:
+            shown = ", ".join(repr(m) for m in self.models[:5]) + (", ..." if len(self.models) > 5 else "")
+            raise ScheduleError(f"Unknown model {model!r}. Expected one of: {shown}.")
+
+
+class MopScheduler(EpochScheduler):
+    """Model hopper parallelism scheduler; see the module docstring and :class:`EpochScheduler`
+    (the arguments and the events). Units of work are sub-epochs: one model on one shard."""
+
+    def __init__(self, model_ids: Sequence[Hashable], num_workers: int,
+                 epochs: int | Mapping[Hashable, int] = 1, seed: int = 0,
+                 on_epoch_done: Callable[[EpochDone], Any] | None = None) -> None:  # fmt: skip
+        super().__init__(model_ids, num_workers, epochs, seed, on_epoch_done)
+        models = self.models
+        self._pending: dict[Hashable, set[int]] = {m: set(range(self.num_workers)) for m in models}
+        self._on: dict[Hashable, int | None] = {m: None for m in models}
+        self._model_rank = {m: _rank(self.seed, "model", m) for m in models}
+        self._worker_order = sorted(range(self.num_workers), key=lambda w: _rank(self.seed, "worker", w))
+        self._replay: deque[ScheduledTask] | None = None
+
+    def remaining(self, model: Hashable) -> int:
+        """Sub-epochs ``model`` still has to start within its budget (0 once dropped)."""
+        self._check_model(model)
+        if model in self._dropped:
+            return 0
+        left_epochs = max(0, self._budget[model] - self._epoch[model] - 1)
+        return len(self._pending[model]) + left_epochs * self.num_workers
+
+    # -- replay ------------------------------------------------------------
     def replay(self, schedule: Iterable[ScheduledTask | Sequence[Any]]) -> None:
         """Issue exactly ``schedule`` (a recorded :attr:`schedule`) instead of choosing.
 
@@ -419,31 +464,18 @@ class MopScheduler:
     def _has_work(self, model: Hashable) -> bool:
         return model not in self._dropped and bool(self._pending[model])
 
-    def _check_started(self, what: str) -> None:
-        if not self._started:
-            raise ScheduleError(
-                f"{what}() before start(). Fix: call start() first and launch what it returns."
-            )
+    def _unit_done(self, model: Hashable) -> bool:
+        self._on[model] = None
+        return not self._pending[model]
 
-    def _check_worker(self, worker: Any) -> None:
-        valid = isinstance(worker, numbers.Integral) and not isinstance(worker, bool)
-        if not valid or not 0 <= worker < self.num_workers:
-            raise ScheduleError(
-                f"Unknown worker {worker!r}: expected an int in [0, {self.num_workers - 1}]."
-            )
-
-    def _check_model(self, model: Hashable) -> None:
-        if model not in self._budget:
-            shown = ", ".join(repr(m) for m in self.models[:5]) + (", ..." if len(self.models) > 5 else "")
-            raise ScheduleError(f"Unknown model {model!r}. Expected one of: {shown}.")
+    def _next_epoch(self, model: Hashable) -> None:
+        if self._epoch[model] < self._budget[model]:
+            self._pending[model] = set(range(self.num_workers))
 
     def _issue(self, model: Hashable, worker: int) -> Assignment:
         self._pending[model].discard(worker)
         self._on[model] = worker
-        self._busy[worker] = model
-        a = Assignment(model, worker, self._epoch[model])
-        self.schedule.append(ScheduledTask(len(self.schedule), model, worker, a.epoch))
-        return a
+        return self._assign(model, worker)
 
     def _fill(self) -> list[Assignment]:
         out: list[Assignment] = []
