@@ -30,7 +30,7 @@ from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, tra
 from trainer.datasets import load_elecdemand
 from trainer.report import mape
 from trainer.selection import GridSearch, choice
-from trainer.selection.cli import comparison_parser, first_configs, parse_comparison_args, write_comparison
+from trainer.selection.cli import comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison
 from trainer.selection.compare import compare_strategies
 from trainer.selection.search import Search
 
@@ -92,22 +92,16 @@ def main(argv: list[str] | None = None) -> int:
         print(f"windows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
         results = compare_strategies(model_fn, make_search, train, val, strategies=args.strategy_list,
                                      num_workers=args.workers, seed=args.seed, out_dir=out, verbose=False)
-        extra = {}
-        for strategy, result in results.items():
-            test_mape = None
-            if result.best_model is not None:
-                rows = result.best_model.transform(test).select("label", "prediction").collect()
-                y = scaler.inverse(np.array([r.label for r in rows]), "load")
-                y_hat = scaler.inverse(np.array([r.prediction for r in rows]), "load")
-                test_mape = mape(y, y_hat)
-            extra[strategy] = {"test_mape": test_mape}
-            print(f"{strategy}: {result.timings['wall_s']:.1f} s, best "
-                  f"{result.best_config.id if result.best_config else '-'} val_loss "
-                  f"{result.best_value or float('nan'):.5f}, test MAPE {test_mape or float('nan'):.2f} %", flush=True)
+
+        def test_mape(model) -> float:
+            rows = model.transform(test).select("label", "prediction").collect()
+            y = scaler.inverse(np.array([r.label for r in rows]), "load")
+            return mape(y, scaler.inverse(np.array([r.prediction for r in rows]), "load"))
+
+        extra = score_best_models(results, "test_mape", test_mape)
     meta = {"job": "select_forecast", "hours": len(series_pd), **vars(args)}
     write_comparison(results, out, "select_forecast", timing_valid=timing_valid(args.workers, args.cores_per_worker,
-                     args.master), extra=extra, metadata=meta, title="Energy forecasting model selection",
-                     extra_columns=["test_mape"])
+                     args.master), extra=extra, metadata=meta, title="Energy forecasting model selection")
     return 0
 
 

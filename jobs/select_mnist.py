@@ -33,7 +33,7 @@ from trainer.benchmark import cluster_session, timing_valid
 from trainer.data.prep import images_to_dataframe, scale_pixels
 from trainer.datasets import load_mnist
 from trainer.selection import GridSearch, choice
-from trainer.selection.cli import comparison_parser, first_configs, parse_comparison_args, write_comparison
+from trainer.selection.cli import comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison
 from trainer.selection.compare import compare_strategies
 from trainer.selection.search import Search
 
@@ -98,18 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         results = compare_strategies(model_fn, make_search, train, val,
                                      strategies=args.strategy_list, num_workers=args.workers, seed=args.seed,
                                      out_dir=out, verbose=False)
-        extra = {}
-        for strategy, result in results.items():
-            test_accuracy = result.best_model.evaluate(test)["accuracy"] if result.best_model else None
-            extra[strategy] = {"test_accuracy": test_accuracy}
-            best = result.best_config.id if result.best_config else "-"
-            print(f"{strategy}: {result.timings['wall_s']:.1f} s, best {best} val_accuracy "
-                  f"{result.best_value or float('nan'):.4f}, test accuracy {test_accuracy or float('nan'):.4f}",
-                  flush=True)
+        extra = score_best_models(results, "test_accuracy", lambda model: model.evaluate(test)["accuracy"])
     meta = {"job": "select_mnist", "train_rows": len(x_train), **vars(args)}
     write_comparison(results, out, "select_mnist", timing_valid=timing_valid(args.workers, args.cores_per_worker,
-                     args.master), extra=extra, metadata=meta, title="MNIST model selection",
-                     extra_columns=["test_accuracy"])
+                     args.master), extra=extra, metadata=meta, title="MNIST model selection")
     return 0
 
 

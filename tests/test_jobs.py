@@ -169,6 +169,16 @@ def test_mnist_cnn_is_the_seed_s_with_optional_dropout():
     assert mnist_job.parse_args(["--no-dropout"]).no_dropout is True
 
 
+def test_mnist_learning_rate_decays_over_one_worker_s_steps():
+    mnist_job = _load_job("mnist")
+    assert float(mnist_job.build_cnn().optimizer.learning_rate) == pytest.approx(1e-3)  # no steps: constant
+    schedule = mnist_job.build_cnn(steps=1000).optimizer._learning_rate
+    assert float(schedule(0)) == pytest.approx(1e-3) and float(schedule(100)) == pytest.approx(1e-3)
+    assert float(schedule(550)) == pytest.approx(5.5e-4) and float(schedule(1000)) == pytest.approx(1e-4)
+    assert mnist_job.parse_args([]).lr_schedule == "cosine"
+    assert mnist_job.parse_args(["--lr-schedule", "constant"]).lr_schedule == "constant"
+
+
 def test_forecast_models_match_the_seed(forecast_job):
     for name, builder in forecast_job.MODELS.items():
         model = builder()

@@ -358,6 +358,25 @@ def test_select_mnist_job_end_to_end(tmp_path):
     assert rows["task_parallel"]["vs_task_parallel"] == pytest.approx(1.0)
     assert rows["sequential"]["max_config_gap"] == 0.0
     assert 0.0 <= rows["mop"]["max_config_gap"] <= 1.0  # accuracies of the same configs
+    assert all(0.0 <= r["test_accuracy"] <= 1.0 for r in rows.values())
+    assert "| test_accuracy |" in proc.stdout and "sequential: " in proc.stdout
     for name in ("select_mnist.csv", "select_mnist.md", "select_mnist_configs.csv", "select_mnist_gantt.png",
                  "mop/gantt.png", "mop/leaderboard.csv", "task_parallel/gantt.png", "sequential/gantt.png"):
         assert (out / name).is_file(), name
+
+
+def test_select_forecast_job_end_to_end(tmp_path):
+    """The forecasting selection job on a short series: every strategy's best model gets a test MAPE."""
+    out = tmp_path / "out"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "jobs" / "select_forecast.py"), "--limit", "1200", "--val-hours", "200",
+         "--max-configs", "2", "--epochs", "1", "--workers", "2", "--out", str(out)],
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=1400,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    rows = {r["mode"]: r for r in json.loads((out / "select_forecast.json").read_text())["rows"]}
+    assert set(rows) == {"mop", "task_parallel", "sequential"}
+    assert all(r["metric_name"] == "val_loss" and 0 < r["test_mape"] < 100 for r in rows.values()), rows
+    configs = json.loads((out / "select_forecast_configs.json").read_text())["rows"]
+    assert len(configs) == 6  # 2 configurations x 3 strategies
+    assert (out / "select_forecast_gantt.png").stat().st_size > 0

@@ -3,22 +3,23 @@
 ``comparison_parser`` holds the options every selection job takes (cluster,
 workers, epochs, strategies, seed, data, output); ``parse_comparison_args``
 checks them before any cluster work starts; ``first_configs`` applies
-``--max-configs``; ``write_comparison`` writes the strategy and configuration
-tables, the Gantt chart and prints the console table.
+``--max-configs``; ``score_best_models`` tests each strategy's best model;
+``write_comparison`` writes the strategy and configuration tables and the
+Gantt chart, and prints the console table.
 """
 
 from __future__ import annotations
 
 import argparse
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from trainer.report import markdown_table, write_results
 from trainer.selection.compare import TABLE_COLUMNS, comparison_rows, config_rows, plot_comparison
 from trainer.selection.runner import STRATEGIES, SelectionResult
 from trainer.selection.search import Search
 
-__all__ = ["comparison_parser", "parse_comparison_args", "first_configs", "write_comparison"]
+__all__ = ["comparison_parser", "parse_comparison_args", "first_configs", "score_best_models", "write_comparison"]
 
 
 def comparison_parser(description: str | None, *, default_out: str, limit_help: str, data_help: str,
@@ -58,13 +59,31 @@ def first_configs(search: Search, max_configs: int | None) -> Search:
     return search if max_configs is None else Search(search.configs()[:max_configs], search.metric)
 
 
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.5g}"
+
+
+def score_best_models(results: Mapping[str, SelectionResult], column: str,
+                      score: Callable[[Any], float]) -> dict[str, dict[str, float | None]]:  # fmt: skip
+    """``score(best_model)`` for every strategy, printed one line each; the ``extra`` of `write_comparison`."""
+    extra: dict[str, dict[str, float | None]] = {}
+    for strategy, result in results.items():
+        value = score(result.best_model) if result.best_model is not None else None
+        extra[strategy] = {column: value}
+        best = result.best_config.id if result.best_config else "-"
+        print(f"{strategy}: {result.timings['wall_s']:.1f} s, best {best} {result.metric.name} "
+              f"{_number(result.best_value)}, {column} {_number(value)}", flush=True)
+    return extra
+
+
 def write_comparison(results: Mapping[str, SelectionResult], out: Path, name: str, *, timing_valid: bool,
-                     extra: Mapping[str, Mapping[str, Any]], metadata: Mapping[str, Any], title: str,
-                     extra_columns: Sequence[str] = ()) -> None:  # fmt: skip
-    """Write ``{name}`` and ``{name}_configs`` (JSON, CSV, markdown) and ``{name}_gantt.png``; print the table."""
+                     extra: Mapping[str, Mapping[str, Any]], metadata: Mapping[str, Any], title: str) -> None:
+    """Write ``{name}`` and ``{name}_configs`` (JSON, CSV, markdown) and ``{name}_gantt.png``; print the table
+    (the usual columns and those of `extra`)."""
     rows = comparison_rows(results, name, timing_valid=timing_valid, extra=extra)
     paths = write_results(rows, out, name, metadata=dict(metadata))
     write_results(config_rows(results, name), out, f"{name}_configs", metadata=dict(metadata))
     gantt = plot_comparison(results, out / f"{name}_gantt.png", title=title)
+    extra_columns = list(dict.fromkeys(key for values in extra.values() for key in values))
     print(markdown_table(rows, [*TABLE_COLUMNS, *extra_columns]))
     print(f"results: {', '.join(str(p) for p in paths.values())}, {gantt}")
