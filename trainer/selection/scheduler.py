@@ -152,8 +152,8 @@ class EpochScheduler:
     Subclasses decide what a unit of work is and who gets it: ``_fill`` (assign
     idle workers), ``_has_work`` (the model still needs a unit within its
     budget), ``_unit_done`` (called as a unit of ``model`` ends; True when that
-    ends the model's epoch), ``_reopen`` (a model parked at its budget got more
-    epochs).
+    ends the model's epoch), ``_next_epoch`` (the model entered a new epoch, or
+    was parked at its budget and got more epochs).
 
     Args:
         model_ids: unique, hashable ids (typically ``Config.id`` strings).
