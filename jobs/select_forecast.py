@@ -30,7 +30,9 @@ from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, tra
 from trainer.datasets import load_elecdemand
 from trainer.report import mape
 from trainer.selection import GridSearch, choice
-from trainer.selection.cli import comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison
+from trainer.selection.cli import (
+    comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
+)
 from trainer.selection.compare import compare_strategies
 from trainer.selection.search import Search
 

@@ -33,7 +33,9 @@ from trainer.benchmark import cluster_session, timing_valid
 from trainer.data.prep import images_to_dataframe, scale_pixels
 from trainer.datasets import load_mnist
 from trainer.selection import GridSearch, choice
-from trainer.selection.cli import comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison
+from trainer.selection.cli import (
+    comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
+)
 from trainer.selection.compare import compare_strategies
 from trainer.selection.search import Search
 
