@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
 
         extra = score_best_models(results, "test_mape", test_mape)
     meta = {"job": "select_forecast", "hours": len(series_pd), **vars(args)}
-    write_comparison(results, out, "select_forecast", timing_valid=timing_valid(args.workers, args.cores_per_worker,
-                     args.master), extra=extra, metadata=meta, title="Energy forecasting model selection")
+    valid = timing_valid(args.workers, args.cores_per_worker, args.master)
+    write_comparison(results, out, "select_forecast", timing_valid=valid, extra=extra, metadata=meta, title="Energy forecasting model selection")
     return 0
 
 

@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                                      out_dir=out, verbose=False)
         extra = score_best_models(results, "test_accuracy", lambda model: model.evaluate(test)["accuracy"])
     meta = {"job": "select_mnist", "train_rows": len(x_train), **vars(args)}
-    write_comparison(results, out, "select_mnist", timing_valid=timing_valid(args.workers, args.cores_per_worker,
-                     args.master), extra=extra, metadata=meta, title="MNIST model selection")
+    valid = timing_valid(args.workers, args.cores_per_worker, args.master)
+    write_comparison(results, out, "select_mnist", timing_valid=valid, extra=extra, metadata=meta, title="MNIST model selection")
     return 0
 
 

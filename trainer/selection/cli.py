@@ -81,8 +81,8 @@ def write_comparison(results: Mapping[str, SelectionResult], out: Path, name: st
     """Write ``{name}`` and ``{name}_configs`` (JSON, CSV, markdown) and ``{name}_gantt.png``; print the table
     (the usual columns and those of `extra`)."""
     rows = comparison_rows(results, name, timing_valid=timing_valid, extra=extra)
-    paths = write_results(rows, out, name, metadata=dict(metadata))
-    write_results(config_rows(results, name), out, f"{name}_configs", metadata=dict(metadata))
+    paths = write_results(rows, out, name, metadata=metadata)
+    write_results(config_rows(results, name), out, f"{name}_configs", metadata=metadata)
     gantt = plot_comparison(results, out / f"{name}_gantt.png", title=title)
     extra_columns = list(dict.fromkeys(key for values in extra.values() for key in values))
     print(markdown_table(rows, [*TABLE_COLUMNS, *extra_columns]))
