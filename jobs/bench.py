@@ -39,11 +39,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.report import markdown_table, metric_pivot, run_metadata
+from trainer_jobs.support.cli import add_verbose_arg, start_logging
+from trainer_jobs.support.report import markdown_table, metric_pivot, run_metadata
 
 JOBS_DIR = Path(__file__).resolve().parent
 
-log = logging.getLogger("jobs.bench")
+log = logging.getLogger("trainer_jobs.bench")
 
 TIME_SHARED = (4, 8)  # extra forecast worker counts for the statistical-efficiency rows
 # One forecast run moves by up to a point of MAPE from seed to seed, as much as the gaps it measures:
@@ -207,6 +208,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-mnist", action="store_true", help="do not run jobs/mnist.py")
     parser.add_argument("--skip-forecast", action="store_true", help="do not run jobs/forecast.py")
     parser.add_argument("--dry-run", action="store_true", help="print the job commands and exit")
+    add_verbose_arg(parser)
     args = parser.parse_args(argv)
     if args.skip_mnist and args.skip_forecast:
         parser.error("--skip-mnist and --skip-forecast together leave nothing to run.")
@@ -215,6 +217,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    start_logging(args)
     out = Path(args.out)
     steps = plan(out, quick=args.quick, skip_mnist=args.skip_mnist, skip_forecast=args.skip_forecast)
     if args.dry_run:
@@ -224,9 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     started = dt.datetime.now(dt.timezone.utc)
     results: list[tuple[Step, int, float]] = []
     for step in steps:
-        log.info("running %s", shlex.join(step.command))
+        print(f"running {shlex.join(step.command)}", flush=True)
         rc, seconds = run_step(step)
-        log.info("%s finished with exit code %d in %.1f min", step.job, rc, seconds / 60)
+        print(f"{step.job} finished with exit code {rc} in {seconds / 60:.1f} min", flush=True)
         results.append((step, rc, seconds))
     path = write_summary(out, results, started, args.quick)
     print(f"summary: {path}")
@@ -238,5 +241,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(main())

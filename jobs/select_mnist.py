@@ -22,21 +22,19 @@ learning curves) go to --out.
 from __future__ import annotations
 
 import argparse
-import logging
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 
-from trainer.benchmark import cluster_session, timing_valid
-from trainer.data.prep import images_to_dataframe, scale_pixels
-from trainer.datasets import load_mnist
+from trainer_jobs.support.cli import positive_float
+from trainer_jobs.support.scaling import cluster_session, timing_valid
+from trainer.data.prep import scale_pixels
+from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer.selection import GridSearch, choice
-from trainer.selection.cli import (
-    comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
+from trainer_jobs.support.selection import (
+    compare_strategies, comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
 )
-from trainer.selection.compare import compare_strategies
 from trainer.selection.search import Search
 
 SPACE = {
@@ -46,8 +44,10 @@ SPACE = {
 }
 
 
-def model_fn(params: dict) -> keras.Model:
+def model_fn(params: dict):
     """A small CNN on 28x28x1 images or an MLP on the 784 flat pixels, compiled with Adam(lr)."""
+    import keras  # deferred: trainer's quiet settings must be in place when TensorFlow starts
+
     if params["arch"] == "cnn":
         layers = [
             keras.Input((28, 28, 1)),
@@ -71,7 +71,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                limit_help="use only the first N training rows",
                                data_help="folder with the MNIST idx files, or a Parquet/CSV file",
                                seed_help="seed of the split, the initial weights and shuffling")
-    parser.add_argument("--val-fraction", type=float, default=0.1, help="training rows held out for validation")
+    parser.add_argument("--val-fraction", type=positive_float, default=0.1,
+                        help="training rows held out for validation (default 0.1)")
     args = parse_comparison_args(parser, argv)
     if not 0 < args.val_fraction < 1:
         parser.error("--val-fraction must be in (0, 1)")
@@ -81,7 +82,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     x_train, y_train, x_test, y_test = load_mnist(args.data, limit=args.limit)
-    logging.info("MNIST: %d training and %d test images", len(x_train), len(x_test))
+    print(f"MNIST: {len(x_train)} training and {len(x_test)} test images", flush=True)
     workers = 1 if args.strategy_list == ["sequential"] else args.workers
     out = Path(args.out)
     # Hold out the validation rows in numpy (seeded): cheaper than randomSplit on a big local relation.
@@ -93,9 +94,11 @@ def main(argv: list[str] | None = None) -> int:
         return first_configs(GridSearch(SPACE, epochs=args.epochs, metric="val_accuracy"), args.max_configs)
 
     with cluster_session(args.master, workers, args.cores_per_worker, "select-mnist") as spark:
-        train = scale_pixels(images_to_dataframe(spark, x_train[train_idx], y_train[train_idx])).cache()
-        val = scale_pixels(images_to_dataframe(spark, x_train[val_idx], y_train[val_idx])).cache()
-        test = scale_pixels(images_to_dataframe(spark, x_test, y_test)).cache()
+        folder = data_dir(args.data_dir)
+        train = scale_pixels(parquet_images(spark, folder, "mnist-train", x_train[train_idx], y_train[train_idx]))
+        val = scale_pixels(parquet_images(spark, folder, "mnist-val", x_train[val_idx], y_train[val_idx]))
+        test = scale_pixels(parquet_images(spark, folder, "mnist-test", x_test, y_test))
+        train, val, test = train.cache(), val.cache(), test.cache()
         print(f"rows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
         results = compare_strategies(model_fn, make_search, train, val,
                                      strategies=args.strategy_list, num_workers=args.workers, seed=args.seed,
@@ -108,5 +111,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(main())

@@ -1,6 +1,6 @@
 """Shared pytest fixtures.
 
-Spark fixtures start a real standalone cluster (``trainer.cluster.LocalCluster``)
+Spark fixtures start a real standalone cluster (``trainer.spark.local_cluster.LocalCluster``)
 once per test session; tests that use them are marked ``@pytest.mark.spark``.
 Spark allows one SparkContext per process, so every test that needs Spark in
 this process should use the ``spark`` fixture rather than build its own session.
@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trainer.cluster import LocalCluster
+from trainer.spark.local_cluster import LocalCluster
 
 
 # --------------------------------------------------------------------------- Spark

@@ -64,8 +64,8 @@ def main(argv: list[str] | None = None) -> int:
 
     from trainer import SyncAveraging, Trainer
     from trainer.data.prep import images_to_dataframe, scale_pixels
-    from trainer.datasets import load_mnist
-    from trainer.session import spark_session
+    from trainer_jobs.support.datasets import load_mnist
+    from trainer.spark.session import spark_session
 
     x_train, y_train, x_test, y_test = load_mnist(limit=12_000)
     spark = spark_session(args.master, "fault-driver", expected_executors=args.workers, executor_timeout=240)

@@ -1,4 +1,4 @@
-"""Tests of trainer.cluster (the embedded standalone cluster) and trainer.session.
+"""Tests of trainer.spark.local_cluster (the embedded standalone cluster) and trainer.spark.session.
 
 The ``spark``-marked tests start real Spark daemons (Java 17+); nothing is mocked.
 Failure-path tests use a fake ``java`` script to make the daemons fail the way a
@@ -23,8 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer.cluster import ClusterError, JavaError, LocalCluster, check_java, parse_memory_mb
-from trainer.session import MasterUnreachableError, _default_conf, executor_env_defaults, spark_session
+from trainer.errors import ClusterError, JavaError
+from trainer.spark.java import check_java, parse_memory_mb
+from trainer.spark.local_cluster import LocalCluster
+from trainer.errors import MasterUnreachableError
+from trainer.spark.session import _default_conf, executor_env_defaults, spark_session
 
 HOST = "127.0.0.1"
 
@@ -246,7 +249,7 @@ def test_taken_port_fails_fast(which):
 
 _DRIVER = """
 import sys, time
-from trainer.session import spark_session
+from trainer.spark.session import spark_session
 spark = spark_session(sys.argv[1], "stop-test", expected_executors=1, executor_timeout=150, **{
     "spark.executor.memory": "512m", "spark.cores.max": "1",
     "spark.driver.host": "127.0.0.1", "spark.driver.bindAddress": "127.0.0.1"})
@@ -305,7 +308,7 @@ def test_stop_kills_daemons_executors_and_python_workers_and_frees_ports(tmp_pat
 @pytest.mark.timeout(300)
 def test_cli_up_prints_urls_and_stops_on_sigint():
     proc = subprocess.Popen(
-        [sys.executable, "-m", "trainer.cluster", "up", "--workers", "1", "--worker-memory", "1g"],
+        [sys.executable, "-m", "trainer", "cluster", "up", "--workers", "1", "--worker-memory", "1g"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
     )
     lines: queue.Queue = queue.Queue()
@@ -345,7 +348,7 @@ def test_cli_up_prints_urls_and_stops_on_sigint():
 
 _OWNER = """
 import sys, time
-from trainer.cluster import LocalCluster
+from trainer.spark.local_cluster import LocalCluster
 cluster = LocalCluster(workers=1, worker_memory="1g", log_dir=sys.argv[2]).start()
 print("groups", *cluster.process_groups(), flush=True)
 if sys.argv[1] == "exit":

@@ -9,8 +9,8 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from trainer import datasets
-from trainer.datasets import (
+from trainer_jobs.support import datasets
+from trainer_jobs.support.datasets import (
     MNIST_FILES,
     MNIST_MD5,
     DatasetError,

@@ -22,7 +22,7 @@ import pytest
 from conftest import digits_model
 from trainer import ADAG, Trainer
 from trainer.checkpoint import load_checkpoint
-from trainer.cluster import LocalCluster
+from trainer.spark.local_cluster import LocalCluster
 
 pytestmark = pytest.mark.spark
 

@@ -15,7 +15,7 @@ Flag checks, the bench plan and the BENCH.md summary need no Spark.
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import math
 import os
@@ -25,10 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from trainer.benchmark import trainer_options, with_ratios
+from trainer_jobs.support.cli import trainer_options
+from trainer_jobs.support.scaling import with_ratios
 from trainer.checkpoint import load_checkpoint
-from trainer.cluster import LocalCluster
-from trainer.report import write_results
+from trainer.spark.local_cluster import LocalCluster
+from trainer_jobs.support.report import write_results
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 JOB_TIMEOUT_S = 1500  # the machine running the tests may be heavily loaded
@@ -36,12 +37,8 @@ TEST_TIMEOUT_S = 1800
 
 
 def _load_job(name: str):
-    """Import jobs/<name>.py (not a package) as a module."""
-    spec = importlib.util.spec_from_file_location(f"jobs_{name}", JOBS / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
-    spec.loader.exec_module(module)
-    return module
+    """The job jobs/<name>.py, imported as the module trainer_jobs.<name>."""
+    return importlib.import_module(f"trainer_jobs.{name}")
 
 
 @pytest.fixture(scope="module")
@@ -71,7 +68,8 @@ def run_job(name: str, args: list[str], out: Path) -> dict:
     with open(log_path, "w") as log:
         proc = subprocess.run(
             [sys.executable, str(JOBS / f"{name}.py"), *args, "--out", str(out)],
-            stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            stdout=log, stderr=subprocess.STDOUT,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "TRAINER_DATA_DIR": str(out.parent / "data")},
             timeout=JOB_TIMEOUT_S, cwd=JOBS.parent,
         )
     text = log_path.read_text(errors="replace")

@@ -152,7 +152,7 @@ def test_minmax_fit_transform_inverse_round_trip(spark):
 
 
 def test_elecdemand_forecast_pipeline(spark):
-    from trainer.datasets import load_elecdemand
+    from trainer_jobs.support.datasets import load_elecdemand
 
     pdf = load_elecdemand()
     series = timeseries_to_dataframe(spark, pdf)
@@ -226,7 +226,7 @@ def test_images_to_dataframe_small_exact(spark):
 def test_images_to_dataframe_full_mnist_is_fast(spark):
     from pyspark.sql import functions as F
 
-    from trainer.datasets import load_mnist
+    from trainer_jobs.support.datasets import load_mnist
 
     x_train, y_train, _, _ = load_mnist()
     start = time.perf_counter()

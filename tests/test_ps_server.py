@@ -15,19 +15,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from trainer.ps import (
-    AuthenticationError,
-    ConnectionClosed,
-    ParameterServer,
-    PSClient,
-    PSError,
-    PSNotStartedError,
-    RemoteError,
-    new_secret,
-)
-from trainer.ps import wire
+from trainer.ps import ParameterServer, PSClient, PSNotStartedError, RemoteError
 from trainer.ps.server import completed_epochs, uniform_progress
-from trainer.ps.wire import HEADER, MAGIC, Msg, read_frame, write_frame
+from trainer.transport import wire
+from trainer.transport.wire import (
+    HEADER, MAGIC, AuthenticationError, ConnectionClosed, Msg, TransportError, new_secret, read_frame, write_frame,
+)
 
 SECRET = new_secret()
 SHAPES = [(3,), (2, 2)]
@@ -471,7 +464,7 @@ def test_max_connections_enforced():
     with server(max_connections=2, handshake_timeout=10) as ps:
         a, b = raw_connect(ps), raw_connect(ps)
         read_frame(a, 4096), read_frame(b, 4096)
-        with pytest.raises(PSError, match="too many connections"):
+        with pytest.raises(TransportError, match="too many connections"):
             client(ps)
         a.close()
         assert wait_for(lambda: _try_pull(ps))
@@ -483,7 +476,7 @@ def _try_pull(ps: ParameterServer) -> bool:
     try:
         still_serves(ps)
         return True
-    except PSError:
+    except TransportError:
         return False
 
 
@@ -579,7 +572,7 @@ def test_duplicate_commit_in_a_round_is_refused():
                 dup.commit(ones(), {})
             ps.stop()
             t0.join(10)
-            assert isinstance(out0.get("error"), PSError)
+            assert isinstance(out0.get("error"), TransportError)
 
 
 @pytest.mark.timeout(30)
@@ -596,8 +589,8 @@ def test_stop_with_connected_and_waiting_clients_is_prompt_and_frees_port():
     ps.stop()
     assert time.monotonic() - start < 3
     t0.join(5), t1.join(5)
-    assert isinstance(out0.get("error"), PSError) and isinstance(out1.get("error"), PSError)
-    with pytest.raises(PSError):
+    assert isinstance(out0.get("error"), TransportError) and isinstance(out1.get("error"), TransportError)
+    with pytest.raises(TransportError):
         idle.pull()
     for c in (idle, c0, c1):
         c.close()
@@ -630,7 +623,7 @@ def test_client_errors():
         PSClient("127.0.0.1", port, SECRET, 0, timeout=2).connect()
     with server() as ps:
         c = PSClient(*ps.address, SECRET, 0)
-        with pytest.raises(PSError, match="not connected"):
+        with pytest.raises(TransportError, match="not connected"):
             c.pull()
         c.connect()
         with pytest.raises(wire.ProtocolError, match="allowed"):

@@ -13,15 +13,15 @@ import pytest
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from trainer.ps import wire
-from trainer.ps.wire import (
+from trainer.transport import wire
+from trainer.transport.wire import (
     HEADER,
     MAGIC,
     MAX_META,
     ConnectionClosed,
     Msg,
     ProtocolError,
-    PSTimeout,
+    TransportTimeout,
     decode_frame,
     decode_header,
     decode_payload,
@@ -283,9 +283,9 @@ def test_recv_exact_eof_and_timeout():
     a, b = socket.socketpair()
     with a, b:
         b.settimeout(0.2)
-        with pytest.raises(PSTimeout):
+        with pytest.raises(TransportTimeout):
             recv_exact(b, 1)
-        with pytest.raises(PSTimeout):
+        with pytest.raises(TransportTimeout):
             recv_exact(b, 1, deadline=time.monotonic() + 0.1)
         a.sendall(b"xy")
         assert recv_exact(b, 2) == bytearray(b"xy")

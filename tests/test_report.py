@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer.report import COLUMNS, mape, markdown_table, metric_pivot, plot_speedup, speedup_rows, write_results
+from trainer_jobs.support.report import COLUMNS, mape, markdown_table, metric_pivot, plot_speedup, speedup_rows, write_results
 
 pytestmark = pytest.mark.timeout(60)
 

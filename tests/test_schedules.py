@@ -1,10 +1,10 @@
-"""trainer.schedules: the learning rate of N workers, scaled, warmed up and decayed (real Keras schedules)."""
+"""trainer.lr_schedules: the learning rate of N workers, scaled, warmed up and decayed (real Keras schedules)."""
 
 import math
 
 import pytest
 
-from trainer.schedules import SCALING, planned_steps, scaled_rate, warmup_cosine, worker_learning_rate
+from trainer.lr_schedules import SCALING, planned_steps, scaled_rate, warmup_cosine, worker_learning_rate
 
 
 @pytest.mark.parametrize("scaling, eight", [("none", 1e-3), ("sqrt", 1e-3 * math.sqrt(8)), ("linear", 8e-3)])

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from trainer.selection import STRATEGIES, GridSearch, choice
-from trainer.selection.cli import comparison_parser, first_configs, parse_comparison_args
+from trainer_jobs.support.selection import comparison_parser, first_configs, parse_comparison_args
 
 
 def _parse(argv: list[str]):
@@ -28,11 +28,11 @@ def test_strategies_are_split_and_trimmed():
     [
         (["--strategies", "mop,hopper"], "unknown ['hopper']"),
         (["--strategies", ","], "--strategies"),
-        (["--workers", "0"], "--workers must be positive"),
-        (["--epochs", "-1"], "--epochs must be positive"),
-        (["--max-configs", "0"], "--max-configs must be positive"),
-        (["--limit", "0"], "--limit must be positive"),
-        (["--cores-per-worker", "0"], "--cores-per-worker must be positive"),
+        (["--workers", "0"], "argument --workers: expected a positive integer"),
+        (["--epochs", "-1"], "argument --epochs: expected a positive integer"),
+        (["--max-configs", "0"], "argument --max-configs: expected a positive integer"),
+        (["--limit", "0"], "argument --limit: expected a positive integer"),
+        (["--cores-per-worker", "0"], "argument --cores-per-worker: expected a positive integer"),
     ],
 )
 def test_bad_options_are_usage_errors(argv, message, capsys):

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from trainer.ps.wire import AuthenticationError, new_secret
+from trainer.transport.wire import AuthenticationError, new_secret
 from trainer.selection.hopper import HopperClient, HopperError, HopperRejected, HopperServer
 
 

@@ -23,14 +23,14 @@ import keras
 import numpy as np
 import pytest
 
-from trainer.ps.wire import new_secret
+from trainer.transport.wire import new_secret
 from trainer.selection import (
     CheckpointError, GridSearch, ModelSelector, SelectionCallback, SelectionError, SuccessiveHalving,
     TaskParallelScheduler, choice,
 )
 from trainer.selection.checkpoint import CheckpointStore
 from trainer.selection.hopper import HopperClient, HopperServer
-from trainer.selection.runner import _make_run
+from trainer.selection.driver import make_driver
 from trainer.selection.task import canonical_order
 
 REPO = Path(__file__).resolve().parents[1]
@@ -38,7 +38,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 # =========================================================================== fakes
 class FakeSelector:
-    """What `_make_run` needs from a ModelSelector."""
+    """What `make_driver` needs from a ModelSelector."""
 
     def __init__(self, strategy: str = "mop", num_workers: int = 2, seed: int = 0) -> None:
         self.strategy, self.num_workers, self.seed = strategy, num_workers, seed
@@ -78,7 +78,7 @@ def fake_task(host, port, secret, worker, rows, errors):
 def drive(search, selector, *, store=None, resume=False, replay=None, callbacks=()):
     ids = [c.id for c in search.configs()]
     states = {cid: [np.zeros(3, np.float32), np.zeros((), np.int64)] for cid in ids}
-    run = _make_run(selector, search, {cid: LAYOUT for cid in ids}, states, store=store, resume=resume,
+    run = make_driver(selector, search, {cid: LAYOUT for cid in ids}, states, store=store, resume=resume,
                     replay=replay, callbacks=callbacks, description={"ids": ids, "strategy": selector.strategy})
     for cb in callbacks:
         cb.selector = selector
@@ -250,7 +250,7 @@ def digits_search(metric: str) -> GridSearch:
 
 @pytest.fixture(scope="module")
 def digits(spark):
-    from trainer.datasets import digits_dataframe
+    from trainer_jobs.support.datasets import digits_dataframe
 
     train, val = digits_dataframe(spark).randomSplit([0.8, 0.2], seed=1)
     return train.cache(), val.cache()
@@ -344,7 +344,7 @@ def test_replay_interrupt_and_resume_with_loss(accuracy_run, digits, tmp_path):
 def test_select_mnist_job_end_to_end(tmp_path):
     """The job script in its own process, on its own small embedded cluster (the tests' SparkContext is taken)."""
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=str(REPO))
+    env = dict(os.environ, PYTHONPATH=str(REPO), TRAINER_DATA_DIR=str(tmp_path / "data"))
     proc = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "select_mnist.py"), "--limit", "300", "--max-configs", "2",
          "--epochs", "1", "--workers", "2", "--out", str(out)],
@@ -371,7 +371,8 @@ def test_select_forecast_job_end_to_end(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "select_forecast.py"), "--limit", "1200", "--val-hours", "200",
          "--max-configs", "2", "--epochs", "1", "--workers", "2", "--out", str(out)],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO)), capture_output=True, text=True, timeout=1400,
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), TRAINER_DATA_DIR=str(tmp_path / "data")),
+        capture_output=True, text=True, timeout=1400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     rows = {r["mode"]: r for r in json.loads((out / "select_forecast.json").read_text())["rows"]}

@@ -5,7 +5,8 @@ from __future__ import annotations
 import keras
 import numpy as np
 
-from trainer.selection.task import ModelCache, compiled_signature, get_state
+from trainer.runtime.state import model_state
+from trainer.selection.task import ModelCache, compiled_signature
 
 
 def build(units: int = 8, lr: float = 0.01, optimizer: str = "adam", dropout: float = 0.0, loss: str = "mse"):
@@ -32,7 +33,7 @@ def test_signature_ignores_layer_names_and_a_constant_learning_rate():
 
 
 def _state(model, value: float) -> list[np.ndarray]:
-    return [np.full_like(a, value) for a in get_state(model)]
+    return [np.full_like(a, value) for a in model_state(model)]
 
 
 def test_cache_shares_one_model_and_keeps_each_configurations_state():
@@ -44,9 +45,9 @@ def test_cache_shares_one_model_and_keeps_each_configurations_state():
     loaded = cache.load("a", _state(a, 1.0))
     cache.trained("a", _state(a, 2.0))  # what training produced (saved: the object is shared)
     cache.load("b", _state(b, 5.0))
-    assert float(np.asarray(get_state(loaded)[0]).flat[0]) == 5.0
+    assert float(np.asarray(model_state(loaded)[0]).flat[0]) == 5.0
     cache.load("a", None)  # `keep`: the task's own newest state of "a" comes back
-    assert all(np.all(np.asarray(x) == 2.0) for x in get_state(loaded))
+    assert all(np.all(np.asarray(x) == 2.0) for x in model_state(loaded))
     cache.load("c", _state(c, 7.0))
     cache.load("c", None)  # not shared: the object still holds it
-    assert all(np.all(np.asarray(x) == 7.0) for x in get_state(c))
+    assert all(np.all(np.asarray(x) == 7.0) for x in model_state(c))

@@ -12,7 +12,7 @@ import threading
 import pytest
 from pyspark import cloudpickle
 
-from trainer.estimator import ship_by_value
+from trainer.runtime.shipping import ship_by_value
 
 
 @pytest.fixture

@@ -177,7 +177,7 @@ def test_bad_arguments_are_named():
 
 
 def test_error_summary_names_the_root_cause():
-    from trainer.launch import error_summary
+    from trainer.spark.launch import error_summary
 
     python_error = ("An error occurred while calling o12.collectToPython.\nTraceback (most recent call last):\n"
                     '  File "worker.py", line 3, in f\nValueError: bad shape (3,)\n\tat org.apache.spark')

@@ -1,36 +1,41 @@
 """Data-parallel training of Keras 3 models on Apache Spark DataFrames.
 
-Public API (imported lazily, so ``python -m trainer.cluster`` stays light):
-    Trainer, FittedModel, TrainingHistory     -- trainer.estimator
-    SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, get_algorithm
+Public API (imported lazily, so ``python -m trainer`` and the executors stay light):
+    Trainer                                   -- trainer.estimator
+    FittedModel, TrainingHistory              -- trainer.fitted
+    SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, Algorithm, get_algorithm
                                               -- trainer.algorithms
-    LocalCluster                              -- trainer.cluster
-    spark_session                             -- trainer.session
-    DataValidationError                       -- trainer.data.validate
-    ClusterCapacityError, TrainingFailedError -- trainer.launch
+    LocalCluster                              -- trainer.spark.local_cluster
+    spark_session                             -- trainer.spark.session
+    DataValidationError, ClusterCapacityError, TrainingFailedError, CheckpointError,
+    ClusterError, JavaError, MasterUnreachableError
+                                              -- trainer.errors
+
+``docs/architecture.md`` shows the rooms of the package and the path of a fit.
 """
 
 from __future__ import annotations
 
 import importlib
-import os
-import warnings
 
-# Quiet by default: TensorFlow's C++ start-up banners, and PySpark's notice that
-# it has not certified pandas 3 (the Arrow paths used here work with it).
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+from trainer import verbosity
+
+# Quiet by default: TensorFlow reads its log level when it starts, so set it before anything imports it.
+verbosity.apply_quiet_env()
 
 _EXPORTS = {
     "trainer.algorithms": [
         "ADAG", "AEASGD", "DOWNPOUR", "EASGD", "Algorithm", "DynSGD", "SingleWorker", "SyncAveraging",
         "get_algorithm",
     ],
-    "trainer.cluster": ["LocalCluster"],
-    "trainer.data.validate": ["DataValidationError"],
-    "trainer.estimator": ["FittedModel", "Trainer", "TrainingHistory"],
-    "trainer.launch": ["ClusterCapacityError", "TrainingFailedError"],
-    "trainer.session": ["spark_session"],
+    "trainer.errors": [
+        "CheckpointError", "ClusterCapacityError", "ClusterError", "DataValidationError", "JavaError",
+        "MasterUnreachableError", "TrainingFailedError",
+    ],
+    "trainer.estimator": ["Trainer"],
+    "trainer.fitted": ["FittedModel", "TrainingHistory"],
+    "trainer.spark.local_cluster": ["LocalCluster"],
+    "trainer.spark.session": ["spark_session"],
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 __all__ = sorted(_WHERE)

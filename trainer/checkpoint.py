@@ -1,12 +1,16 @@
-"""Atomic checkpoints of the parameter server's state, for resuming a run.
+"""Atomic checkpoints of the parameter server's state, for resuming a run, and the one atomic writer.
 
-A checkpoint is ONE file, ``<dir>/checkpoint.npz``: the center arrays (model
-weights, followed by averaged optimizer state when the algorithm keeps it on
-the server) plus a JSON record (version, epochs each worker finished, the
-algorithm, the time) stored as a uint8 array. It is written to a temporary
-file in the same directory, flushed to disk and renamed over the previous one,
-so a crash at any moment leaves either the old or the new checkpoint, never a
-torn one. It is read with ``allow_pickle=False``.
+`atomic_write_bytes` / `atomic_write_json` write every checkpoint file of the
+project (the trainer's and the model selection's): a temporary file in the
+same directory, flushed and fsync'ed, renamed over the old one, then the
+directory fsync'ed, so a crash at any moment leaves either the old or the new
+file, never a torn one.
+
+A trainer checkpoint is ONE file, ``<dir>/checkpoint.npz``: the center arrays
+(model weights, followed by averaged optimizer state when the algorithm keeps
+it on the server) plus a JSON record (version, epochs each worker finished,
+the algorithm, the time) stored as a uint8 array. It is read with
+``allow_pickle=False``.
 
 `Checkpointer` decides when to write: every `every` server updates, whenever
 all workers have finished one more epoch, and once more when training stops
@@ -23,20 +27,66 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
-from .ps.server import completed_epochs
+from trainer.errors import CheckpointError
+from trainer.ps.server import completed_epochs
 
 log = logging.getLogger("trainer.checkpoint")
 
 FILE_NAME = "checkpoint.npz"
 _META_KEY = "__meta__"
 
+__all__ = ["Checkpoint", "CheckpointError", "Checkpointer", "atomic_write_bytes", "atomic_write_json", "json_default",
+           "load_checkpoint", "save_checkpoint"]
 
-class CheckpointError(ValueError):
-    """A checkpoint is missing, unreadable or does not match the model."""
+
+def atomic_write_bytes(path: str | os.PathLike, write: Callable[[Any], Any]) -> Path:
+    """Call ``write(file)`` on a temporary file next to `path`, then replace `path` with it (durably)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    _fsync_directory(path.parent)
+    return path
+
+
+def _fsync_directory(directory: Path) -> None:
+    """Make a rename in `directory` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any) -> Path:
+    """`atomic_write_bytes` of `data` as indented JSON (numpy scalars and tuples converted)."""
+    payload = json.dumps(data, indent=1, default=json_default).encode("utf-8")
+    return atomic_write_bytes(path, lambda fh: fh.write(payload))
+
+
+def json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, tuple):
+        return list(obj)
+    return str(obj)
 
 
 @dataclass
@@ -64,18 +114,7 @@ def save_checkpoint(directory: str | os.PathLike, checkpoint: Checkpoint) -> Pat
     }
     arrays = {f"a{i:05d}": np.asarray(a) for i, a in enumerate(checkpoint.center)}
     arrays[_META_KEY] = np.frombuffer(json.dumps(record).encode(), dtype=np.uint8)
-    fd, tmp = tempfile.mkstemp(prefix=".checkpoint-", suffix=".tmp", dir=out)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.savez(fh, **arrays)
-            fh.flush()
-            os.fsync(fh.fileno())
-        target = out / FILE_NAME
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return target
+    return atomic_write_bytes(out / FILE_NAME, lambda fh: np.savez(fh, **arrays))
 
 
 def load_checkpoint(directory: str | os.PathLike) -> Checkpoint:

@@ -1,4 +1,4 @@
-"""The user API: ``Trainer(...).fit(df)`` returns a `FittedModel`.
+"""The user API: ``Trainer(...).fit(df)`` returns a `trainer.fitted.FittedModel`.
 
 Example:
     >>> from trainer import Trainer, ADAG, LocalCluster
@@ -9,15 +9,17 @@ Example:
     ...     fitted.evaluate(test_df)
     ...     predictions = fitted.transform(test_df)
 
-`fit` checks everything it can before any training job starts (arguments,
-model, columns, values, cluster slots), then starts a parameter server in this
-driver, runs ONE barrier stage of `num_workers` long-lived tasks, and always
-stops the server (also on error or Ctrl-C). Lost executors are retried up to
-`max_retries` times; retried workers resume from the server's current weights
-at the first epoch not every worker finished. A retry waits `retry_timeout`
-seconds for the lost slots (Spark standalone relaunches a killed executor),
-then continues on the slots left, down to `min_workers`: the history's events
-record each failed attempt and each change in the number of workers.
+The path of one fit goes one way. `Trainer.fit` plans: it checks everything it
+can before any training job starts (arguments, model, checkpoint, columns,
+values, cluster slots) and builds the model source and the two-column frame.
+It then starts a parameter server in this driver and hands ONE barrier stage
+of `num_workers` long-lived tasks (``trainer.runtime.worker``) to
+``trainer.spark.launch.run_stage_with_retries``, which re-runs it after lost
+executors (``max_retries``; a retry waits `retry_timeout` seconds for the lost
+slots, then continues on the slots left, down to `min_workers`; retried workers
+resume from the server's current weights at the first epoch not every worker
+finished). The workers' records come back once and become the
+`TrainingHistory`. The server always stops (also on error or Ctrl-C).
 """
 
 from __future__ import annotations
@@ -26,65 +28,24 @@ import functools
 import json
 import logging
 import os
-import sys
-import sysconfig
-import threading
 import time
-import uuid
-from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, Callable
 
-import numpy as np
-
-from .algorithms import Algorithm, get_algorithm
-from .data.validate import DataSpec, feature_column, prepare_frame
-from .launch import (
-    ClusterCapacityError, TrainingFailedError, available_slots, is_infrastructure_failure, run_barrier_job,
-    wait_for_slots,
-)
-from .ps.server import uniform_progress
-from .progress import TrainingProgress
-from .schedules import planned_steps
-from .worker import (
-    RESULT_DDL, ModelSource, WorkerConfig, arrow_to_numpy, configure_process, load_keras_bytes,
-    model_to_bytes, train_partition,
-)
+from trainer.algorithms import Algorithm, get_algorithm
+from trainer.checkpoint import Checkpoint, Checkpointer, load_checkpoint
+from trainer.data.validate import DataSpec, prepare_frame
+from trainer.errors import CheckpointError
+from trainer.fitted import FittedModel, TrainingHistory
+from trainer.lr_schedules import planned_steps
+from trainer.progress import TrainingProgress
+from trainer.ps.server import ParameterServer, uniform_progress
+from trainer.runtime.shipping import ModelSource, model_to_bytes, ship_by_value
+from trainer.runtime.worker import RESULT_DDL, WorkerConfig, train_partition
+from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.transport.wire import new_secret
 
 log = logging.getLogger("trainer")
-
-
-def ship_by_value(*objects: Any) -> None:
-    """Make Spark serialize user code (builder functions, custom layers) by value.
-
-    cloudpickle pickles functions and classes of importable modules by
-    reference, which fails on executors that do not have the user's script or
-    test module on their path. Modules outside site-packages and the standard
-    library are shipped whole; a ``functools.partial`` ships its function's module.
-
-    Raises TypeError, before any cluster work, for an object that cannot be
-    serialized (a closure over a lock, an open file, a live session, ...).
-    """
-    from pyspark import cloudpickle
-
-    stdlib = sysconfig.get_paths()["stdlib"]
-    for given in objects:
-        obj = given
-        while isinstance(obj, functools.partial):
-            obj = obj.func
-        module = sys.modules.get(getattr(obj, "__module__", None) or "")
-        path = getattr(module, "__file__", None) or ""
-        if module is not None and module.__name__ != "__main__" and module.__name__.split(".")[0] != "trainer" \
-                and path and "-packages" not in path and not path.startswith(stdlib):
-            cloudpickle.register_pickle_by_value(module)
-        try:
-            cloudpickle.dumps(given)
-        except Exception as exc:
-            raise TypeError(
-                f"{given!r} cannot be sent to the executors: {type(exc).__name__}: {exc}. Define the model "
-                "function (and custom objects) at module level, or make it capture only picklable values "
-                "(numbers, strings, functions), and build Keras objects inside it."
-            ) from exc
 
 
 def _identity(batches):
@@ -98,76 +59,17 @@ def _positive_int(name: str, value: Any) -> int:
 
 
 @dataclass
-class TrainingHistory:
-    """What happened during `fit`.
+class _Plan:
+    """What `Trainer.fit` decided before any training job: the model, the data and where to start from."""
 
-    Attributes:
-        updates: one dict per parameter-server update (time, worker, version,
-            staleness, bytes_in, bytes_out, epoch, step, loss, kind).
-        workers: one dict per worker task (rows, commits, comm_s, bytes_sent,
-            bytes_received, timings, per-epoch logs); retried tasks appear once
-            per attempt.
-        epochs: per epoch: wall time over all workers, batches trained by
-            all workers and the mean of the workers' Keras logs (loss, metrics).
-        events: notable events (retries, server-side rejections).
-        timings: wall_s, data_delivery_s, model_build_s, train_s, epoch_s.
-    """
-
-    algorithm: str
-    num_workers: int
-    updates: list[dict] = field(default_factory=list)
-    workers: list[dict] = field(default_factory=list)
-    epochs: list[dict] = field(default_factory=list)
-    events: list[dict] = field(default_factory=list)
-    timings: dict[str, float] = field(default_factory=dict)
-
-    @property
-    def num_updates(self) -> int:
-        return len(self.updates)
-
-    @property
-    def bytes_moved(self) -> int:
-        return sum(u["bytes_in"] + u["bytes_out"] for u in self.updates)
-
-    @property
-    def loss(self) -> list[float]:
-        """Mean training loss of the workers at the end of each epoch."""
-        return [e.get("loss", float("nan")) for e in self.epochs]
-
-    def to_frame(self):
-        """Parameter-server updates as a pandas DataFrame."""
-        import pandas as pd
-
-        return pd.DataFrame(self.updates)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def build(cls, algorithm: Algorithm, num_workers: int, ps, workers: list[dict], job_start: float,
-              job_end: float, events: list[dict]) -> "TrainingHistory":
-        final = [w for w in workers if w["attempt"] == max(x["attempt"] for x in workers)]
-        epochs = []
-        for epoch in sorted({e["epoch"] for w in final for e in w["epochs"] if "end" in e}):
-            parts = [e for w in final for e in w["epochs"] if e["epoch"] == epoch and "end" in e]
-            entry = {"epoch": epoch, "time_s": max(p["end"] for p in parts) - min(p["start"] for p in parts),
-                     "batches": sum(p.get("batches", 0) for p in parts)}
-            for key in parts[0]["logs"]:
-                entry[key] = float(np.mean([p["logs"].get(key, np.nan) for p in parts]))
-            epochs.append(entry)
-        first = [w for w in workers if w["attempt"] == 0] or workers
-        timings = {
-            "wall_s": job_end - job_start,
-            "data_delivery_s": max(w["data_ready"] for w in first) - job_start,
-            "model_build_s": max(w["model_built"] - w["data_ready"] for w in first),
-            "train_s": max(w["train_s"] for w in final),
-            "epoch_s": float(np.mean([e["time_s"] for e in epochs])) if epochs else float("nan"),
-        }
-        return cls(
-            algorithm=algorithm.describe(), num_workers=num_workers,
-            updates=[asdict(u) for u in ps.updates], workers=sorted(workers, key=lambda w: (w["attempt"], w["worker"])),
-            epochs=epochs, events=list(ps.events) + events, timings=timings,
-        )
+    model: Any  # the driver's keras.Model; it receives the trained weights
+    source: ModelSource
+    frame: Any  # the two-column DataFrame the workers read
+    spec: DataSpec
+    center: list
+    version: int
+    epochs_done: dict
+    resumed: Checkpoint | None
 
 
 class Trainer:
@@ -284,9 +186,9 @@ class Trainer:
         self.check_data = bool(check_data)
         self.share_epochs = bool(share_epochs)
 
-    # -- helpers -------------------------------------------------------------
+    # -- planning ---------------------------------------------------------------
     def _driver_model(self):
-        import keras
+        import keras  # deferred: TensorFlow starts only when a fit does
 
         if isinstance(self.model, keras.Model):
             ship_by_value(*(self.custom_objects or {}).values())
@@ -297,16 +199,7 @@ class Trainer:
         ship_by_value(self.model, *(self.custom_objects or {}).values())
         return model, ModelSource(builder=self.model, custom_objects=self.custom_objects)
 
-    def _ps_addresses(self, spark) -> tuple[str, str, int]:
-        conf = spark.sparkContext.getConf()
-        host = self.ps_host or os.environ.get("TRAINER_PS_HOST") or conf.get("spark.driver.host", "127.0.0.1")
-        bind = self.ps_bind_host or os.environ.get("TRAINER_PS_BIND") or host
-        port = self.ps_port if self.ps_port is not None else int(os.environ.get("TRAINER_PS_PORT", "0"))
-        return host, bind, port
-
-    def _check_resume(self, checkpoint, model) -> tuple[list, int, dict]:
-        from .checkpoint import CheckpointError
-
+    def _check_resume(self, checkpoint: Checkpoint, model) -> tuple[list, int, dict]:
         weights = model.get_weights()
         saved = checkpoint.center[: len(weights)]
         shapes = [w.shape for w in weights]
@@ -320,39 +213,8 @@ class Trainer:
         # Any worker count may resume: rows are dealt anew, the epochs everybody finished carry over.
         return center, checkpoint.version, uniform_progress(checkpoint.completed_epochs, self.num_workers)
 
-    def _workers_for_retry(self, spark, workers: int, events: list[dict]) -> int:
-        """Wait for `num_workers` slots; after `retry_timeout` continue on what is left (>= min_workers)."""
-        try:
-            wait_for_slots(spark, self.num_workers, self.retry_timeout)
-            slots = self.num_workers
-        except ClusterCapacityError as error:
-            slots = error.slots if error.slots is not None else available_slots(spark)
-            if slots < self.min_workers:
-                raise ClusterCapacityError(
-                    f"After losing executors only {slots} task slot(s) came back within retry_timeout="
-                    f"{self.retry_timeout:.0f} s, fewer than min_workers={self.min_workers}: training stops. "
-                    "The parameter server's last state is in the checkpoint if checkpoint_dir was set; "
-                    "resume with fit(df, resume_from=...) once the cluster is back."
-                ) from None
-        if slots != workers:
-            log.warning("Continuing on %d workers (was %d)", slots, workers)
-            events.append({"time": time.time(), "event": "workers_changed", "from": workers, "to": slots})
-        return slots
-
-    # -- fit -------------------------------------------------------------------
-    def fit(self, df, resume_from: str | os.PathLike | None = None) -> "FittedModel":
-        """Train on `df` and return a `FittedModel` (see the class docstring).
-
-        `resume_from` is the `checkpoint_dir` of an interrupted run with the same
-        model and algorithm: training continues from its weights at the first
-        epoch not every worker finished (and keeps checkpointing there unless
-        another `checkpoint_dir` is set).
-        """
-        import keras
-
-        from .checkpoint import Checkpointer, load_checkpoint
-        from .ps import ParameterServer, new_secret
-
+    def _plan(self, df, resume_from) -> _Plan:
+        """Every check before cluster work: the model, the checkpoint, the data, the free slots."""
         started = time.time()
         model, source = self._driver_model()
         resumed = load_checkpoint(resume_from) if resume_from is not None else None
@@ -360,11 +222,9 @@ class Trainer:
         if resumed is not None:
             center, version, epochs_done = self._check_resume(resumed, model)
         frame, spec = prepare_frame(
-            df, self.features_col, self.label_col, model,
-            min_rows=self.num_workers, check_values=self.check_data,
+            df, self.features_col, self.label_col, model, min_rows=self.num_workers, check_values=self.check_data,
         )
-        spark = df.sparkSession
-        wait_for_slots(spark, self.num_workers, self.slot_timeout)
+        wait_for_slots(df.sparkSession, self.num_workers, self.slot_timeout)
         log.info(
             "Training %s on %d rows with %d workers, %s, batch %d, %d epochs (checks took %.1f s)",
             model.name, spec.num_rows, self.num_workers, self.algorithm.describe(), self.batch_size,
@@ -375,199 +235,82 @@ class Trainer:
             # partitions it can leave a worker without any row. The identity map
             # keeps the optimizer from collapsing coalesce(1) into the repartition.
             frame = frame.coalesce(1).mapInArrow(_identity, frame.schema)
-        host, bind, port = self._ps_addresses(spark)
-        steps = planned_steps(spec.num_rows, self.num_workers, self.batch_size)
+        return _Plan(model, source, frame, spec, center, version, epochs_done, resumed)
+
+    # -- fit -------------------------------------------------------------------
+    def fit(self, df, resume_from: str | os.PathLike | None = None) -> FittedModel:
+        """Train on `df` and return a `FittedModel` (see the class docstring).
+
+        `resume_from` is the `checkpoint_dir` of an interrupted run with the same
+        model and algorithm: training continues from its weights at the first
+        epoch not every worker finished (and keeps checkpointing there unless
+        another `checkpoint_dir` is set).
+        """
+        import keras  # deferred: TensorFlow starts only when a fit does
+
+        plan = self._plan(df, resume_from)
+        spark = df.sparkSession
+        host, bind, port = driver_addresses(spark, self.ps_host, self.ps_bind_host, self.ps_port)
+        steps = planned_steps(plan.spec.num_rows, self.num_workers, self.batch_size)
         progress = TrainingProgress(steps * self.num_workers * self.epochs, self.num_workers, self.epochs,
                                     enabled=self.verbose)
         secret = new_secret()
         checkpointer: Checkpointer | None = None
         callbacks: list[Callable] = [progress.update] + ([self.on_update] if self.on_update else [])
         server = ParameterServer(
-            self.algorithm, center, self.num_workers, secret, host=bind, port=port,
+            self.algorithm, plan.center, self.num_workers, secret, host=bind, port=port,
             io_timeout=self.io_timeout, round_timeout=self.io_timeout,
             on_update=lambda record: [cb(record) for cb in callbacks],
             on_epoch_done=lambda worker, epoch: checkpointer and checkpointer.on_epoch_done(worker, epoch),
-            version=version, epochs_done=epochs_done,
+            version=plan.version, epochs_done=plan.epochs_done,
         )
         checkpoint_dir = self.checkpoint_dir if self.checkpoint_dir is not None else resume_from
         if checkpoint_dir is not None:
             checkpointer = Checkpointer(checkpoint_dir, server, self.checkpoint_every, {
                 "num_workers": self.num_workers, "algorithm": self.algorithm.describe(), "epochs": self.epochs,
-                "model": model.name, "num_weights": len(model.weights),
+                "model": plan.model.name, "num_weights": len(plan.model.weights),
             })
             callbacks.append(checkpointer.on_update)
         events: list[dict] = []
-        if resumed is not None:
+        if plan.resumed is not None:
             events.append({"time": time.time(), "event": "resumed", "from": str(resume_from),
-                           "version": version, "completed_epochs": resumed.completed_epochs})
-        results: list[dict] = []
+                           "version": plan.version, "completed_epochs": plan.resumed.completed_epochs})
+
+        def make_task(attempt: int, workers: int):
+            return functools.partial(train_partition, WorkerConfig(
+                model=plan.source, algorithm=self.algorithm, ps_host=host, ps_port=bound_port, secret=secret,
+                num_workers=workers, batch_size=self.batch_size, epochs=self.epochs,
+                input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=attempt,
+                seed=self.seed, io_timeout=self.io_timeout, keras_backend=keras.backend.backend(),
+                share_epochs=self.share_epochs,
+            ))
+
+        def on_retry(workers: int) -> None:
+            server.resize(workers)
+            progress.restart(workers)
+
         try:
             _, bound_port = server.start()
             job_start = time.time()
-            workers = self.num_workers
-            for attempt in range(self.max_retries + 1):
-                config = WorkerConfig(
-                    model=source, algorithm=self.algorithm, ps_host=host, ps_port=bound_port, secret=secret,
-                    num_workers=workers, batch_size=self.batch_size, epochs=self.epochs,
-                    input_shape=spec.input_shape, label_size=spec.label_size, attempt=attempt, seed=self.seed,
-                    io_timeout=self.io_timeout, keras_backend=keras.backend.backend(),
-                    share_epochs=self.share_epochs,
-                )
-                try:
-                    rows = run_barrier_job(
-                        frame, workers, functools.partial(train_partition, config), RESULT_DDL,
-                        description=f"trainer: {model.name} {self.algorithm.describe()} attempt {attempt}",
-                    )
-                except TrainingFailedError as exc:
-                    retry = attempt < self.max_retries and is_infrastructure_failure(exc.__cause__)
-                    events.append({"time": time.time(), "event": "attempt_failed", "attempt": attempt,
-                                   "error": str(exc), "retry": retry})
-                    if not retry:
-                        raise
-                    log.warning("Attempt %d failed (%s); retrying from the server's current weights", attempt, exc)
-                    workers = self._workers_for_retry(spark, workers, events)
-                    server.resize(workers)
-                    progress.restart(workers)
-                    continue
-                results.extend(json.loads(r.history) for r in rows)
-                break
+            stage = run_stage_with_retries(
+                plan.frame, self.num_workers, make_task, RESULT_DDL,
+                policy=RetryPolicy(self.max_retries, self.retry_timeout, self.min_workers),
+                description=f"trainer: {plan.model.name} {self.algorithm.describe()}",
+                on_retry=on_retry, events=events,
+            )
             job_end = time.time()
         finally:
             server.stop()
             progress.close()
             if checkpointer is not None:
                 checkpointer.save()
-        model.set_weights(server.center()[: len(model.weights)])
-        history = TrainingHistory.build(self.algorithm, self.num_workers, server, results, job_start, job_end, events)
+        plan.model.set_weights(server.center()[: len(plan.model.weights)])
+        results = [json.loads(r.history) for r in stage.rows]
+        history = TrainingHistory.build(self.algorithm.describe(), self.num_workers, server, results, job_start,
+                                        job_end, events)
         log.info(
             "Trained in %.1f s (%.1f s per epoch, data delivery %.1f s), %d updates, %.1f MB moved",
             history.timings["wall_s"], history.timings["epoch_s"], history.timings["data_delivery_s"],
             history.num_updates, history.bytes_moved / 1e6,
         )
-        return FittedModel(model, history, self.features_col, self.label_col, spec, self.custom_objects)
-
-
-_MODEL_CACHE: dict[str, Any] = {}
-_CACHE_LOCK = threading.Lock()
-
-
-def _cached_model(key: str, data: bytes, custom_objects):
-    """One deserialized model per Python worker process and fitted model."""
-    with _CACHE_LOCK:
-        if key not in _MODEL_CACHE:
-            while len(_MODEL_CACHE) >= 2:
-                _MODEL_CACHE.pop(next(iter(_MODEL_CACHE)))
-            _MODEL_CACHE[key] = load_keras_bytes(data, custom_objects)
-        return _MODEL_CACHE[key]
-
-
-def _task_setup(backend: str) -> None:
-    from pyspark import TaskContext
-
-    ctx = TaskContext.get()
-    configure_process(max(1, int(ctx.cpus())) if ctx else 1, None, backend, {})
-
-
-class FittedModel:
-    """A trained model: the Keras model, its `TrainingHistory`, and distributed inference."""
-
-    def __init__(self, keras_model, history: TrainingHistory, features_col, label_col, spec: DataSpec,
-                 custom_objects=None) -> None:
-        self.keras_model = keras_model
-        self.history = history
-        self.features_col = features_col
-        self.label_col = label_col
-        self.spec = spec
-        self.custom_objects = custom_objects
-        self._bytes: bytes | None = None
-        self._key = uuid.uuid4().hex
-
-    def _model_bytes(self) -> bytes:
-        if self._bytes is None:
-            self._bytes = model_to_bytes(self.keras_model)
-        return self._bytes
-
-    def transform(self, df, output_col: str = "prediction", batch_size: int = 1024):
-        """Return `df` with `output_col` added: the model's outputs for every row.
-
-        Runs on the executors (``predict_batch_udf``; the model is loaded once per
-        Python worker). Multi-unit outputs become array<float>, single-unit ones float.
-        """
-        import keras
-        from pyspark.ml.functions import predict_batch_udf
-        from pyspark.sql import types as T
-
-        from .data.validate import model_io, resolve_input_shape
-
-        input_shape, units, _ = model_io(self.keras_model)
-        shape = list(resolve_input_shape(input_shape, self.spec.feature_size))
-        data, key, objects, backend = self._model_bytes(), self._key, self.custom_objects, keras.backend.backend()
-        scalar = units == 1
-
-        def make_predict_fn():
-            _task_setup(backend)
-            model = _cached_model(key, data, objects)
-
-            def predict(x: np.ndarray) -> np.ndarray:
-                out = np.asarray(model.predict_on_batch(x.astype(np.float32, copy=False)))
-                return out.reshape(len(x)) if scalar else out.reshape(len(x), -1)
-
-            return predict
-
-        return_type = T.FloatType() if scalar else T.ArrayType(T.FloatType())
-        udf = predict_batch_udf(make_predict_fn, return_type=return_type, batch_size=batch_size,
-                                input_tensor_shapes=[shape])
-        return df.withColumn(output_col, udf(feature_column(df, self.features_col)))
-
-    def evaluate(self, df, batch_size: int = 1024) -> dict[str, float]:
-        """Loss and compiled metrics on `df`, computed on the executors.
-
-        Each partition is evaluated with ``model.evaluate``; results are averaged
-        weighted by row count, which is exact for loss, accuracy, MAE, MSE and any
-        other per-sample mean, and approximate for metrics such as AUC.
-        """
-        import keras
-        import pyarrow as pa
-
-        frame, spec = prepare_frame(df, self.features_col, self.label_col, self.keras_model)
-        data, key, objects, backend = self._model_bytes(), self._key, self.custom_objects, keras.backend.backend()
-        schema = pa.schema([("count", pa.int64()), ("metrics", pa.string())])
-
-        def evaluate_partition(batches):
-            x, y = arrow_to_numpy(batches, spec.input_shape, spec.label_size)
-            if len(x) == 0:
-                return
-            _task_setup(backend)
-            model = _cached_model(key, data, objects)
-            metrics = model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
-            yield pa.RecordBatch.from_pydict(
-                {"count": [len(x)], "metrics": [json.dumps({k: float(v) for k, v in metrics.items()})]},
-                schema=schema,
-            )
-
-        rows = frame.mapInArrow(evaluate_partition, "count long, metrics string").collect()
-        total = sum(r["count"] for r in rows)
-        parts = [(r["count"], json.loads(r["metrics"])) for r in rows]
-        return {k: sum(n * m[k] for n, m in parts) / total for k in parts[0][1]}
-
-    def save(self, path: str | os.PathLike) -> Path:
-        """Write ``model.keras``, ``history.json`` and ``fitted.json`` into directory `path`."""
-        out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
-        self.keras_model.save(out / "model.keras")
-        (out / "history.json").write_text(json.dumps(self.history.to_dict(), default=float))
-        meta = {"features_col": self.features_col, "label_col": self.label_col, "spec": asdict(self.spec)}
-        (out / "fitted.json").write_text(json.dumps(meta))
-        return out
-
-    @classmethod
-    def load(cls, path: str | os.PathLike, custom_objects=None) -> "FittedModel":
-        import keras
-
-        src = Path(path)
-        meta = json.loads((src / "fitted.json").read_text())
-        spec = meta["spec"]
-        spec = DataSpec(spec["num_rows"], spec["feature_size"], tuple(spec["input_shape"]), spec["label_size"])
-        model = keras.saving.load_model(src / "model.keras", custom_objects=custom_objects)
-        history = TrainingHistory(**json.loads((src / "history.json").read_text()))
-        return cls(model, history, meta["features_col"], meta["label_col"], spec, custom_objects)
+        return FittedModel(plan.model, history, self.features_col, self.label_col, plan.spec, self.custom_objects)

@@ -119,7 +119,7 @@ SPARK_FROM_JUPYTER = textwrap.dedent(
     """
     import json, os, socket, sys
     import pyspark
-    from trainer.session import spark_session, wait_for_executors
+    from trainer.spark.session import spark_session, wait_for_executors
     spark = spark_session(os.environ["SPARK_MASTER_URL"], app_name="lab-smoke", cores_per_worker=1)
     wait_for_executors(spark, {workers}, timeout=120)
     def probe(_):

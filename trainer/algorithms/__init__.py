@@ -6,13 +6,13 @@ Pick one by instance (``ADAG(window=12)``) or by name through
 
 from __future__ import annotations
 
-from .adag import ADAG
-from .base import Algorithm, AlgorithmConfigError
-from .downpour import DOWNPOUR
-from .dynsgd import DynSGD
-from .easgd import AEASGD, EASGD
-from .single import SingleWorker
-from .sync import SyncAveraging
+from trainer.algorithms.adag import ADAG
+from trainer.algorithms.base import Algorithm, AlgorithmConfigError
+from trainer.algorithms.downpour import DOWNPOUR
+from trainer.algorithms.dynsgd import DynSGD
+from trainer.algorithms.easgd import AEASGD, EASGD
+from trainer.algorithms.single import SingleWorker
+from trainer.algorithms.sync import SyncAveraging
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
     cls.name: cls for cls in (SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Algorithm, add, copy_arrays, sub
+from trainer.algorithms.base import Algorithm, add, copy_arrays, sub
 
 
 @dataclass(frozen=True)

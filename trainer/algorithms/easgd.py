@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Algorithm, AlgorithmConfigError, add, copy_arrays, sub
+from trainer.algorithms.base import Algorithm, AlgorithmConfigError, add, copy_arrays, sub
 
 
 def _check_fraction(name: str, value: float) -> None:

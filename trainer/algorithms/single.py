@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from .base import Algorithm, AlgorithmConfigError, copy_arrays
+from trainer.algorithms.base import Algorithm, AlgorithmConfigError, copy_arrays
 
 
 @dataclass(frozen=True)

@@ -19,7 +19,7 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from .base import Algorithm, AlgorithmConfigError, check_window, copy_arrays
+from trainer.algorithms.base import Algorithm, AlgorithmConfigError, check_window, copy_arrays
 
 
 @dataclass(frozen=True)

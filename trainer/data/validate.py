@@ -26,12 +26,10 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from trainer.errors import DataValidationError
+
 FEATURES = "features"
 LABEL = "label"
-
-
-class DataValidationError(ValueError):
-    """The DataFrame does not fit the model or the training set-up."""
 
 
 @dataclass(frozen=True)

@@ -1,36 +1,16 @@
-"""Parameter-server transport: wire format, server (driver side) and client (worker side).
+"""The parameter server: server (driver side) and client (worker side), numpy and the standard library only.
 
-Only numpy and the standard library are used here; no Keras, no Spark.
+    ParameterServer, UpdateRecord       -- trainer.ps.server
+    PSClient                            -- trainer.ps.client
+    PSError, RemoteError, PSNotStartedError -- trainer.ps.errors
 
-    ParameterServer, UpdateRecord, PSNotStartedError   -- trainer.ps.server
-    PSClient, RemoteError                              -- trainer.ps.client
-    Msg, PSError, ProtocolError, ConnectionClosed,
-    PSTimeout, AuthenticationError, new_secret         -- trainer.ps.wire
+Frames, the handshake and the socket errors (TransportError, ConnectionClosed,
+TransportTimeout, ProtocolError, AuthenticationError, new_secret) come from
+``trainer.transport``. No Keras, no Spark.
 """
 
-from trainer.ps.client import PSClient, RemoteError
-from trainer.ps.server import ParameterServer, PSNotStartedError, UpdateRecord
-from trainer.ps.wire import (
-    AuthenticationError,
-    ConnectionClosed,
-    Msg,
-    ProtocolError,
-    PSError,
-    PSTimeout,
-    new_secret,
-)
+from trainer.ps.client import PSClient
+from trainer.ps.errors import PSError, PSNotStartedError, RemoteError
+from trainer.ps.server import ParameterServer, UpdateRecord
 
-__all__ = [
-    "AuthenticationError",
-    "ConnectionClosed",
-    "Msg",
-    "PSClient",
-    "PSError",
-    "PSNotStartedError",
-    "PSTimeout",
-    "ParameterServer",
-    "ProtocolError",
-    "RemoteError",
-    "UpdateRecord",
-    "new_secret",
-]
+__all__ = ["PSClient", "PSError", "PSNotStartedError", "ParameterServer", "RemoteError", "UpdateRecord"]

@@ -1,10 +1,10 @@
 """Worker-side client of the parameter server (runs inside a Spark task).
 
-``PSClient`` (a ``trainer.ps.endpoint.AuthenticatedClient``) opens one TCP
+``PSClient`` (a ``trainer.transport.endpoint.AuthenticatedClient``) opens one TCP
 connection, answers the server's HMAC challenge and then issues blocking
 request/reply calls (HELLO, PULL, COMMIT, EPOCH_DONE). An ERROR reply
 raises ``RemoteError`` (a ``PSError``) carrying the server's message; socket
-problems raise ``ConnectionClosed`` or ``PSTimeout``, after which the client
+problems raise ``ConnectionClosed`` or ``TransportTimeout``, after which the client
 is closed. Retrying is the caller's job (typically by letting
 the Spark task fail), not the client's.
 
@@ -20,12 +20,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainer.ps.endpoint import AuthenticatedClient
-from trainer.ps.wire import ConnectionClosed, Frame, Msg, PSError, PSTimeout
-
-
-class RemoteError(PSError):
-    """The server answered a request with an ERROR frame."""
+from trainer.ps.errors import RemoteError
+from trainer.transport.endpoint import AuthenticatedClient
+from trainer.transport.wire import ConnectionClosed, Frame, Msg, TransportError, TransportTimeout
 
 
 class PSClient(AuthenticatedClient):
@@ -81,15 +78,15 @@ class PSClient(AuthenticatedClient):
         self.version = meta.get("version")
         self.num_workers = meta.get("num_workers")
 
-    def _refused(self, text: str, msg: Msg | None = None) -> PSError:
+    def _refused(self, text: str, msg: Msg | None = None) -> TransportError:
         return RemoteError(text)
 
-    def _lost(self, msg: Msg, exc: PSError) -> PSError:
+    def _lost(self, msg: Msg, exc: TransportError) -> TransportError:
         if isinstance(exc, ConnectionClosed):
             return ConnectionClosed(f"lost the connection to the parameter server at {self.host}:{self.port} "
                                     f"during {msg.name}: {exc}")
-        if isinstance(exc, PSTimeout):
-            return PSTimeout(f"no reply from the parameter server at {self.host}:{self.port} to {msg.name} within "
+        if isinstance(exc, TransportTimeout):
+            return TransportTimeout(f"no reply from the parameter server at {self.host}:{self.port} to {msg.name} within "
                              f"timeout={self.timeout}s ({exc}); for synchronous rules the timeout must exceed the "
                              "server's round_timeout")
         return exc

@@ -10,7 +10,7 @@ workers commit over TCP:
   the minibatches that the workers of an attempt report for each epoch
   (COMMIT meta ``"batches"``) and returns the running total as
   ``"epoch_batches"``: workers use it to end an epoch together when they
-  share its work (see ``trainer.worker``);
+  share its work (see ``trainer.runtime.worker``);
 * synchronous rules: a round barrier waits until every worker has committed,
   the last arriving thread runs ``server_round`` and every waiter gets its own
   reply. A round is aborted (every waiter gets an ERROR reply starting with
@@ -18,10 +18,10 @@ workers commit over TCP:
   ``round_timeout`` expires, when a Spark retry starts a new attempt, or when
   the server stops -- nobody ever hangs.
 
-Serving comes from ``trainer.ps.endpoint.AuthenticatedServer``: one accept
+Serving comes from ``trainer.transport.endpoint.AuthenticatedServer``: one accept
 thread and one daemon thread per connection; every socket has a timeout,
 ``handshake_timeout`` until the peer authenticated (HMAC challenge, see
-``trainer.ps.wire``), then ``io_timeout``. A peer that misbehaves only loses
+``trainer.transport.wire``), then ``io_timeout``. A peer that misbehaves only loses
 its own connection.
 
 The stored center arrays are private read-only copies: update rules must be
@@ -39,17 +39,14 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from trainer.ps.endpoint import AuthenticatedServer, Connection
-from trainer.ps.wire import ALLOWED_DTYPES, Frame, Msg, ProtocolError, PSError, encode, frame_size
+from trainer.ps.errors import PSNotStartedError
+from trainer.transport.endpoint import AuthenticatedServer, Connection
+from trainer.transport.wire import ALLOWED_DTYPES, Frame, Msg, ProtocolError, encode, frame_size
 
 log = logging.getLogger("trainer.ps")
 
 #: Most events kept in ParameterServer.events (oldest are dropped).
 MAX_EVENTS = 10_000
-
-
-class PSNotStartedError(PSError):
-    """The parameter server was used before start() (or restarted after stop())."""
 
 
 @dataclass(frozen=True)
@@ -135,7 +132,7 @@ class ParameterServer(AuthenticatedServer):
     """Parameter server holding the center variable; see the module docstring.
 
     Serving (listening, the handshake, one thread per connection, stopping)
-    comes from :class:`~trainer.ps.endpoint.AuthenticatedServer`.
+    comes from :class:`~trainer.transport.endpoint.AuthenticatedServer`.
 
     Args:
         algorithm: an ``Algorithm`` (``synchronous`` picks commit vs round mode).

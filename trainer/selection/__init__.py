@@ -5,25 +5,25 @@
     Hyperband                                                    -- trainer.selection.search
     MopScheduler, simulate                                       -- trainer.selection.scheduler
     TaskParallelScheduler                                        -- trainer.selection.baseline
-    ModelSelector, SelectionResult, SelectionCallback,
-    SelectionError, STRATEGIES, load_schedule                    -- trainer.selection.runner
-    CheckpointError                                              -- trainer.selection.checkpoint
+    ModelSelector, STRATEGIES                                    -- trainer.selection.selector
+    SelectionResult, load_schedule                               -- trainer.selection.result
+    SelectionCallback                                            -- trainer.selection.callbacks
+    SelectionError, CheckpointError                              -- trainer.errors
 
-Keras and PySpark are imported only when a search runs.
+The rooms: ``space``/``search`` say what to try; ``scheduler``/``baseline`` decide
+who trains what when (pure, events in, assignments out); ``selector`` plans a
+search and launches it; ``driver`` is the driver-side state the ``hopper`` server
+acts on; ``task`` runs on the executors; ``result``/``plots``/``checkpoint`` keep
+what came out. Keras is imported only when a search runs.
 """
 
+from trainer.errors import CheckpointError, SelectionError
 from trainer.selection.baseline import TaskParallelScheduler
-from trainer.selection.checkpoint import CheckpointError
-from trainer.selection.runner import (
-    STRATEGIES,
-    ModelSelector,
-    SelectionCallback,
-    SelectionError,
-    SelectionResult,
-    load_schedule,
-)
+from trainer.selection.callbacks import SelectionCallback
+from trainer.selection.result import SelectionResult, load_schedule
 from trainer.selection.scheduler import MopScheduler, simulate
 from trainer.selection.search import Config, GridSearch, Hyperband, Metric, RandomSearch, SuccessiveHalving
+from trainer.selection.selector import STRATEGIES, ModelSelector
 from trainer.selection.space import choice, grid, loguniform, quniform, sample, uniform
 
 __all__ = [

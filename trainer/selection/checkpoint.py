@@ -8,9 +8,9 @@ Layout of a checkpoint directory::
                          (JSON in the uint8 array "history")
     progress.json        the schedule issued so far and every finished unit of work
 
-Every file is written to a temporary name in the same directory, flushed,
-fsync'ed and moved over the old one with ``os.replace``: a crash leaves the
-previous complete file, never a torn one. A model file is self-contained (its
+Every file is written by ``trainer.checkpoint.atomic_write_bytes`` (a temporary
+file, fsync'ed, renamed over the old one): a crash leaves the previous
+complete file, never a torn one. A model file is self-contained (its
 state and the history of exactly the epochs that state has seen), so resuming
 trusts the model files; ``progress.json`` only adds the schedule to replay.
 Files are read with ``numpy.load(allow_pickle=False)`` and ``json``.
@@ -20,50 +20,17 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["CheckpointError", "CheckpointStore", "atomic_write_bytes", "atomic_write_json"]
+from trainer.checkpoint import json_default, atomic_write_bytes, atomic_write_json
+from trainer.errors import CheckpointError
+
+__all__ = ["CheckpointStore"]
 
 FORMAT_VERSION = 1
-
-
-class CheckpointError(RuntimeError):
-    """A checkpoint directory cannot be used for this run."""
-
-
-def atomic_write_bytes(path: Path, write) -> None:
-    """Call ``write(file)`` on a temporary file next to ``path``, then replace ``path`` with it."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            write(fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def atomic_write_json(path: Path, data: Any) -> None:
-    payload = json.dumps(data, indent=1, default=_json_default).encode("utf-8")
-    atomic_write_bytes(path, lambda fh: fh.write(payload))
-
-
-def _json_default(obj: Any) -> Any:
-    if isinstance(obj, np.generic):
-        return obj.item()
-    if isinstance(obj, tuple):
-        return list(obj)
-    return str(obj)
 
 
 class CheckpointStore:
@@ -91,7 +58,7 @@ class CheckpointStore:
         directory must not hold a run yet; with ``resume=True`` a run found
         there must describe the same search.
         """
-        run = json.loads(json.dumps({"format": FORMAT_VERSION, **run}, default=_json_default))
+        run = json.loads(json.dumps({"format": FORMAT_VERSION, **run}, default=json_default))
         if self.exists():
             if not resume:
                 raise CheckpointError(
@@ -116,7 +83,7 @@ class CheckpointStore:
     def save_model(self, config_id: str, state: list[np.ndarray], history: list[dict[str, Any]]) -> None:
         """Write the state after ``len(history)`` epochs of ``config_id``."""
         arrays = {f"a{i}": np.asarray(a) for i, a in enumerate(state)}
-        arrays["history"] = np.frombuffer(json.dumps(history, default=_json_default).encode("utf-8"), np.uint8)
+        arrays["history"] = np.frombuffer(json.dumps(history, default=json_default).encode("utf-8"), np.uint8)
         atomic_write_bytes(self.models_dir / f"{config_id}.npz", lambda fh: np.savez(fh, **arrays))
 
     def load_models(self, config_ids: list[str]) -> dict[str, tuple[list[np.ndarray], list[dict[str, Any]]]]:

@@ -1,7 +1,7 @@
 """Transport of the model hopper: a small authenticated server in the driver and its client.
 
 The driver runs one :class:`HopperServer` per search. Every worker task opens
-one connection, answers the HMAC challenge of :mod:`trainer.ps.wire` with the
+one connection, answers the HMAC challenge of :mod:`trainer.transport.wire` with the
 search's random secret, and then talks in request/reply frames of the same
 wire format (JSON meta + raw arrays of an allow-listed dtype; nothing is ever
 unpickled). The existing message types are reused with these meanings:
@@ -26,7 +26,7 @@ long-poll interval only bounds how long one request stays unanswered, so that
 socket timeouts never fire while a worker legitimately waits.
 
 Serving and connecting (the handshake, one thread per connection, timeouts on
-every socket, stopping) come from :mod:`trainer.ps.endpoint`, as for the
+every socket, stopping) come from :mod:`trainer.transport.endpoint`, as for the
 parameter server. A peer that misbehaves only loses its own connection. It
 knows nothing about Keras or Spark: the :class:`HopperHandler` decides what
 the requests mean.
@@ -39,8 +39,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from trainer.ps.endpoint import AuthenticatedClient, AuthenticatedServer, Connection
-from trainer.ps.wire import Frame, Msg, PSError
+from trainer.transport.endpoint import AuthenticatedClient, AuthenticatedServer, Connection
+from trainer.transport.wire import Frame, Msg, TransportError
 
 log = logging.getLogger("trainer.selection")
 
@@ -56,7 +56,7 @@ __all__ = [
 DEFAULT_MAX_BODY = 1 << 30
 
 
-class HopperError(PSError):
+class HopperError(TransportError):
     """A request to the model-hopper server failed (the message says why)."""
 
 
@@ -83,7 +83,7 @@ class HopperServer(AuthenticatedServer):
     Args:
         handler: a :class:`HopperHandler`.
         num_workers: tasks are numbered ``0 .. num_workers - 1``.
-        secret: the shared secret of the HMAC handshake (``trainer.ps.new_secret()``).
+        secret: the shared secret of the HMAC handshake (``trainer.transport.wire.new_secret()``).
         host, port: where to listen; ``port=0`` picks a free port.
         io_timeout: longest silence tolerated from an authenticated task, and
             longest send. It must exceed the longest unit of work (one
@@ -172,11 +172,11 @@ class HopperClient(AuthenticatedClient):
         """Hand a finished unit of work (metrics and the new model state) to the driver."""
         return self._request(Msg.COMMIT, meta, arrays).meta
 
-    def _refused(self, text: str, msg: Msg | None = None) -> PSError:
+    def _refused(self, text: str, msg: Msg | None = None) -> TransportError:
         if msg is None:
             return HopperError(text)
         return HopperError(f"The model-selection driver refused {msg.name}: {text}")
 
-    def _lost(self, msg: Msg, exc: PSError) -> PSError:
+    def _lost(self, msg: Msg, exc: TransportError) -> TransportError:
         return HopperError(f"Lost the connection to the model-selection driver at {self.host}:{self.port} during "
                            f"{msg.name}: {exc}")

@@ -27,8 +27,8 @@ build; random layers (dropout) then follow each task's own stream, which a
 replayed schedule reproduces. Calling ``keras.utils.set_random_seed`` per unit
 is avoided on purpose: it clears TensorFlow's caches (about 0.3 s per call).
 
-`get_state` / `set_state` convert a compiled Keras model to and from that
-list of arrays: ``model.get_weights()`` (all weights, trainable or not) then
+A model's state travels as the arrays of ``trainer.runtime.state.model_state``:
+``model.get_weights()`` (all weights, trainable or not) then
 ``model.optimizer.variables`` (iteration count, learning rate, slots).
 """
 
@@ -43,9 +43,16 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark import BarrierTaskContext
 
-__all__ = ["TaskConfig", "TaskSpec", "ModelCache", "compiled_signature", "get_state", "set_state", "state_layout",
-           "canonical_order", "selection_task", "RESULT_DDL", "SPLIT_COL"]
+from trainer.runtime.arrow import arrow_to_numpy
+from trainer.runtime.process import configure_process, task_resources
+from trainer.runtime.state import load_state, model_state, optimizer_of
+from trainer.selection.hopper import HopperClient
+
+__all__ = ["TaskConfig", "TaskSpec", "ModelCache", "compiled_signature", "canonical_order", "selection_task",
+           "RESULT_DDL", "SPLIT_COL"]
 
 #: Name of the boolean column that marks validation rows in the model-hopper frame.
 SPLIT_COL = "_is_validation"
@@ -71,7 +78,7 @@ class TaskSpec:
     configs: dict[str, TaskConfig]
     host: str
     port: int
-    secret: bytes
+    secret: bytes = field(repr=False)  # never in logs or reprs
     attempt: int
     feature_size: int
     label_size: int | None
@@ -83,51 +90,7 @@ class TaskSpec:
     env: dict[str, str] = field(default_factory=dict)
 
 
-# ----------------------------------------------------------------------------- state
-def _optimizer(model):
-    opt = getattr(model, "optimizer", None)
-    if opt is None:
-        raise ValueError(
-            "The model returned by model_fn is not compiled (it has no optimizer). "
-            "Fix: call model.compile(optimizer=..., loss=..., metrics=[...]) inside model_fn."
-        )
-    if not opt.built:
-        opt.build(model.trainable_variables)
-    return opt
-
-
-def get_state(model) -> list[np.ndarray]:
-    """The model's weights followed by its optimizer variables, as numpy arrays."""
-    import keras
-
-    opt = _optimizer(model)
-    return [np.asarray(w) for w in model.get_weights()] + [
-        np.asarray(keras.ops.convert_to_numpy(v)) for v in opt.variables
-    ]
-
-
-def state_layout(model) -> list[tuple[str, tuple[int, ...]]]:
-    """``(dtype name, shape)`` of every array of :func:`get_state`, without copying."""
-    opt = _optimizer(model)
-    return [(np.dtype(v.dtype).name, tuple(int(d) for d in v.shape)) for v in list(model.weights) + list(opt.variables)]
-
-
-def set_state(model, arrays: list[np.ndarray], config_id: str = "?") -> None:
-    """Load :func:`get_state` arrays into ``model`` (weights, then optimizer variables)."""
-    opt = _optimizer(model)
-    n_weights = len(model.weights)
-    variables = opt.variables
-    if len(arrays) != n_weights + len(variables):
-        raise ValueError(
-            f"Config {config_id}: the model state has {len(arrays)} arrays but the model built here has "
-            f"{n_weights} weights and {len(variables)} optimizer variables. Fix: model_fn must build the same "
-            "model for the same params on every machine (no randomness in the architecture)."
-        )
-    model.set_weights(arrays[:n_weights])
-    for var, value in zip(variables, arrays[n_weights:]):
-        var.assign(value)
-
-
+# ----------------------------------------------------------------------------- models
 def compiled_signature(model) -> str | None:
     """What a model's traced training step depends on, beyond its state: the architecture
     (layer names left out), loss, metrics and the optimizer's settings except a constant
@@ -201,11 +164,11 @@ class ModelCache:
         model = self.models[cid]
         holder = self._holder.get(id(model))
         if holder not in (None, cid) and holder not in self._saved:
-            self._saved[holder] = get_state(model)  # it may come back with `keep`
+            self._saved[holder] = model_state(model)  # it may come back with `keep`
         if arrays is not None:
-            set_state(model, arrays, cid)
+            load_state(model, arrays, what=f"config {cid}")
         elif holder != cid:
-            set_state(model, self._saved[cid], cid)
+            load_state(model, self._saved[cid], what=f"config {cid}")
         self._holder[id(model)] = cid
         self._saved.pop(cid, None)
         return model
@@ -218,14 +181,10 @@ class ModelCache:
 
 # ------------------------------------------------------------------------------ data
 def _split_shard(batches: Iterator[pa.RecordBatch], feature_size: int, label_size: int | None):
-    from trainer.worker import arrow_to_numpy
-
     batches = [b for b in batches if b.num_rows]
     if not batches:
         empty = arrow_to_numpy(iter(()), (feature_size,), label_size)
         return empty, empty
-    import pyarrow.compute as pc
-
     table = pa.Table.from_batches(batches)
     flag = table.column(SPLIT_COL)
     train = table.filter(pc.invert(flag)).drop_columns([SPLIT_COL])
@@ -276,16 +235,10 @@ def _logs(values: dict[str, Any], prefix: str = "") -> dict[str, float]:
 # ------------------------------------------------------------------------------ task
 def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Body of one barrier task (the function given to ``mapInArrow(barrier=True)``)."""
-    from pyspark import BarrierTaskContext
-
-    from trainer.selection.hopper import HopperClient
-    from trainer.worker import configure_process
-
     task_start = time.time()
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()
-    gpus = ctx.resources()["gpu"].addresses if "gpu" in ctx.resources() else None
-    configure_process(max(1, int(ctx.cpus())), gpus, spec.keras_backend, spec.env)
+    configure_process(*task_resources(ctx), spec.keras_backend, spec.env)
 
     if spec.full_copy is None:
         (x, y), (xv, yv) = _split_shard(batches, spec.feature_size, spec.label_size)
@@ -298,9 +251,9 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     checksum = _checksum(x, y, xv, yv)
     data_ready = time.time()
 
-    import keras
+    import keras  # after configure_process: TensorFlow reads its settings when it starts
 
-    from ..feed import ShardFeed
+    from trainer.runtime.feed import ShardFeed  # imports TensorFlow
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here
@@ -324,7 +277,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
                 started = time.time()
                 keras.utils.set_random_seed(cfg.build_seed)
                 built = spec.model_fn(dict(cfg.params))
-                _optimizer(built)
+                optimizer_of(built)
                 cache.add(cid, built)
                 record["builds"][cid] = time.time() - started
             model = cache.load(cid, None if work.get("keep") else list(arrays))
@@ -347,7 +300,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
             record["units"] += 1
             record["train_s"] += train_s
             record["val_s"] += val_s
-            state = get_state(model)
+            state = model_state(model)
             cache.trained(cid, state)
             client.send_result(
                 {"model": cid, "epoch": work["epoch"], "seq": work["seq"], "train": _logs(history.history),

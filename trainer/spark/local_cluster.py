@@ -10,8 +10,8 @@ everything that crosses a process boundary.
 
 Every daemon runs in its own session, so ``stop()`` can kill its whole process
 group (worker -> executor JVMs); the Python daemons that executors fork are
-found by an environment marker.  ``stop()`` is idempotent, also runs at
-interpreter exit, and works after a failed ``start()``.
+found by an environment marker (``trainer.spark.procs``).  ``stop()`` is
+idempotent, also runs at interpreter exit, and works after a failed ``start()``.
 
 Usage::
 
@@ -21,20 +21,16 @@ Usage::
 
 or from a shell (blocks until Ctrl-C / SIGTERM)::
 
-    python -m trainer.cluster up --workers 3
+    python -m trainer cluster up --workers 3
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import json
 import logging
 import os
-import re
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -46,33 +42,22 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from trainer.session import executor_env_defaults, spark_session
+from trainer.errors import ClusterError
+from trainer.spark.java import check_java, find_spark_home, parse_memory_mb
+from trainer.spark.procs import (
+    MARKER_ENV, Daemon, ensure_port_free, free_port, kill_daemons, kill_marked, marked_pids, pdeathsig_prefix,
+    tail, wait_groups_reaped,
+)
+from trainer.spark.session import executor_env_defaults, spark_session
 
-log = logging.getLogger("trainer.cluster")
+log = logging.getLogger("trainer.spark")
 
-__all__ = [
-    "LocalCluster",
-    "ClusterError",
-    "JavaError",
-    "check_java",
-    "find_spark_home",
-    "parse_memory_mb",
-    "main",
-]
-
-MIN_JAVA = 17
 MIN_WORKER_MEMORY_MB = 512  # Spark refuses executors below ~450m
-MARKER_ENV = "TRAINER_LOCAL_CLUSTER"
-STOP_GRACE_S = 10.0
 _MASTER_CLASS = "org.apache.spark.deploy.master.Master"
 _WORKER_CLASS = "org.apache.spark.deploy.worker.Worker"
-_JAVA_FIX = (
-    "install Java 17 or newer (Debian/Ubuntu: apt-get install openjdk-17-jre-headless) "
-    "and put it on PATH, or set JAVA_HOME to its home directory"
-)
 
 _LOG4J2 = """\
-# Written by trainer.cluster.LocalCluster: quiet Spark daemons and executors.
+# Written by trainer.spark.local_cluster.LocalCluster: quiet Spark daemons and executors.
 rootLogger.level = warn
 rootLogger.appenderRef.stderr.ref = console
 appender.console.type = Console
@@ -92,217 +77,12 @@ logger.hadoop.level = error
 """
 
 _SPARK_DEFAULTS = """\
-# Written by trainer.cluster.LocalCluster; read by the master and worker daemons.
+# Written by trainer.spark.local_cluster.LocalCluster; read by the master and worker daemons.
 # Several clusters may run on one machine: no fixed-port REST server, and a
 # port that is taken is an error (not a silent move to port+1).
 spark.master.rest.enabled   false
 spark.port.maxRetries       0
 """
-
-
-class ClusterError(RuntimeError):
-    """The local cluster could not be started (or a daemon died)."""
-
-
-class JavaError(ClusterError):
-    """No usable Java runtime (missing, or older than 17)."""
-
-
-# --------------------------------------------------------------------------- helpers
-
-
-def find_spark_home() -> str:
-    """SPARK_HOME of the installed pyspark wheel (or $SPARK_HOME if it has bin/spark-class)."""
-    from pyspark.find_spark_home import _find_spark_home
-
-    home = _find_spark_home()
-    if not os.path.isfile(os.path.join(home, "bin", "spark-class")):
-        raise ClusterError(
-            f"expected bin/spark-class under SPARK_HOME, but {home!r} has none; unset SPARK_HOME "
-            f"or reinstall pyspark (pip install pyspark)"
-        )
-    return home
-
-
-def parse_memory_mb(text: str) -> int:
-    """Parse a Spark memory string ('512m', '2g', '1t', '2048mb') into MiB."""
-    m = re.fullmatch(r"\s*(\d+)\s*([kmgt])b?\s*", str(text), flags=re.IGNORECASE)
-    if not m:
-        raise ValueError(
-            f"expected a memory size like '512m' or '2g' (a number with unit k/m/g/t), got {text!r}"
-        )
-    value, unit = int(m.group(1)), m.group(2).lower()
-    factor = {"k": 1 / 1024, "m": 1, "g": 1024, "t": 1024 * 1024}[unit]
-    return int(value * factor)
-
-
-def _java_binary(env: dict[str, str]) -> str:
-    java_home = env.get("JAVA_HOME")
-    if java_home:
-        java = os.path.join(java_home, "bin", "java")
-        if not os.access(java, os.X_OK):
-            raise JavaError(
-                f"expected a Java runtime at $JAVA_HOME/bin/java, but JAVA_HOME={java_home!r} has "
-                f"no executable bin/java; unset JAVA_HOME or {_JAVA_FIX}"
-            )
-        return java
-    java = shutil.which("java", path=env.get("PATH", os.defpath))
-    if not java:
-        raise JavaError(f"expected a 'java' executable on PATH (Java {MIN_JAVA}+), found none; {_JAVA_FIX}")
-    return java
-
-
-def check_java(env: dict[str, str] | None = None) -> tuple[str, int]:
-    """Return (java executable, major version); raise JavaError if missing or older than 17."""
-    env = dict(os.environ) if env is None else env
-    java = _java_binary(env)
-    try:
-        out = subprocess.run(
-            [java, "-version"], capture_output=True, text=True, timeout=60, env=env, check=False
-        )
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        raise JavaError(f"expected '{java} -version' to run, it failed: {exc}; {_JAVA_FIX}") from exc
-    text = (out.stderr or "") + (out.stdout or "")
-    m = re.search(r'version "(\d+)(?:\.(\d+))?', text)
-    if out.returncode != 0 or not m:
-        raise JavaError(
-            f"expected '{java} -version' to print a Java version, got exit code {out.returncode} "
-            f"and output {text.strip()[:500]!r}; {_JAVA_FIX}"
-        )
-    major = int(m.group(1))
-    if major == 1 and m.group(2):  # "1.8.0_392" -> 8
-        major = int(m.group(2))
-    if major < MIN_JAVA:
-        raise JavaError(
-            f"expected Java {MIN_JAVA} or newer for Spark 4, but {java} is Java {major}; {_JAVA_FIX}"
-        )
-    return java, major
-
-
-def _free_port(host: str) -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
-
-
-def _ensure_port_free(host: str, port: int, what: str) -> None:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            s.bind((host, port))
-        except OSError as exc:
-            raise ClusterError(
-                f"expected {what} port {host}:{port} to be free, but binding it failed ({exc}); "
-                f"another process uses it: choose another port or pass None to pick a free one"
-            ) from exc
-
-
-def _tail(path: Path | None, lines: int = 40) -> str:
-    if path is None:
-        return "(no log)"
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - 16384))
-            data = f.read().decode("utf-8", errors="replace")
-    except OSError as exc:
-        return f"(log {path} unreadable: {exc})"
-    tail = "\n".join(data.splitlines()[-lines:])
-    return tail if tail.strip() else "(log is empty)"
-
-
-def _pdeathsig_prefix() -> list[str]:
-    """`setpriv --pdeathsig TERM --` so daemons get SIGTERM if this process dies without cleanup.
-
-    Only on Linux with util-linux setpriv, and only from the main thread (the
-    signal fires when the *thread* that forked the child exits).
-    """
-    if not sys.platform.startswith("linux") or threading.current_thread() is not threading.main_thread():
-        return []
-    setpriv = shutil.which("setpriv")
-    if not setpriv:
-        return []
-    global _SETPRIV_OK
-    if _SETPRIV_OK is None:
-        try:
-            out = subprocess.run([setpriv, "--help"], capture_output=True, text=True, timeout=10)
-            _SETPRIV_OK = "--pdeathsig" in (out.stdout + out.stderr)
-        except (OSError, subprocess.TimeoutExpired):
-            _SETPRIV_OK = False
-    return [setpriv, "--pdeathsig", "TERM", "--"] if _SETPRIV_OK else []
-
-
-_SETPRIV_OK: bool | None = None
-
-
-def _proc_state(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read().decode(errors="replace")
-        return stat.rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return None
-
-
-def _group_alive(pgid: int) -> bool:
-    """True if process group ``pgid`` has a member that is not a zombie."""
-    try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    if not os.path.isdir("/proc"):
-        return True
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            if os.getpgid(int(entry)) == pgid and _proc_state(int(entry)) not in (None, "Z", "X"):
-                return True
-        except (ProcessLookupError, PermissionError, OSError):
-            continue
-    return False
-
-
-def _marked_pids(marker: str) -> list[int]:
-    """PIDs of live processes whose environment carries ``MARKER_ENV=marker`` (Linux only)."""
-    if not os.path.isdir("/proc"):
-        return []
-    needle = f"{MARKER_ENV}={marker}".encode() + b"\0"
-    found = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                environ = f.read() + b"\0"
-        except OSError:
-            continue
-        if needle in environ and _proc_state(int(entry)) not in (None, "Z", "X"):
-            found.append(int(entry))
-    return found
-
-
-class _Daemon:
-    def __init__(self, name: str, proc: subprocess.Popen, log_path: Path):
-        self.name = name
-        self.proc = proc
-        self.log_path = log_path
-
-    @property
-    def pgid(self) -> int:
-        return self.proc.pid  # start_new_session=True: the child leads its own group
-
-    def describe_exit(self) -> str:
-        return (
-            f"the {self.name} process (pid {self.proc.pid}) exited with code {self.proc.returncode}; "
-            f"last lines of {self.log_path}:\n{_tail(self.log_path)}"
-        )
-
-
-# --------------------------------------------------------------------------- the cluster
 
 
 class LocalCluster:
@@ -357,8 +137,8 @@ class LocalCluster:
     def _reset(self) -> None:
         self._root: Path | None = None
         self._owns_root = False
-        self._master: _Daemon | None = None
-        self._worker_daemons: list[_Daemon] = []
+        self._master: Daemon | None = None
+        self._worker_daemons: list[Daemon] = []
         self._master_port: int | None = None
         self._ui_port: int | None = None
         self._marker: str | None = None
@@ -411,13 +191,13 @@ class LocalCluster:
         """Live processes of this cluster: daemons, executors and their Python workers (Linux)."""
         pids = set()
         if self._marker:
-            pids.update(_marked_pids(self._marker))
+            pids.update(marked_pids(self._marker))
         for d in self._all_daemons():
             if d.proc.poll() is None:
                 pids.add(d.proc.pid)
         return sorted(pids)
 
-    def _all_daemons(self) -> list[_Daemon]:
+    def _all_daemons(self) -> list[Daemon]:
         return list(self._worker_daemons) + ([self._master] if self._master else [])
 
     def status(self, timeout: float = 5.0) -> dict[str, Any]:
@@ -514,11 +294,11 @@ class LocalCluster:
         (conf / "spark-defaults.conf").write_text(_SPARK_DEFAULTS)
         (self._root / "work").mkdir(exist_ok=True)
 
-    def _launch(self, name: str, args: list[str], spark_home: str, env: dict[str, str]) -> _Daemon:
+    def _launch(self, name: str, args: list[str], spark_home: str, env: dict[str, str]) -> Daemon:
         assert self._root is not None
         env = dict(env, SPARK_HOME=spark_home, SPARK_CONF_DIR=str(self._root / "conf"))
         log_path = self._root / f"{name}.log"
-        cmd = _pdeathsig_prefix() + [os.path.join(spark_home, "bin", "spark-class"), *args]
+        cmd = pdeathsig_prefix() + [os.path.join(spark_home, "bin", "spark-class"), *args]
         log.debug("starting %s: %s", name, " ".join(cmd))
         with open(log_path, "ab") as logf:
             proc = subprocess.Popen(
@@ -531,20 +311,20 @@ class LocalCluster:
                 start_new_session=True,
                 close_fds=True,
             )
-        return _Daemon(name, proc, log_path)
+        return Daemon(name, proc, log_path)
 
     def _start_master(self, spark_home: str, env: dict[str, str], t0: float) -> None:
         auto_ports = self._want_master_port is None or self._want_ui_port is None
         attempts = 3 if auto_ports else 1
         for attempt in range(1, attempts + 1):
-            self._master_port = self._want_master_port or _free_port(self.host)
-            self._ui_port = self._want_ui_port or _free_port(self.host)
+            self._master_port = self._want_master_port or free_port(self.host)
+            self._ui_port = self._want_ui_port or free_port(self.host)
             while self._ui_port == self._master_port:
-                self._ui_port = _free_port(self.host)
+                self._ui_port = free_port(self.host)
             if self._want_master_port is not None:
-                _ensure_port_free(self.host, self._master_port, "master")
+                ensure_port_free(self.host, self._master_port, "master")
             if self._want_ui_port is not None:
-                _ensure_port_free(self.host, self._ui_port, "master web UI")
+                ensure_port_free(self.host, self._ui_port, "master web UI")
             self._master = self._launch(
                 "master",
                 [_MASTER_CLASS, "--host", self.host, "--port", str(self._master_port),
@@ -555,12 +335,12 @@ class LocalCluster:
                 self._wait_master(t0)
                 return
             except ClusterError:
-                log_text = _tail(self._master.log_path, 200)
+                log_text = tail(self._master.log_path, 200)
                 lost_race = "BindException" in log_text or "Address already in use" in log_text
                 if not (lost_race and attempt < attempts):
                     raise
                 log.warning("master lost a race for its port, retrying with new ports")
-                self._kill_daemons([self._master])
+                kill_daemons([self._master])
                 self._master = None
 
     def _deadline_left(self, t0: float) -> float:
@@ -587,7 +367,7 @@ class LocalCluster:
                     f"expected the Spark master to answer on http://{self.host}:{self._ui_port}/json/ "
                     f"with status ALIVE within {self.start_timeout:.0f}s, last error: {last_error}; "
                     f"raise start_timeout on a slow machine. Last lines of {self._master.log_path}:\n"
-                    f"{_tail(self._master.log_path)}"
+                    f"{tail(self._master.log_path)}"
                 )
             time.sleep(0.2)
 
@@ -622,7 +402,7 @@ class LocalCluster:
                 pass
             if self._deadline_left(t0) <= 0:
                 tails = "\n".join(
-                    f"--- {d.log_path}:\n{_tail(d.log_path, 15)}" for d in self._worker_daemons
+                    f"--- {d.log_path}:\n{tail(d.log_path, 15)}" for d in self._worker_daemons
                 )
                 raise ClusterError(
                     f"expected {self.workers} ALIVE worker(s) at {self.ui_url}/json/ within "
@@ -697,51 +477,6 @@ class LocalCluster:
 
     # ------------------------------------------------------------------ stop
 
-    def _kill_daemons(self, daemons: list[_Daemon], grace: float = STOP_GRACE_S) -> None:
-        for d in daemons:
-            if _group_alive(d.pgid):
-                try:
-                    os.killpg(d.pgid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + grace
-        for d in daemons:
-            try:
-                d.proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                pass
-        while time.monotonic() < deadline and any(_group_alive(d.pgid) for d in daemons):
-            time.sleep(0.1)
-        for d in daemons:
-            if _group_alive(d.pgid):
-                log.warning("%s (process group %d) ignored SIGTERM for %.0fs; killing it", d.name, d.pgid, grace)
-                try:
-                    os.killpg(d.pgid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-        for d in daemons:
-            try:
-                d.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                log.warning("%s (pid %d) survived SIGKILL", d.name, d.proc.pid)
-
-    def _wait_groups_reaped(self, timeout: float = 5.0) -> None:
-        """Wait until no process (not even a zombie awaiting its reaper) is left in our groups."""
-        deadline = time.monotonic() + timeout
-        for pgid in self.process_groups():
-            while True:
-                try:
-                    os.killpg(pgid, 0)
-                except ProcessLookupError:
-                    break
-                except PermissionError:
-                    break
-                if time.monotonic() >= deadline:
-                    if _group_alive(pgid):
-                        log.warning("process group %d still has live processes after stop()", pgid)
-                    break
-                time.sleep(0.1)
-
     def stop(self) -> None:
         """Stop the session this cluster created, then workers, then the master; remove temp files.
 
@@ -750,23 +485,14 @@ class LocalCluster:
         """
         with self._lock:
             self._stop_session()
-            self._kill_daemons(self._worker_daemons)
+            kill_daemons(self._worker_daemons)
             if self._master is not None:
-                self._kill_daemons([self._master])
+                kill_daemons([self._master])
             # Python daemons forked by executors run in their own process groups; they
             # exit when their executor dies, but do not rely on it.
             if self._marker:
-                deadline = time.monotonic() + 5.0
-                leftovers = _marked_pids(self._marker)
-                while leftovers and time.monotonic() < deadline:
-                    time.sleep(0.2)
-                    leftovers = _marked_pids(self._marker)
-                for pid in leftovers:
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            self._wait_groups_reaped()
+                kill_marked(self._marker)
+            wait_groups_reaped(self.process_groups())
             if self._root is not None and self._owns_root and not self.keep_logs:
                 shutil.rmtree(self._root, ignore_errors=True)
             if self._atexit_registered:
@@ -789,103 +515,3 @@ class LocalCluster:
             f"worker_memory={self.worker_memory!r}, {where})"
         )
 
-
-# --------------------------------------------------------------------------- CLI
-
-
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m trainer.cluster",
-        description="Run a local Spark standalone cluster (master + workers) from the installed pyspark.",
-    )
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    up = sub.add_parser(
-        "up",
-        help="start a cluster and keep it running until Ctrl-C / SIGTERM",
-        description="Start a Spark master and workers, print the master URL, block until Ctrl-C or SIGTERM.",
-    )
-    up.add_argument("--workers", type=int, default=2, help="number of worker daemons (default: 2)")
-    up.add_argument("--cores-per-worker", type=int, default=1, help="cores each worker offers (default: 1)")
-    up.add_argument("--worker-memory", default="2g", help="memory each worker offers, e.g. 2g (default: 2g)")
-    up.add_argument("--host", default="127.0.0.1", help="address to bind master and workers (default: 127.0.0.1)")
-    up.add_argument("--master-port", type=int, default=None, help="master RPC port (default: a free port)")
-    up.add_argument("--ui-port", type=int, default=None, help="master web UI port (default: a free port)")
-    up.add_argument("--start-timeout", type=float, default=90.0,
-                    help="seconds to wait for all workers to be ALIVE (default: 90)")
-    up.add_argument("--log-dir", default=None, help="directory for daemon logs (default: a temporary directory)")
-    up.add_argument("--keep-logs", action="store_true", help="keep the log directory after stopping")
-    up.add_argument("-v", "--verbose", action="store_true", help="log debug messages")
-    return p
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of ``python -m trainer.cluster``; returns the exit code."""
-    args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=logging.DEBUG if args.verbose else logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
-    stop_requested = threading.Event()
-    received: list[int] = []
-    starting = True
-
-    def on_signal(signum: int, _frame: Any) -> None:
-        received.append(signum)
-        stop_requested.set()
-        if starting:  # abort start(); it stops whatever it launched
-            raise KeyboardInterrupt
-
-    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-        signal.signal(sig, on_signal)
-
-    cluster = LocalCluster(
-        workers=args.workers,
-        cores_per_worker=args.cores_per_worker,
-        worker_memory=args.worker_memory,
-        host=args.host,
-        master_port=args.master_port,
-        ui_port=args.ui_port,
-        start_timeout=args.start_timeout,
-        log_dir=args.log_dir,
-        keep_logs=args.keep_logs,
-    )
-    try:
-        cluster.start()
-    except (ClusterError, ValueError) as exc:
-        print(f"error: {exc}", file=sys.stderr, flush=True)
-        cluster.stop()
-        return 1
-    except KeyboardInterrupt:
-        cluster.stop()
-        print("interrupted while starting; cluster stopped", file=sys.stderr, flush=True)
-        return 130
-    finally:
-        starting = False
-    exit_code = 0
-    try:
-        print(
-            f"Spark standalone cluster is up ({cluster.workers} worker(s) x {cluster.cores_per_worker} "
-            f"core(s), {cluster.worker_memory} each, started in {cluster.start_seconds:.1f}s)\n"
-            f"  master URL     : {cluster.master_url}\n"
-            f"  web UI         : {cluster.ui_url}\n"
-            f"  logs           : {cluster.log_dir}\n"
-            f"  process groups : {' '.join(str(g) for g in cluster.process_groups())}\n"
-            f"Press Ctrl-C to stop.",
-            flush=True,
-        )
-        while not stop_requested.wait(1.0):
-            dead = cluster.dead_daemons()
-            if dead:
-                print("error: a cluster daemon died:\n" + "\n".join(dead), file=sys.stderr, flush=True)
-                exit_code = 1
-                break
-        if received:
-            log.info("received %s, stopping", signal.Signals(received[0]).name)
-    finally:
-        cluster.stop()
-    print("cluster stopped", flush=True)
-    return exit_code
-
-
-if __name__ == "__main__":
-    sys.exit(main())

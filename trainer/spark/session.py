@@ -18,12 +18,17 @@ import logging
 import os
 import socket
 import sys
+import tempfile
 import time
 from typing import Any
 
-log = logging.getLogger("trainer.session")
+from trainer import verbosity
+from trainer.errors import MasterUnreachableError
 
-__all__ = ["spark_session", "executor_env_defaults", "wait_for_executors", "registered_executors"]
+log = logging.getLogger("trainer.spark")
+
+__all__ = ["spark_session", "executor_env_defaults", "wait_for_executors", "registered_executors",
+           "check_master_reachable"]
 
 
 def executor_env_defaults(cores: int) -> dict[str, str]:
@@ -37,7 +42,8 @@ def executor_env_defaults(cores: int) -> dict[str, str]:
         raise ValueError(f"cores must be >= 1, got {cores!r}; pass the number of cores per executor")
     n = str(int(cores))
     return {
-        "TF_CPP_MIN_LOG_LEVEL": "2",
+        **verbosity.quiet_env(),
+        verbosity.ENV: os.environ.get(verbosity.ENV, "warning"),
         "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
         "OMP_NUM_THREADS": n,
         "TF_NUM_INTRAOP_THREADS": n,
@@ -77,7 +83,21 @@ def _default_conf(master: str, app_name: str, cores_per_worker: int) -> dict[str
         conf["spark.pyspark.python"] = sys.executable
     for key, value in executor_env_defaults(cores_per_worker).items():
         conf[f"spark.executorEnv.{key}"] = value
+    if "SPARK_CONF_DIR" not in os.environ:  # the user's own log4j2.properties wins
+        conf["spark.driver.extraJavaOptions"] = f"-Dlog4j2.configurationFile=file:{_driver_log4j()}"
     return conf
+
+
+def _driver_log4j() -> str:
+    """A log4j2 file for the driver JVM at the level of ``TRAINER_LOG`` (see ``trainer.verbosity``)."""
+    path = os.path.join(tempfile.gettempdir(), f"trainer-log4j2-{os.getuid()}-{verbosity.level()}.properties")
+    text = verbosity.spark_log4j()
+    if not os.path.isfile(path) or open(path).read() != text:
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".trainer-log4j2-")
+        with os.fdopen(fd, "w") as fh:
+            fh.write(text)
+        os.replace(tmp, path)
+    return path
 
 
 def registered_executors(spark: Any) -> int:
@@ -113,10 +133,6 @@ def wait_for_executors(spark: Any, count: int, timeout: float = 120.0, interval:
         time.sleep(interval)
 
 
-class MasterUnreachableError(ConnectionError):
-    """The Spark master URL names no reachable master."""
-
-
 def check_master_reachable(master: str, timeout: float = 5.0) -> None:
     """Fail in seconds, with the fix, when a ``spark://`` master does not answer.
 
@@ -137,7 +153,7 @@ def check_master_reachable(master: str, timeout: float = 5.0) -> None:
             problems.append(f"{host}:{port}: {exc.strerror or exc}")
     raise MasterUnreachableError(
         f"Cannot reach the Spark master at {master} ({'; '.join(problems)}). Is the master running and is "
-        "the URL right? Start one with `make up` or `python -m trainer.cluster up`, or leave --master out to "
+        "the URL right? Start one with `make up` or `python -m trainer cluster up`, or leave --master out to "
         "use an embedded LocalCluster."
     )
 
@@ -202,7 +218,7 @@ def spark_session(
     for key, value in settings.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
-    spark.sparkContext.setLogLevel("WARN")
+    spark.sparkContext.setLogLevel(_SPARK_LEVELS.get(verbosity.level(), "ERROR"))
     t1 = time.monotonic()
     if expected_executors > 0:
         try:
@@ -215,6 +231,9 @@ def spark_session(
         app_name, master, t1 - t0, time.monotonic() - t1, expected_executors,
     )
     return spark
+
+
+_SPARK_LEVELS = {logging.DEBUG: "INFO", logging.INFO: "WARN"}
 
 
 def _to_conf_string(value: Any) -> str:

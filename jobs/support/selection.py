@@ -1,9 +1,16 @@
-"""Model hopper parallelism against its baselines, in one run, on the same data.
+"""Support of the model-selection jobs (``jobs/select_*.py``): the comparison of strategies and its reports.
 
-``compare_strategies`` runs the same search with every strategy of
-:data:`~trainer.selection.runner.STRATEGIES` (a fresh search object each time,
+Command line: ``comparison_parser`` holds the options every selection job
+takes (cluster, workers, epochs, strategies, seed, data, output);
+``parse_comparison_args`` checks them before any cluster work starts;
+``first_configs`` applies ``--max-configs``; ``score_best_models`` tests each
+strategy's best model; ``write_comparison`` writes the strategy and
+configuration tables and the Gantt chart, and prints the console table.
+
+The comparison: ``compare_strategies`` runs the same search with every strategy of
+``trainer.selection.STRATEGIES`` (a fresh search object each time,
 the sequential baseline on one worker) and ``comparison_rows`` /
-``config_rows`` turn the results into rows for :mod:`trainer.report`:
+``config_rows`` turn the results into rows for :mod:`trainer_jobs.support.report`:
 
 * ``time_s``: the whole ``fit`` (checks, model builds, data delivery, training);
 * ``ideal_s``: the sequential run's time divided by the number of workers, the
@@ -23,13 +30,24 @@ the sequential baseline on one worker) and ``comparison_rows`` /
 
 from __future__ import annotations
 
+import argparse
+import functools
+import time
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from trainer.selection.runner import STRATEGIES, ModelSelector, SelectionResult
+import pyarrow as pa
+from pyspark import BarrierTaskContext
+
+from trainer.runtime.process import configure_process, task_resources
+from trainer.selection import STRATEGIES, ModelSelector, SelectionResult
+from trainer.selection.plots import plot_gantt_comparison
 from trainer.selection.search import Search
+from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
+from trainer_jobs.support.report import markdown_table, write_results
 
-__all__ = ["warm_up_executors", "compare_strategies", "comparison_rows", "config_rows", "plot_comparison",
+__all__ = ["comparison_parser", "parse_comparison_args", "first_configs", "score_best_models", "write_comparison",
+           "warm_up_executors", "compare_strategies", "comparison_rows", "config_rows", "plot_comparison",
            "TABLE_COLUMNS"]
 
 #: Columns of the jobs' console table (the files have every column).
@@ -38,16 +56,9 @@ TABLE_COLUMNS = ["mode", "workers", "time_s", "ideal_s", "vs_ideal", "vs_task_pa
 
 
 def _warm_task(backend: str, batches):
-    import importlib
-
-    import pyarrow as pa
-    from pyspark import BarrierTaskContext
-
-    from trainer.worker import configure_process
-
     ctx = BarrierTaskContext.get()
-    configure_process(max(1, int(ctx.cpus())), None, backend, {})
-    importlib.import_module("keras")  # the import is the warm-up
+    configure_process(*task_resources(ctx), backend, {})
+    import keras  # noqa: F401  (the import is the warm-up)
 
     for _ in batches:
         pass
@@ -60,10 +71,7 @@ def warm_up_executors(spark, num_workers: int) -> float:
     Spark reuses idle Python workers, so the first timed strategy does not pay
     the start-up alone. Runs one small barrier stage (all slots at once).
     """
-    import functools
-    import time
-
-    import keras
+    import keras  # deferred: TensorFlow starts only when a job runs
 
     started = time.perf_counter()
     frame = spark.range(num_workers, numPartitions=num_workers)
@@ -150,6 +158,74 @@ def config_rows(results: Mapping[str, SelectionResult], name: str) -> list[dict[
 
 def plot_comparison(results: Mapping[str, SelectionResult], out_png: str | Path, title: str | None = None) -> Path:
     """The strategies' Gantt charts stacked on one time axis."""
-    from trainer.selection.plots import plot_gantt_comparison
-
     return plot_gantt_comparison({s: (r.units, r.num_workers) for s, r in results.items()}, out_png, title=title)
+
+
+def comparison_parser(description: str | None, *, default_out: str, limit_help: str, data_help: str,
+                      seed_help: str) -> argparse.ArgumentParser:  # fmt: skip
+    """An argument parser with the options of every selection job; a job adds its own after."""
+    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
+    parser.add_argument("--workers", type=positive_int, default=2, help="workers of the parallel strategies (default 2)")
+    parser.add_argument("--cores-per-worker", type=positive_int, default=1,
+                        help="cores (and threads) per worker (default 1)")
+    parser.add_argument("--epochs", type=positive_int, default=2, help="epochs per configuration (default 2)")
+    parser.add_argument("--limit", type=positive_int, default=None, help=limit_help)
+    parser.add_argument("--max-configs", type=positive_int, default=None,
+                        help="search only the first N of the 8 configs")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES),
+                        help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)")
+    parser.add_argument("--seed", type=int, default=0, help=seed_help)
+    parser.add_argument("--data", default=None, help=data_help)
+    parser.add_argument("--data-dir", default=None,
+                        help="where the data is written once as Parquet for Spark to read: a folder the executors "
+                             "see or an hdfs://, s3://... URI (default $TRAINER_DATA_DIR or ./data)")
+    parser.add_argument("--out", default=default_out, help=f"results directory (default {default_out})")
+    add_verbose_arg(parser)
+    return parser
+
+
+def parse_comparison_args(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """Parse and check the shared options; sets ``strategy_list`` (exits with a usage error if wrong)."""
+    args = parser.parse_args(argv)
+    args.strategy_list = [s.strip() for s in args.strategies.split(",") if s.strip()]
+    unknown = [s for s in args.strategy_list if s not in STRATEGIES]
+    if unknown or not args.strategy_list:
+        parser.error(f"--strategies: unknown {unknown}; expected a comma-separated subset of {','.join(STRATEGIES)}")
+    start_logging(args)
+    return args
+
+
+def first_configs(search: Search, max_configs: int | None) -> Search:
+    """``search`` itself, or a search over its first ``max_configs`` configurations."""
+    return search if max_configs is None else Search(search.configs()[:max_configs], search.metric)
+
+
+def _number(value: float | None) -> str:
+    return "-" if value is None else f"{value:.5g}"
+
+
+def score_best_models(results: Mapping[str, SelectionResult], column: str,
+                      score: Callable[[Any], float]) -> dict[str, dict[str, float | None]]:  # fmt: skip
+    """``score(best_model)`` for every strategy, printed one line each; the ``extra`` of `write_comparison`."""
+    extra: dict[str, dict[str, float | None]] = {}
+    for strategy, result in results.items():
+        value = score(result.best_model) if result.best_model is not None else None
+        extra[strategy] = {column: value}
+        best = result.best_config.id if result.best_config else "-"
+        print(f"{strategy}: {result.timings['wall_s']:.1f} s, best {best} {result.metric.name} "
+              f"{_number(result.best_value)}, {column} {_number(value)}", flush=True)
+    return extra
+
+
+def write_comparison(results: Mapping[str, SelectionResult], out: Path, name: str, *, timing_valid: bool,
+                     extra: Mapping[str, Mapping[str, Any]], metadata: Mapping[str, Any], title: str) -> None:
+    """Write ``{name}`` and ``{name}_configs`` (JSON, CSV, markdown) and ``{name}_gantt.png``; print the table
+    (the usual columns and those of `extra`)."""
+    rows = comparison_rows(results, name, timing_valid=timing_valid, extra=extra)
+    paths = write_results(rows, out, name, metadata=metadata)
+    write_results(config_rows(results, name), out, f"{name}_configs", metadata=metadata)
+    gantt = plot_comparison(results, out / f"{name}_gantt.png", title=title)
+    extra_columns = list(dict.fromkeys(key for values in extra.values() for key in values))
+    print(markdown_table(rows, [*TABLE_COLUMNS, *extra_columns]))
+    print(f"results: {', '.join(str(p) for p in paths.values())}, {gantt}")

@@ -3,7 +3,7 @@
 `train_partition` runs inside a Python worker of an executor. It receives its
 shard as Arrow record batches, builds the Keras model once, pulls the center
 weights from the parameter server, and trains with plain ``model.fit`` on a
-single-threaded input pipeline (`trainer.feed`). The `ParameterServerSync`
+single-threaded input pipeline (`trainer.runtime.feed`). The `ParameterServerSync`
 Keras callback does the exchange every ``window`` batches (or at every epoch
 end) through the algorithm's pure worker rules.
 It yields one Arrow record with the worker's history.
@@ -26,34 +26,23 @@ from __future__ import annotations
 import json
 import math
 import os
-import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import numpy as np
 import pyarrow as pa
+from pyspark import BarrierTaskContext
 
-from .algorithms import Algorithm
-from .data.validate import FEATURES, LABEL
+from trainer.algorithms import Algorithm
+from trainer.ps.client import PSClient
+from trainer.runtime.arrow import arrow_to_numpy, pad_shard
+from trainer.runtime.process import configure_process, task_resources
+from trainer.runtime.shipping import ModelSource
+from trainer.runtime.state import load_state, model_state
 
 RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])
 RESULT_DDL = "worker int, history string"
-
-
-@dataclass
-class ModelSource:
-    """How a task gets its model: a saved ``.keras`` file's bytes or a builder function."""
-
-    keras_bytes: bytes | None = None
-    builder: Callable[[], Any] | None = None
-    custom_objects: dict[str, Any] | None = None
-
-    def build(self):
-
-        if self.builder is not None:
-            return self.builder()
-        return load_keras_bytes(self.keras_bytes, self.custom_objects)
 
 
 @dataclass
@@ -64,7 +53,7 @@ class WorkerConfig:
     algorithm: Algorithm
     ps_host: str
     ps_port: int
-    secret: bytes
+    secret: bytes = field(repr=False)  # never in logs or reprs
     num_workers: int
     batch_size: int
     epochs: int
@@ -76,103 +65,6 @@ class WorkerConfig:
     keras_backend: str = "tensorflow"
     env: dict[str, str] = field(default_factory=dict)
     share_epochs: bool = True
-
-
-def load_keras_bytes(data: bytes, custom_objects=None):
-    """Load a model saved with ``model.save('x.keras')`` from its bytes."""
-    import keras
-
-    with tempfile.TemporaryDirectory(prefix="trainer-model-") as tmp:
-        path = os.path.join(tmp, "model.keras")
-        with open(path, "wb") as fh:
-            fh.write(data)
-        return keras.saving.load_model(path, custom_objects=custom_objects, compile=True)
-
-
-def model_to_bytes(model) -> bytes:
-    with tempfile.TemporaryDirectory(prefix="trainer-model-") as tmp:
-        path = os.path.join(tmp, "model.keras")
-        model.save(path)
-        with open(path, "rb") as fh:
-            return fh.read()
-
-
-def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env: dict[str, str]) -> None:
-    """Thread counts, GPU visibility and backend, set before TensorFlow/Keras is imported.
-
-    TensorFlow and OpenMP read these variables when they start; a reused Python
-    worker that already loaded TensorFlow keeps the pools of its first task,
-    which had the same number of cores.
-    """
-    os.environ.update(env)
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    os.environ["KERAS_BACKEND"] = keras_backend
-    for var in ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS"):
-        os.environ[var] = str(cpus)
-    os.environ["TF_NUM_INTEROP_THREADS"] = "1" if cpus <= 2 else "2"
-    if gpus is not None:
-        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
-
-
-def arrow_to_numpy(
-    batches: Iterator[pa.RecordBatch], input_shape: tuple[int, ...], label_size: int | None
-) -> tuple[np.ndarray, np.ndarray | None]:
-    """Concatenate Arrow batches into (x, y) numpy arrays without per-row Python objects."""
-    batches = list(batches)
-    if not batches or sum(b.num_rows for b in batches) == 0:
-        return np.zeros((0, *input_shape), np.float32), np.zeros((0,), np.float32)
-    table = pa.Table.from_batches(batches)
-    x = _flat_values(table.column(FEATURES)).reshape((table.num_rows, *input_shape))
-    y = None
-    if LABEL in table.column_names:
-        labels = table.column(LABEL)
-        if label_size is None:
-            y = labels.combine_chunks().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-        else:
-            y = _flat_values(labels).reshape((table.num_rows, label_size))
-    return x, y
-
-
-def _flat_values(column: pa.ChunkedArray) -> np.ndarray:
-    return column.combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
-
-
-def pad_shard(x: np.ndarray, y: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """Repeat random rows so that every worker has the same number of batches per epoch.
-
-    Synchronous rules need every worker to reach each exchange; Spark's
-    round-robin repartition leaves shards that differ by a few rows.
-    """
-    missing = size - len(x)
-    if missing <= 0:
-        return x, y
-    idx = np.random.default_rng(seed).integers(0, len(x), size=missing)
-    return np.concatenate([x, x[idx]]), np.concatenate([y, y[idx]])
-
-
-def _get_weights(model, with_optimizer: bool) -> list[np.ndarray]:
-    import keras
-
-    weights = model.get_weights()
-    if with_optimizer:
-        weights += [keras.ops.convert_to_numpy(v) for v in model.optimizer.variables]
-    return weights
-
-
-def _set_weights(model, arrays: list[np.ndarray], with_optimizer: bool) -> None:
-    n = len(model.weights)
-    model.set_weights(arrays[:n])
-    if with_optimizer and len(arrays) > n:
-        if not model.optimizer.built:  # a retried or resumed worker gets the state before its first step
-            model.optimizer.build(model.trainable_variables)
-        opt_vars = model.optimizer.variables
-        if len(arrays) - n != len(opt_vars):
-            raise RuntimeError(
-                f"Optimizer state from the server has {len(arrays) - n} arrays, "
-                f"the local optimizer has {len(opt_vars)}."
-            )
-        for var, value in zip(opt_vars, arrays[n:]):
-            var.assign(value)
 
 
 def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> int:
@@ -210,7 +102,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             self.set_model(model)
             if self.with_optimizer:
                 model.optimizer.build(model.trainable_variables)
-            self.anchor = _get_weights(model, self.with_optimizer)
+            self.anchor = model_state(model, self.with_optimizer)
 
         def start_epoch(self, epoch: int) -> None:
             self.epoch, self.epoch_over = epoch, False
@@ -238,7 +130,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
 
         def exchange(self, logs) -> None:
             started = time.perf_counter()
-            weights = _get_weights(self.model, self.with_optimizer)
+            weights = model_state(self.model, self.with_optimizer)
             payload = algorithm.worker_payload(weights, self.anchor)
             loss = float((logs or {}).get("loss", float("nan")))
             meta = {"worker": worker, "epoch": self.epoch, "step": self.step, "loss": loss}
@@ -246,7 +138,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                 meta["batches"] = self.since
             reply, reply_meta = client.commit(payload, meta)
             new_weights, self.anchor = algorithm.worker_apply(weights, self.anchor, reply)
-            _set_weights(self.model, new_weights, self.with_optimizer)
+            load_state(self.model, new_weights, with_optimizer=self.with_optimizer, strict=False)
             self.since = 0
             record["commits"] += 1
             record["comm_s"] += time.perf_counter() - started
@@ -259,13 +151,10 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
 
 def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Body of one barrier task (the function given to ``mapInArrow(barrier=True)``)."""
-    from pyspark import BarrierTaskContext
-
     task_start = time.time()
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()
-    gpus = ctx.resources()["gpu"].addresses if "gpu" in ctx.resources() else None
-    configure_process(max(1, int(ctx.cpus())), gpus, config.keras_backend, config.env)
+    configure_process(*task_resources(ctx), config.keras_backend, config.env)
 
     x, y = arrow_to_numpy(batches, config.input_shape, config.label_size)
     data_ready = time.time()
@@ -277,10 +166,9 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         )
     x, y = pad_shard(x, y, max(sizes), seed=config.seed + worker)
 
-    import keras
+    import keras  # after configure_process: TensorFlow reads its settings when it starts
 
-    from .feed import ShardFeed
-    from .ps.client import PSClient
+    from trainer.runtime.feed import ShardFeed  # imports TensorFlow
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed + 1000 * config.attempt + worker)
@@ -299,7 +187,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         client.connect()
         center, meta = client.hello()
         start_epoch = int(meta.get("start_epoch", 0))
-        _set_weights(model, list(center), config.algorithm.exchanges_optimizer_state)
+        load_state(model, list(center), with_optimizer=config.algorithm.exchanges_optimizer_state, strict=False)
         record["start_epoch"] = start_epoch
         shared = config.share_epochs and not config.algorithm.synchronous and config.algorithm.window is not None
         budget = epoch_batches_budget(len(x), config.batch_size, len(sizes)) if shared else None

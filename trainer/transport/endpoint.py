@@ -4,7 +4,7 @@
 depend on what the requests mean: listening, one accept thread (woken through
 a socket pair on :meth:`~AuthenticatedServer.stop`), a cap on open
 connections, one daemon thread per connection, the server side of the HMAC
-challenge of :mod:`trainer.ps.wire`, the read loop with its timeouts, byte
+challenge of :mod:`trainer.transport.wire`, the read loop with its timeouts, byte
 counters and a stop that closes every socket and joins every thread.
 Subclasses answer the authenticated requests (``_dispatch``) and learn when a
 connection ends (``_closed``).
@@ -28,7 +28,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainer.ps.wire import (
+from trainer.transport.wire import (
     MAX_META,
     PREAUTH_MAX_BODY,
     PREAUTH_MAX_META,
@@ -38,8 +38,8 @@ from trainer.ps.wire import (
     Frame,
     Msg,
     ProtocolError,
-    PSError,
-    PSTimeout,
+    TransportError,
+    TransportTimeout,
     auth_digest,
     check_secret,
     encode,
@@ -82,9 +82,9 @@ class AuthenticatedServer:
     #: Prefix of thread names: ``<prefix>-accept-<port>``, ``<prefix>-conn-<peer>``.
     thread_prefix = "server"
     #: Raised when the server cannot listen.
-    error_type: type[PSError] = PSError
+    error_type: type[TransportError] = TransportError
     #: Raised when the server is started twice or asked for its address before start().
-    not_started_type: type[PSError] = PSError
+    not_started_type: type[TransportError] = TransportError
     #: Reply to a peer whose HMAC does not match.
     wrong_secret_reply = "authentication failed: the peer does not hold this server's secret"
     #: What the reply to an unknown request type lists.
@@ -305,7 +305,7 @@ class AuthenticatedServer:
                     else:
                         self._problem(conn, "disconnect", "closed without BYE", level=logging.INFO)
                     return
-                except PSTimeout:
+                except TransportTimeout:
                     self._problem(conn, "timeout", f"no request for io_timeout={self._io_timeout}s, closing "
                                                    "the connection")
                     return
@@ -325,7 +325,7 @@ class AuthenticatedServer:
                                                 "connection per worker")
                     else:
                         self._dispatch(conn, frame)
-                except (ConnectionClosed, PSTimeout) as exc:
+                except (ConnectionClosed, TransportTimeout) as exc:
                     if not self._stopping:
                         self._problem(conn, "disconnect", f"could not send the reply: {exc}")
                     return
@@ -380,9 +380,9 @@ class AuthenticatedServer:
             self._send(conn, encode(Msg.OK, self._welcome(conn)))
             self._log.debug("%s: %s authenticated as worker %d attempt %d", self.label, conn.peer, worker, attempt)
             return True
-        except (ConnectionClosed, PSTimeout, ProtocolError, OSError) as exc:
+        except (ConnectionClosed, TransportTimeout, ProtocolError, OSError) as exc:
             if not self._stopping:
-                kind = "timed out" if isinstance(exc, PSTimeout) else "failed"
+                kind = "timed out" if isinstance(exc, TransportTimeout) else "failed"
                 self._auth_failed(conn, f"handshake {kind}: {exc}", f"handshake {kind}: {exc}")
             return False
 
@@ -423,7 +423,7 @@ class AuthenticatedServer:
         try:
             conn.sock.settimeout(1.0)
             write_frame(conn.sock, Msg.ERROR, {"error": text})
-        except (PSError, OSError):
+        except (TransportError, OSError):
             pass
 
 
@@ -503,7 +503,7 @@ class AuthenticatedClient:
         try:
             sock.settimeout(min(self.timeout, 5.0))
             self.bytes_sent += write_frame(sock, Msg.BYE, {})
-        except (PSError, OSError):
+        except (TransportError, OSError):
             pass
         finally:
             sock.close()
@@ -519,11 +519,11 @@ class AuthenticatedClient:
     def _welcomed(self, meta: dict[str, Any]) -> None:
         """The server accepted the handshake with this meta."""
 
-    def _refused(self, text: str, msg: Msg | None = None) -> PSError:
+    def _refused(self, text: str, msg: Msg | None = None) -> TransportError:
         """The exception for an ERROR reply (`msg`: the request it answers; None during the handshake)."""
-        return PSError(text)
+        return TransportError(text)
 
-    def _lost(self, msg: Msg, exc: PSError) -> PSError:
+    def _lost(self, msg: Msg, exc: TransportError) -> TransportError:
         return exc
 
     # -- requests ---------------------------------------------------------------------
@@ -537,13 +537,13 @@ class AuthenticatedClient:
         """Send one request (meta gets this worker's index) and return the OK reply."""
         sock = self._sock
         if sock is None:
-            raise PSError(f"{type(self).__name__} for worker {self.worker} is not connected. Fix: call connect() "
+            raise TransportError(f"{type(self).__name__} for worker {self.worker} is not connected. Fix: call connect() "
                           "first (a client is closed after a connection error).")
         buffers = encode(msg, {**meta, "worker": self.worker}, arrays)  # a bad argument raises before sending
         try:
             self.bytes_sent += send_buffers(sock, buffers)
             frame = self._read(sock, self.max_body)
-        except (ConnectionClosed, PSTimeout, ProtocolError) as exc:
+        except (ConnectionClosed, TransportTimeout, ProtocolError) as exc:
             self._sock = None
             sock.close()
             raise self._lost(msg, exc) from None

@@ -1,0 +1,13 @@
+"""The jobs: scripts users run, installed as the package ``trainer_jobs``.
+
+    mnist            the MNIST CNN on 1..N workers against plain Keras
+    forecast         energy-demand forecasting (LSTM, GRU) on 1..N workers
+    bench            what ``make bench`` runs: both, then one summary
+    select_mnist     model selection (MOP vs task parallelism vs sequential) on MNIST
+    select_forecast  the same on the forecasting models
+
+Run one with ``python jobs/mnist.py ...`` from a checkout, or ``python -m trainer
+train mnist ...`` wherever the package is installed. ``trainer_jobs.support``
+holds what they share (datasets, result rows, reports, argparse helpers); the
+jobs use the public ``trainer`` API.
+"""

@@ -1,0 +1,103 @@
+"""Command-line helpers shared by the jobs: argparse types, the worker list and the Trainer options."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from pathlib import Path
+from typing import Any, Callable
+
+from trainer import SyncAveraging, get_algorithm
+from trainer.checkpoint import FILE_NAME as CHECKPOINT_FILE
+from trainer.verbosity import configure_logging
+
+log = logging.getLogger("trainer_jobs")
+
+
+def _positive(convert: Callable[[str], Any], noun: str):
+    """An argparse type: `convert` the text and require a finite value > 0, else 'expected a positive NOUN'."""
+    def parse(text: str):
+        try:
+            value = convert(text)
+        except ValueError:
+            value = 0
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"expected a positive {noun}, got {text!r}")
+        return value
+    return parse
+
+
+positive_int = _positive(int, "integer")
+positive_float = _positive(float, "number")
+
+
+def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
+    """-v/--verbose: our INFO logs and the libraries' warnings (``trainer.verbosity``)."""
+    parser.add_argument("-v", "--verbose", action="store_true",
+                        help="log what the trainer does and show Spark's and TensorFlow's warnings "
+                             "(TRAINER_LOG=debug shows everything)")
+
+
+def start_logging(args: argparse.Namespace) -> None:
+    """Quiet logging for a job, or verbose with --verbose (see ``trainer.verbosity``)."""
+    configure_logging(getattr(args, "verbose", False))
+
+
+def add_trainer_args(parser) -> None:
+    """--seed, --fixed-epochs, --checkpoint-dir, --resume and --retry-timeout for a job's argument parser."""
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seed of the runs (plain Keras uses it, worker i of a distributed run seed + i; "
+                             "default 0): repeat a run with other seeds to see its run-to-run spread")
+    parser.add_argument("--fixed-epochs", action="store_true",
+                        help="every worker makes exactly one pass over its shard per epoch, instead of the "
+                             "workers of an asynchronous algorithm sharing each epoch (Trainer share_epochs=False)")
+    parser.add_argument("--checkpoint-dir", default=None,
+                        help="save the parameter server's state under DIR/<model>-<N>w every 100 updates and "
+                             "at every epoch (default: no checkpoints)")
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the runs interrupted under --checkpoint-dir (runs without a checkpoint "
+                             "start afresh)")
+    parser.add_argument("--retry-timeout", type=positive_float, default=60.0,
+                        help="seconds a retry after lost executors waits for their slots before it continues "
+                             "on the workers left (default 60)")
+
+
+def check_checkpoint_args(parser, args) -> None:
+    """Exit through `parser.error` on checkpoint flags that do not go together."""
+    if args.resume and args.checkpoint_dir is None:
+        parser.error("--resume needs --checkpoint-dir: the folder the interrupted run saved its checkpoints to")
+
+
+def trainer_options(args, model_name: str, workers: int, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
+    """(Trainer keyword arguments, fit keyword arguments) for one run of a job: seeded with `seed`
+    (default --seed); a repeat with another seed checkpoints to its own folder."""
+    seed = args.seed if seed is None else seed
+    options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs,
+                               "seed": seed}
+    if args.checkpoint_dir is None:
+        return options, {}
+    directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w{'' if seed == args.seed else f'-seed{seed}'}"
+    resume = args.resume and (directory / CHECKPOINT_FILE).is_file()
+    if args.resume and not resume:
+        log.info("No checkpoint in %s: %s with %d worker(s) starts afresh", directory, model_name, workers)
+    options["checkpoint_dir"] = str(directory)
+    return options, ({"resume_from": str(directory)} if resume else {})
+
+
+def algorithm_from_args(name: str, window: int | None):
+    """An algorithm from CLI flags: `window` is the exchange window (``every`` for sync);
+    None keeps the algorithm's default (per epoch for sync)."""
+    if name.lower() == "sync":
+        return SyncAveraging(every=window or "epoch")
+    return get_algorithm(name) if window is None else get_algorithm(name, window=window)
+
+
+def parse_workers(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4] with a clear error for anything else."""
+    try:
+        counts = [int(part) for part in text.split(",") if part.strip()]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise ValueError(f"--workers expects a comma-separated list of positive integers, e.g. 1,2,4. Received: {text!r}")
+    return sorted(set(counts))

@@ -1,0 +1,7 @@
+"""``python -m trainer``: see ``trainer.cli``."""
+
+import sys
+
+from trainer.cli import main
+
+sys.exit(main())

@@ -1,0 +1,200 @@
+"""What ``Trainer.fit`` returns: the trained model, its history, and inference on DataFrames.
+
+`FittedModel.transform` and `evaluate` run on the executors: the model travels
+once as ``.keras`` bytes and is loaded once per Python worker
+(``trainer.runtime.shipping.cached_model``). `TrainingHistory` records what
+happened during ``fit`` (server updates, workers, epochs, events, timings).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trainer.data.validate import DataSpec, feature_column, model_io, prepare_frame, resolve_input_shape
+from trainer.runtime.arrow import arrow_to_numpy
+from trainer.runtime.process import setup_task
+from trainer.runtime.shipping import cached_model, model_to_bytes
+
+
+@dataclass
+class TrainingHistory:
+    """What happened during `fit`.
+
+    Attributes:
+        updates: one dict per parameter-server update (time, worker, version,
+            staleness, bytes_in, bytes_out, epoch, step, loss, kind).
+        workers: one dict per worker task (rows, commits, comm_s, bytes_sent,
+            bytes_received, timings, per-epoch logs); retried tasks appear once
+            per attempt.
+        epochs: per epoch: wall time over all workers, batches trained by
+            all workers and the mean of the workers' Keras logs (loss, metrics).
+        events: notable events (retries, server-side rejections).
+        timings: wall_s, data_delivery_s, model_build_s, train_s, epoch_s.
+    """
+
+    algorithm: str
+    num_workers: int
+    updates: list[dict] = field(default_factory=list)
+    workers: list[dict] = field(default_factory=list)
+    epochs: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def num_updates(self) -> int:
+        return len(self.updates)
+
+    @property
+    def bytes_moved(self) -> int:
+        return sum(u["bytes_in"] + u["bytes_out"] for u in self.updates)
+
+    @property
+    def loss(self) -> list[float]:
+        """Mean training loss of the workers at the end of each epoch."""
+        return [e.get("loss", float("nan")) for e in self.epochs]
+
+    def to_frame(self):
+        """Parameter-server updates as a pandas DataFrame."""
+        import pandas as pd
+
+        return pd.DataFrame(self.updates)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def build(cls, algorithm: str, num_workers: int, ps, workers: list[dict], job_start: float,
+              job_end: float, events: list[dict]) -> "TrainingHistory":
+        """The history of one fit: `algorithm` described, the server `ps` (its updates and events), the
+        workers' records of every attempt, the stage's start and end times and the driver's events."""
+        final = [w for w in workers if w["attempt"] == max(x["attempt"] for x in workers)]
+        epochs = []
+        for epoch in sorted({e["epoch"] for w in final for e in w["epochs"] if "end" in e}):
+            parts = [e for w in final for e in w["epochs"] if e["epoch"] == epoch and "end" in e]
+            entry = {"epoch": epoch, "time_s": max(p["end"] for p in parts) - min(p["start"] for p in parts),
+                     "batches": sum(p.get("batches", 0) for p in parts)}
+            for key in parts[0]["logs"]:
+                entry[key] = float(np.mean([p["logs"].get(key, np.nan) for p in parts]))
+            epochs.append(entry)
+        first = [w for w in workers if w["attempt"] == 0] or workers
+        timings = {
+            "wall_s": job_end - job_start,
+            "data_delivery_s": max(w["data_ready"] for w in first) - job_start,
+            "model_build_s": max(w["model_built"] - w["data_ready"] for w in first),
+            "train_s": max(w["train_s"] for w in final),
+            "epoch_s": float(np.mean([e["time_s"] for e in epochs])) if epochs else float("nan"),
+        }
+        return cls(
+            algorithm=algorithm, num_workers=num_workers,
+            updates=[asdict(u) for u in ps.updates], workers=sorted(workers, key=lambda w: (w["attempt"], w["worker"])),
+            epochs=epochs, events=list(ps.events) + events, timings=timings,
+        )
+
+
+class FittedModel:
+    """A trained model: the Keras model, its `TrainingHistory`, and distributed inference."""
+
+    def __init__(self, keras_model, history: TrainingHistory, features_col, label_col, spec: DataSpec,
+                 custom_objects=None) -> None:
+        self.keras_model = keras_model
+        self.history = history
+        self.features_col = features_col
+        self.label_col = label_col
+        self.spec = spec
+        self.custom_objects = custom_objects
+        self._bytes: bytes | None = None
+        self._key = uuid.uuid4().hex
+
+    def _model_bytes(self) -> bytes:
+        if self._bytes is None:
+            self._bytes = model_to_bytes(self.keras_model)
+        return self._bytes
+
+    def transform(self, df, output_col: str = "prediction", batch_size: int = 1024):
+        """Return `df` with `output_col` added: the model's outputs for every row.
+
+        Runs on the executors (``predict_batch_udf``; the model is loaded once per
+        Python worker). Multi-unit outputs become array<float>, single-unit ones float.
+        """
+        import keras
+        from pyspark.ml.functions import predict_batch_udf
+        from pyspark.sql import types as T
+
+        input_shape, units, _ = model_io(self.keras_model)
+        shape = list(resolve_input_shape(input_shape, self.spec.feature_size))
+        data, key, objects, backend = self._model_bytes(), self._key, self.custom_objects, keras.backend.backend()
+        scalar = units == 1
+
+        def make_predict_fn():
+            setup_task(backend)
+            model = cached_model(key, data, objects)
+
+            def predict(x: np.ndarray) -> np.ndarray:
+                out = np.asarray(model.predict_on_batch(x.astype(np.float32, copy=False)))
+                return out.reshape(len(x)) if scalar else out.reshape(len(x), -1)
+
+            return predict
+
+        return_type = T.FloatType() if scalar else T.ArrayType(T.FloatType())
+        udf = predict_batch_udf(make_predict_fn, return_type=return_type, batch_size=batch_size,
+                                input_tensor_shapes=[shape])
+        return df.withColumn(output_col, udf(feature_column(df, self.features_col)))
+
+    def evaluate(self, df, batch_size: int = 1024) -> dict[str, float]:
+        """Loss and compiled metrics on `df`, computed on the executors.
+
+        Each partition is evaluated with ``model.evaluate``; results are averaged
+        weighted by row count, which is exact for loss, accuracy, MAE, MSE and any
+        other per-sample mean, and approximate for metrics such as AUC.
+        """
+        import keras
+        import pyarrow as pa
+
+        frame, spec = prepare_frame(df, self.features_col, self.label_col, self.keras_model)
+        data, key, objects, backend = self._model_bytes(), self._key, self.custom_objects, keras.backend.backend()
+        schema = pa.schema([("count", pa.int64()), ("metrics", pa.string())])
+
+        def evaluate_partition(batches):
+            x, y = arrow_to_numpy(batches, spec.input_shape, spec.label_size)
+            if len(x) == 0:
+                return
+            setup_task(backend)
+            model = cached_model(key, data, objects)
+            metrics = model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
+            yield pa.RecordBatch.from_pydict(
+                {"count": [len(x)], "metrics": [json.dumps({k: float(v) for k, v in metrics.items()})]},
+                schema=schema,
+            )
+
+        rows = frame.mapInArrow(evaluate_partition, "count long, metrics string").collect()
+        total = sum(r["count"] for r in rows)
+        parts = [(r["count"], json.loads(r["metrics"])) for r in rows]
+        return {k: sum(n * m[k] for n, m in parts) / total for k in parts[0][1]}
+
+    def save(self, path: str | os.PathLike) -> Path:
+        """Write ``model.keras``, ``history.json`` and ``fitted.json`` into directory `path`."""
+        out = Path(path)
+        out.mkdir(parents=True, exist_ok=True)
+        self.keras_model.save(out / "model.keras")
+        (out / "history.json").write_text(json.dumps(self.history.to_dict(), default=float))
+        meta = {"features_col": self.features_col, "label_col": self.label_col, "spec": asdict(self.spec)}
+        (out / "fitted.json").write_text(json.dumps(meta))
+        return out
+
+    @classmethod
+    def load(cls, path: str | os.PathLike, custom_objects=None) -> "FittedModel":
+        import keras
+
+        src = Path(path)
+        meta = json.loads((src / "fitted.json").read_text())
+        spec = meta["spec"]
+        spec = DataSpec(spec["num_rows"], spec["feature_size"], tuple(spec["input_shape"]), spec["label_size"])
+        model = keras.saving.load_model(src / "model.keras", custom_objects=custom_objects)
+        history = TrainingHistory(**json.loads((src / "history.json").read_text()))
+        return cls(model, history, meta["features_col"], meta["label_col"], spec, custom_objects)

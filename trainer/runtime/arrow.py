@@ -1,0 +1,49 @@
+"""Arrow record batches (the two-column layout of ``trainer.data.validate``) to numpy arrays."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from trainer.data.validate import FEATURES, LABEL
+
+
+def arrow_to_numpy(
+    batches: Iterator[pa.RecordBatch], input_shape: tuple[int, ...], label_size: int | None
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Concatenate Arrow batches into (x, y) numpy arrays without per-row Python objects.
+
+    `y` is None when the batches have no label column.
+    """
+    batches = list(batches)
+    if not batches or sum(b.num_rows for b in batches) == 0:
+        return np.zeros((0, *input_shape), np.float32), np.zeros((0,), np.float32)
+    table = pa.Table.from_batches(batches)
+    x = _flat_values(table.column(FEATURES)).reshape((table.num_rows, *input_shape))
+    y = None
+    if LABEL in table.column_names:
+        labels = table.column(LABEL)
+        if label_size is None:
+            y = labels.combine_chunks().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+        else:
+            y = _flat_values(labels).reshape((table.num_rows, label_size))
+    return x, y
+
+
+def _flat_values(column: pa.ChunkedArray) -> np.ndarray:
+    return column.combine_chunks().flatten().to_numpy(zero_copy_only=False).astype(np.float32, copy=False)
+
+
+def pad_shard(x: np.ndarray, y: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Repeat random rows so that every worker has the same number of batches per epoch.
+
+    Synchronous rules need every worker to reach each exchange; Spark's
+    round-robin repartition leaves shards that differ by a few rows.
+    """
+    missing = size - len(x)
+    if missing <= 0:
+        return x, y
+    idx = np.random.default_rng(seed).integers(0, len(x), size=missing)
+    return np.concatenate([x, x[idx]]), np.concatenate([y, y[idx]])

@@ -1,0 +1,41 @@
+"""Set up a task's Python process before TensorFlow starts: threads, GPUs, backend, log levels.
+
+TensorFlow and OpenMP read these variables when they start; a reused Python
+worker that already loaded TensorFlow keeps the pools of its first task,
+which had the same number of cores.
+"""
+
+from __future__ import annotations
+
+import os
+
+from trainer import verbosity
+
+
+def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env: dict[str, str]) -> None:
+    """Thread counts, GPU visibility, backend and quiet logs for this process (see the module docstring)."""
+    os.environ.update(env)
+    verbosity.apply_quiet_env()
+    os.environ["KERAS_BACKEND"] = keras_backend
+    for var in ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS"):
+        os.environ[var] = str(cpus)
+    os.environ["TF_NUM_INTEROP_THREADS"] = "1" if cpus <= 2 else "2"
+    if gpus is not None:
+        os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+
+
+def task_resources(ctx) -> tuple[int, list[str] | None]:
+    """(CPUs, GPU addresses or None) that Spark gave the task of `ctx` (a TaskContext)."""
+    if ctx is None:
+        return 1, None
+    resources = ctx.resources()
+    gpus = list(resources["gpu"].addresses) if "gpu" in resources else None
+    return max(1, int(ctx.cpus())), gpus
+
+
+def setup_task(keras_backend: str, env: dict[str, str] | None = None) -> None:
+    """`configure_process` with the resources of the current Spark task (any task, barrier or not)."""
+    from pyspark import TaskContext
+
+    cpus, gpus = task_resources(TaskContext.get())
+    configure_process(cpus, gpus, keras_backend, env or {})

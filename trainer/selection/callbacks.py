@@ -1,0 +1,28 @@
+"""Hooks of a model-selection run, Keras-callback style."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class SelectionCallback:
+    """Hooks called by the driver during a search (Keras-callback style, all no-ops here).
+
+    They run on the driver's server threads while the run's lock is held: keep
+    them fast. ``self.selector`` is the running :class:`ModelSelector`; set
+    ``self.selector.stop_search = True`` to end the search gracefully: units
+    in flight finish, nothing new starts, completed epochs stay checkpointed
+    and ``fit`` returns a result with ``interrupted=True``.
+    """
+
+    selector: Any = None
+
+    def on_unit_end(self, unit: dict[str, Any]) -> None:
+        """A sub-epoch (MOP) or epoch (baselines) finished; ``unit`` is its record."""
+
+    def on_epoch_end(self, config_id: str, epoch: int, logs: dict[str, float]) -> None:
+        """``config_id`` completed ``epoch`` (0-based); ``logs`` holds its train and ``val_`` metrics."""
+
+    def on_search_end(self, result: Any) -> None:
+        """The search is over (finished or stopped)."""
+

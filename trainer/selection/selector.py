@@ -1,0 +1,344 @@
+"""`ModelSelector`: train every configuration of a search on Spark and pick the best.
+
+Example::
+
+    from trainer.selection import GridSearch, ModelSelector, choice
+
+    def model_fn(params):                       # -> a compiled keras.Model
+        ...
+
+    search = GridSearch({"units": choice([32, 64]), "lr": choice([1e-3, 1e-2]),
+                         "batch_size": choice([32, 64])}, epochs=4, metric="val_accuracy")
+    result = ModelSelector(model_fn, search, num_workers=2, checkpoint_dir="ckpt").fit(train, validation=val)
+    result.leaderboard                           # pandas DataFrame, best first
+    result.best_model.evaluate(test)             # a trainer.FittedModel
+    result.save("results/selection")             # leaderboard.csv, schedule.json, gantt.png, curves
+
+`fit` plans (checks, model builds, the stage's data), then launches ONE barrier
+stage of `num_workers` long-lived tasks (``trainer.selection.task``) through
+``trainer.spark.launch.run_stage_with_retries``; the driver's
+``trainer.selection.driver.SearchDriver`` serves them through a
+``HopperServer``, and ``trainer.selection.result.build_result`` makes the
+result. How model hopper parallelism, its validation, checkpoints, replay and
+the baselines work: ``docs/model-selection.md``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import json
+import logging
+import os
+import time
+from typing import Any, Callable, Sequence
+
+import numpy as np
+from pyspark.sql import functions as F
+
+from trainer.data.validate import model_io, prepare_frame, resolve_input_shape
+from trainer.errors import DataValidationError, SelectionError
+from trainer.runtime.arrow import arrow_to_numpy
+from trainer.runtime.shipping import ship_by_value
+from trainer.runtime.state import model_state, state_layout
+from trainer.selection.callbacks import SelectionCallback
+from trainer.selection.checkpoint import CheckpointStore
+from trainer.selection.driver import derive_seed, make_driver
+from trainer.selection.hopper import HopperServer
+from trainer.selection.result import SelectionResult, build_result
+from trainer.selection.search import Config, Search
+from trainer.selection.task import RESULT_DDL, SPLIT_COL, TaskConfig, TaskSpec, canonical_order, selection_task
+from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.transport.wire import new_secret
+
+log = logging.getLogger("trainer.selection")
+
+__all__ = ["STRATEGIES", "ModelSelector"]
+
+STRATEGIES = ("mop", "task_parallel", "sequential")
+
+
+class ModelSelector:
+    """Train every configuration of a search on Spark and pick the best; see the module docstring.
+
+    Args:
+        model_fn: ``model_fn(params) -> keras.Model``, compiled, with an
+            ``Input`` shape. Called once per configuration on the driver (for
+            the initial weights and checks) and at most once per configuration
+            and task on the executors; shipped by value when it lives outside
+            site-packages.
+        search: a :class:`~trainer.selection.search.Search` (GridSearch,
+            RandomSearch, SuccessiveHalving, Hyperband). Its metric selects.
+        strategy: ``"mop"`` (default), ``"task_parallel"`` or ``"sequential"``.
+        num_workers: Integer. Barrier tasks, one per data shard (``sequential``: 1).
+        features_col: String or list of strings. Array/Vector column or numeric columns.
+        label_col: String. The label column.
+        checkpoint_dir: String or None. Where to checkpoint every model after each epoch.
+        seed: Integer. Fixes the scheduler's tie-breaking, the initial weights of
+            each configuration (``keras.utils.set_random_seed`` is called on the
+            driver before each build) and the shuffling of every sub-epoch.
+        custom_objects: Dict. Custom layers/losses for the fitted models' ``.keras`` files.
+        eval_batch_size: Integer. Batch size of the validation passes (at least the config's).
+        ps_host, ps_port, ps_bind_host: where executors reach the driver's server
+            (defaults as for ``trainer.Trainer``: ``TRAINER_PS_HOST``/``_PORT``/``_BIND``
+            or ``spark.driver.host``).
+        io_timeout: Float. Longest silence tolerated from a task: must exceed one unit of work.
+        slot_timeout: Float. Seconds to wait for ``num_workers`` free task slots.
+        max_retries: Integer. Re-runs of the stage after lost executors; a re-run
+            continues from the driver's newest states (only units in flight are redone).
+        check_data: Bool. Scan the data for nulls/NaN/inf and label ranges first.
+        verbose: Bool. Log every completed epoch at INFO level.
+    """
+
+    def __init__(self, model_fn: Callable[[dict[str, Any]], Any], search: Search, *, strategy: str = "mop",
+                 num_workers: int = 2, features_col: str | list[str] = "features", label_col: str = "label",
+                 checkpoint_dir: str | os.PathLike | None = None, seed: int = 0,
+                 custom_objects: dict[str, Any] | None = None, eval_batch_size: int = 256,
+                 ps_host: str | None = None, ps_port: int | None = None, ps_bind_host: str | None = None,
+                 io_timeout: float = 3600.0, slot_timeout: float = 10.0, max_retries: int = 2,
+                 check_data: bool = True, verbose: bool = True) -> None:  # fmt: skip
+        if not callable(model_fn):
+            raise SelectionError(
+                f"model_fn must be a function params -> compiled keras.Model. Received {type(model_fn).__name__}. "
+                "Fix: def model_fn(params): ...; return model."
+            )
+        if not all(hasattr(search, a) for a in ("configs", "budget", "report", "metric")):
+            raise SelectionError(
+                f"search must be a trainer.selection Search (GridSearch, RandomSearch, SuccessiveHalving, "
+                f"Hyperband). Received {type(search).__name__}."
+            )
+        if strategy not in STRATEGIES:
+            raise SelectionError(f"Unknown strategy {strategy!r}. Expected one of: {', '.join(STRATEGIES)}.")
+        for name, value in (("num_workers", num_workers), ("eval_batch_size", eval_batch_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise SelectionError(f"`{name}` must be a positive int. Received {name}={value!r}.")
+        if strategy == "sequential" and num_workers != 1:
+            raise SelectionError(
+                f"strategy='sequential' trains on one worker. Received num_workers={num_workers}. "
+                "Fix: pass num_workers=1, or strategy='task_parallel' for several workers."
+            )
+        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
+            raise SelectionError(f"`max_retries` must be an int >= 0. Received max_retries={max_retries!r}.")
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise SelectionError(f"`seed` must be an int. Received seed={seed!r}.")
+        self.model_fn = model_fn
+        self.search = search
+        self.strategy = strategy
+        self.num_workers = num_workers
+        self.features_col = features_col
+        self.label_col = label_col
+        self.checkpoint_dir = checkpoint_dir
+        self.seed = seed
+        self.custom_objects = custom_objects
+        self.eval_batch_size = eval_batch_size
+        self.ps_host, self.ps_port, self.ps_bind_host = ps_host, ps_port, ps_bind_host
+        self.io_timeout = float(io_timeout)
+        self.slot_timeout = float(slot_timeout)
+        self.max_retries = max_retries
+        self.check_data = bool(check_data)
+        self.verbose = bool(verbose)
+        #: Set to True (e.g. from a SelectionCallback) to stop the running search gracefully.
+        self.stop_search = False
+        self._used = False
+
+    # -- helpers -------------------------------------------------------------------
+    def _build(self, config: Config):
+        import keras
+
+        keras.utils.set_random_seed(derive_seed(self.seed, "build", config.id))
+        model = self.model_fn(dict(config.params))
+        if not isinstance(model, keras.Model):
+            raise SelectionError(
+                f"model_fn({config.params!r}) returned {type(model).__name__}, expected a compiled keras.Model. "
+                "Fix: return the model from model_fn."
+            )
+        return model
+
+    def _run_description(self, configs: list[Config]) -> dict[str, Any]:
+        return {"strategy": self.strategy, "num_workers": self.num_workers, "seed": self.seed,
+                "search": type(self.search).__name__,
+                "metric": {"name": self.search.metric.name, "mode": self.search.metric.mode},
+                "configs": [dataclasses.asdict(c) for c in configs]}
+
+    # -- fit -------------------------------------------------------------------------
+    def fit(self, df, validation: Any = None, *, resume: bool = False, replay: Any = None,
+            callbacks: Sequence[SelectionCallback] = ()) -> SelectionResult:  # fmt: skip
+        """Run the search on ``df`` and return a :class:`SelectionResult`.
+
+        Args:
+            df: Spark DataFrame with the feature and label columns.
+            validation: a DataFrame with the same columns, a fraction in (0, 1)
+                of ``df`` to hold out (``randomSplit`` with the selector's seed),
+                or None (then the metric must be a training metric such as ``"loss"``).
+            resume: continue the search checkpointed in ``checkpoint_dir``
+                (a missing or empty directory starts a new search).
+            replay: a recorded schedule to issue exactly (a SelectionResult, its
+                ``schedule``, or the path of a ``selection.json``); model hopper only.
+            callbacks: :class:`SelectionCallback` objects.
+        """
+        import keras  # deferred: TensorFlow starts only when a search does
+
+        self._check_fit_args(resume, replay)
+        self.stop_search = False
+        fit_start = time.time()
+        configs = self.search.configs()
+        for cb in callbacks:
+            cb.selector = self
+        spark = df.sparkSession
+        n = self.num_workers
+        df, validation = self._split_validation(df, validation)
+
+        # -- plan: models, data and checks, before any Spark job -------------------------
+        built = {c.id: self._build(c) for c in configs}
+        first = built[configs[0].id]
+        ship_by_value(self.model_fn, *(self.custom_objects or {}).values())
+        frame, spec = prepare_frame(df, self.features_col, self.label_col, first,
+                                    min_rows=n if self.strategy == "mop" else 1, check_values=self.check_data)
+        input_shapes = {cid: resolve_input_shape(model_io(m)[0], spec.feature_size) for cid, m in built.items()}
+        vframe, vrows = self._validation_frame(validation, first, spec)
+        self._check_metric_name(first, input_shapes[configs[0].id], spec, validation is not None)
+        layouts = {cid: state_layout(m) for cid, m in built.items()}
+        states = {cid: model_state(m) for cid, m in built.items()}
+        del built, first
+        store = CheckpointStore(self.checkpoint_dir) if self.checkpoint_dir is not None else None
+        self._used = True  # from here on the search object receives reports
+        run = make_driver(self, self.search, layouts, states, store=store, resume=resume, replay=replay,
+                          callbacks=callbacks, description=self._run_description(configs))
+        stage_frame, broadcast = self._stage_data(spark, frame, spec, vframe, vrows)
+        task_configs = {c.id: TaskConfig(dict(c.params), c.batch_size, tuple(input_shapes[c.id]),
+                                         derive_seed(self.seed, "build", c.id)) for c in configs}
+
+        # -- launch: one barrier stage served by the driver's hopper server ---------------
+        host, bind, port = driver_addresses(spark, self.ps_host, self.ps_bind_host, self.ps_port)
+        secret = new_secret()
+        server = HopperServer(run, n, secret, host=bind, port=port, io_timeout=self.io_timeout,
+                              max_body=max(1 << 30, 4 * sum(a.nbytes for s in states.values() for a in s)))
+
+        def make_task(attempt: int, workers: int):
+            run.begin_attempt(attempt)
+            return functools.partial(selection_task, TaskSpec(
+                model_fn=self.model_fn, configs=task_configs, host=host, port=bound_port, secret=secret,
+                attempt=attempt, feature_size=spec.feature_size, label_size=spec.label_size,
+                full_copy=broadcast, task_seed=derive_seed(self.seed, "task"),
+                eval_batch_size=self.eval_batch_size, io_timeout=self.io_timeout,
+                keras_backend=keras.backend.backend(),
+            ))
+
+        task_records: list[dict] = []
+        job_start = job_end = time.time()
+        try:
+            run.start()
+            if not run.finished:
+                wait_for_slots(spark, n, self.slot_timeout)
+                _, bound_port = server.start()
+                job_start = run.t0 = time.time()
+                stage = run_stage_with_retries(
+                    stage_frame, n, make_task, RESULT_DDL,
+                    policy=RetryPolicy(self.max_retries, max(self.slot_timeout, 60.0)),
+                    description=f"trainer: model selection ({self.strategy}, {len(configs)} configs)",
+                    fatal=lambda: run.error,
+                )
+                task_records = [json.loads(r.record) for r in stage.rows]
+                job_end = time.time()
+            if run.error is not None:
+                raise run.error
+        finally:
+            run.close()
+            server.stop()
+            run.flush_checkpoints(force=True)
+            if broadcast is not None:
+                broadcast.destroy()
+
+        result = build_result(self, run, configs, spec, input_shapes, task_records,
+                              server.bytes_sent + server.bytes_received, fit_start, job_start, job_end)
+        for cb in callbacks:
+            cb.on_search_end(result)
+        return result
+
+    # -- pieces of fit -----------------------------------------------------------------
+    def _check_fit_args(self, resume: bool, replay: Any) -> None:
+        if self._used:
+            raise SelectionError(
+                "This ModelSelector already ran: a search object records its reports and cannot run twice. "
+                "Fix: create a new search and ModelSelector (pass resume=True with the same checkpoint_dir "
+                "to continue a search)."
+            )
+        if replay is not None and self.strategy != "mop":
+            raise SelectionError(f"replay= needs strategy='mop'. Received strategy={self.strategy!r}.")
+        if resume and self.checkpoint_dir is None:
+            raise SelectionError("resume=True needs checkpoint_dir. Fix: pass the directory of the interrupted search.")
+
+    def _split_validation(self, df, validation: Any):
+        """(training rows, validation DataFrame or None): a fraction is split off `df` with the seed."""
+        if isinstance(validation, (int, float)) and not isinstance(validation, bool):
+            if not 0 < validation < 1:
+                raise SelectionError(
+                    f"validation as a fraction must be in (0, 1). Received validation={validation!r}. "
+                    "Fix: e.g. validation=0.2, or pass a DataFrame."
+                )
+            df, validation = df.randomSplit([1.0 - validation, float(validation)], seed=self.seed)
+        elif validation is not None and not hasattr(validation, "sparkSession"):
+            raise SelectionError(
+                f"validation must be a Spark DataFrame, a fraction in (0, 1) or None. "
+                f"Received {type(validation).__name__}."
+            )
+        metric = self.search.metric
+        if metric.name.startswith("val_") and validation is None:
+            raise SelectionError(
+                f"The search's metric {metric.name!r} is a validation metric but no validation data was given. "
+                "Fix: fit(df, validation=val_df or a fraction such as 0.2), or select on a training metric."
+            )
+        return df, validation
+
+    def _validation_frame(self, validation, model, spec):
+        """(validation rows in the two-column layout checked like the training rows, their count); (None, 0)."""
+        if validation is None:
+            return None, 0
+        vframe, vspec = prepare_frame(validation, self.features_col, self.label_col, model,
+                                      check_values=self.check_data)
+        if (vspec.feature_size, vspec.label_size) != (spec.feature_size, spec.label_size):
+            raise DataValidationError(
+                f"The validation rows have {vspec.feature_size} features and label size {vspec.label_size}; "
+                f"the training rows have {spec.feature_size} and {spec.label_size}. Fix: prepare both the same way."
+            )
+        return vframe, vspec.num_rows
+
+    def _stage_data(self, spark, frame, spec, vframe, vrows: int):
+        """(the stage's input frame, a broadcast full copy or None).
+
+        Model hopper: training and validation rows tagged by a flag column and
+        dealt into the shards. Baselines: every task reads a full copy of the
+        data from a Spark broadcast; the stage's frame only has one row per task.
+        """
+        if self.strategy != "mop":
+            arrays = _collect_numpy(frame, spec) + (_collect_numpy(vframe, spec) if vframe is not None
+                                                    else arrow_to_numpy(iter(()), (spec.feature_size,),
+                                                                        spec.label_size))
+            return spark.range(self.num_workers), spark.sparkContext.broadcast(arrays)
+        stage_frame = frame.withColumn(SPLIT_COL, F.lit(False))
+        if vframe is not None:
+            stage_frame = stage_frame.unionByName(vframe.withColumn(SPLIT_COL, F.lit(True)))
+        if spec.num_rows + vrows < 1000 * self.num_workers:
+            # Round-robin from one partition deals rows evenly; from many tiny ones a shard may stay empty.
+            stage_frame = stage_frame.coalesce(1)
+        return stage_frame, None
+
+    def _check_metric_name(self, model, input_shape, spec, has_validation: bool) -> None:
+        """Fail before any Spark job when the selection metric can never appear in the logs."""
+        shape = (1,) if spec.label_size is None else (1, spec.label_size)
+        try:
+            names = list(model.evaluate(np.zeros((1, *input_shape), np.float32), np.zeros(shape, np.float32),
+                                        verbose=0, return_dict=True))
+        except Exception:  # an unusual model: the check after the first epoch still applies
+            return
+        available = names + ([f"val_{k}" for k in names] if has_validation else [])
+        if self.search.metric.name not in available:
+            raise SelectionError(
+                f"The search's metric {self.search.metric.name!r} will not be logged; the model logs "
+                f"{available}. Fix: choose one of those names for the search's metric"
+                f"{'' if has_validation else ' or pass validation data for val_ metrics'}."
+            )
+def _collect_numpy(frame, spec) -> tuple[np.ndarray, np.ndarray]:
+    """The whole (prepared) frame on the driver as flat numpy arrays (through Arrow), in canonical row order."""
+    table = frame.toArrow()
+    return canonical_order(*arrow_to_numpy(iter(table.to_batches()), (spec.feature_size,), spec.label_size))

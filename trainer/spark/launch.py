@@ -1,0 +1,248 @@
+"""Launch seam: gang-scheduled Spark barrier stages, their retries and the checks around them.
+
+* `wait_for_slots` fails fast with a clear message when the cluster cannot run
+  N tasks at once (a barrier stage would otherwise wait for slots forever).
+* `run_barrier_job` runs ``frame.repartition(N).mapInArrow(fn, barrier=True)``
+  in a Spark job group from a helper thread, so that the calling thread can
+  show progress and a Ctrl-C cancels the job at once.
+* `run_stage_with_retries` re-runs a failed barrier stage after lost executors
+  (Spark does not retry a failed barrier result stage), waiting for the lost
+  slots and continuing on fewer workers when the policy allows it. The trainer
+  and model selection both launch through it.
+* `driver_addresses` says where executors reach a server in this driver.
+* `error_summary` turns a Py4J error with its Java and Python traces into the
+  one line a user needs.
+
+It knows nothing about update rules or Keras.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame, SparkSession
+
+from trainer.errors import ClusterCapacityError, TrainingFailedError
+
+log = logging.getLogger("trainer.spark")
+
+
+def available_slots(spark: SparkSession) -> int:
+    """Number of tasks the cluster can run concurrently right now (all executors)."""
+    jsc = spark.sparkContext._jsc.sc()
+    profile = jsc.resourceProfileManager().defaultResourceProfile()
+    return int(jsc.maxNumConcurrentTasks(profile))
+
+
+def wait_for_slots(spark: SparkSession, needed: int, timeout: float) -> int:
+    """Wait up to `timeout` s for `needed` concurrent task slots; raise ClusterCapacityError."""
+    deadline = time.monotonic() + timeout
+    while True:
+        slots = available_slots(spark)
+        if slots >= needed or time.monotonic() >= deadline:
+            break
+        time.sleep(0.2)
+    if slots < needed:
+        sc = spark.sparkContext
+        cores = sc.getConf().get("spark.executor.cores", "?")
+        task_cpus = sc.getConf().get("spark.task.cpus", "1")
+        raise ClusterCapacityError(
+            f"num_workers={needed} needs {needed} task slots at the same time, but the cluster at "
+            f"{sc.master} offers {slots} (spark.executor.cores={cores}, spark.task.cpus={task_cpus}) "
+            f"after waiting {timeout:.0f} s. Use num_workers<={max(slots, 1)}, add workers or cores "
+            "(e.g. LocalCluster(workers=N) or `make up WORKERS=N`), or raise slot_timeout if executors "
+            "are still starting.",
+            slots=slots,
+        )
+    return slots
+
+
+_PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*)$", re.MULTILINE)
+_INFRA_MARKERS = (
+    "ExecutorLostFailure", "exited unexpectedly", "Python worker exited", "Connection reset",
+    "ConnectionClosed", "ConnectionResetError", "BrokenPipeError", "Worker lost", "executor lost",
+    "ConnectionRefusedError", "crashed", "FetchFailed", "ExecutorDeadException", "TaskKilled",
+)
+
+
+def error_summary(error: BaseException) -> str:
+    """The innermost Python exception line of an executor failure, else Spark's reason for
+    the failed stage (a lost executor), else the first line."""
+    text = str(error)
+    if "Traceback (most recent call last)" in text:
+        tail = text.split("Traceback (most recent call last)")[-1]
+        matches = [m for m in _PY_ERROR.findall(tail) if not m.startswith(("py4j", "org.apache"))]
+        if matches:
+            return matches[0].strip()
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for marker in ("ExecutorLostFailure", "Job aborted due to stage failure"):  # a JVM-side cause
+        found = next((line for line in lines if marker in line), None)
+        if found:
+            return found[found.index(marker):][:500]
+    return lines[0][:2000] if lines else type(error).__name__
+
+
+def is_infrastructure_failure(error: BaseException) -> bool:
+    """True for lost executors, killed Python workers and dropped connections (worth a retry)."""
+    text = str(error)
+    return any(marker in text for marker in _INFRA_MARKERS)
+
+
+def run_barrier_job(
+    frame: DataFrame,
+    num_workers: int,
+    task: Callable[[Any], Any],
+    schema: str,
+    *,
+    description: str,
+    on_wait: Callable[[], None] | None = None,
+    poll_s: float = 0.5,
+) -> list:
+    """Collect ``frame.repartition(N).mapInArrow(task, schema, barrier=True)``; Ctrl-C cancels it."""
+    from pyspark import InheritableThread
+
+    sc = frame.sparkSession.sparkContext
+    group = f"trainer-{uuid.uuid4().hex[:12]}"
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            sc.setJobGroup(group, description, interruptOnCancel=True)
+            stage = frame.repartition(num_workers).mapInArrow(task, schema, barrier=True)
+            outcome["rows"] = stage.collect()
+        except BaseException as exc:  # handed to the calling thread
+            outcome["error"] = exc
+
+    thread = InheritableThread(target=target, name=group, daemon=True)
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(poll_s)
+            if on_wait is not None:
+                on_wait()
+    except BaseException:
+        log.warning("Interrupted: cancelling Spark job group %s", group)
+        sc.cancelJobGroup(group)
+        thread.join(timeout=30)
+        raise
+    if "error" in outcome:
+        error = outcome["error"]
+        raise TrainingFailedError(f"Training failed on a worker: {error_summary(error)}") from error
+    return outcome["rows"]
+
+
+@dataclass(frozen=True)
+class RetryPolicy:
+    """How `run_stage_with_retries` re-runs a barrier stage that lost executors.
+
+    Args:
+        max_retries: Integer. Re-runs after the first attempt.
+        retry_timeout: Float. Seconds a retry waits for all the workers' slots
+            (Spark standalone relaunches a killed executor in seconds; a lost
+            machine or container may never come back).
+        min_workers: Integer or None. After `retry_timeout`, continue on the
+            slots left if there are at least this many; None never shrinks.
+    """
+
+    max_retries: int = 2
+    retry_timeout: float = 60.0
+    min_workers: int | None = None
+
+
+@dataclass
+class StageRun:
+    """What `run_stage_with_retries` returns: the rows of the attempt that succeeded."""
+
+    rows: list
+    workers: int
+    attempts: int
+    events: list[dict] = field(default_factory=list)
+
+
+def run_stage_with_retries(
+    frame: DataFrame,
+    num_workers: int,
+    make_task: Callable[[int, int], Callable[[Any], Any]],
+    schema: str,
+    *,
+    policy: RetryPolicy,
+    description: str,
+    on_retry: Callable[[int], None] | None = None,
+    fatal: Callable[[], BaseException | None] | None = None,
+    events: list[dict] | None = None,
+) -> StageRun:
+    """Run one barrier stage of `num_workers` tasks, re-running it after lost executors.
+
+    ``make_task(attempt, workers)`` gives the task function of an attempt;
+    ``on_retry(workers)`` runs before a re-run (the driver-side services learn
+    the new number of workers); ``fatal()`` may return the driver's own error,
+    raised instead of retrying. Python errors in a task (a bug in the model or
+    the data) are never retried. Failed attempts and changes in the number of
+    workers are appended to `events` (``attempt_failed``, ``workers_changed``).
+    """
+    events = [] if events is None else events
+    workers = num_workers
+    for attempt in range(policy.max_retries + 1):
+        try:
+            rows = run_barrier_job(frame, workers, make_task(attempt, workers), schema,
+                                   description=f"{description} attempt {attempt}")
+        except TrainingFailedError as exc:
+            problem = fatal() if fatal is not None else None
+            if problem is not None:
+                raise problem from exc
+            retry = attempt < policy.max_retries and is_infrastructure_failure(exc.__cause__)
+            events.append({"time": time.time(), "event": "attempt_failed", "attempt": attempt,
+                           "error": str(exc), "retry": retry})
+            if not retry:
+                raise
+            log.warning("Attempt %d failed (%s); re-running the stage", attempt, exc)
+            slots = _slots_for_retry(frame.sparkSession, num_workers, policy)
+            if slots != workers:
+                log.warning("Continuing on %d workers (was %d)", slots, workers)
+                events.append({"time": time.time(), "event": "workers_changed", "from": workers, "to": slots})
+                workers = slots
+            if on_retry is not None:
+                on_retry(workers)
+            continue
+        return StageRun(rows=rows, workers=workers, attempts=attempt + 1, events=events)
+    raise AssertionError("unreachable: the last attempt either returns or raises")
+
+
+def _slots_for_retry(spark: SparkSession, num_workers: int, policy: RetryPolicy) -> int:
+    """Wait for `num_workers` slots; after `retry_timeout` continue on what is left (>= min_workers)."""
+    try:
+        wait_for_slots(spark, num_workers, policy.retry_timeout)
+        return num_workers
+    except ClusterCapacityError as error:
+        if policy.min_workers is None:
+            raise
+        slots = error.slots if error.slots is not None else available_slots(spark)
+        if slots < policy.min_workers:
+            raise ClusterCapacityError(
+                f"After losing executors only {slots} task slot(s) came back within retry_timeout="
+                f"{policy.retry_timeout:.0f} s, fewer than min_workers={policy.min_workers}: training stops. "
+                "The parameter server's last state is in the checkpoint if checkpoint_dir was set; "
+                "resume with fit(df, resume_from=...) once the cluster is back.",
+                slots=slots,
+            ) from None
+        return slots
+
+
+def driver_addresses(spark: SparkSession, host: str | None = None, bind: str | None = None,
+                     port: int | None = None) -> tuple[str, str, int]:
+    """(address executors use to reach a server in this driver, address it listens on, port).
+
+    Defaults: ``$TRAINER_PS_HOST`` or ``spark.driver.host``; ``$TRAINER_PS_BIND``
+    or that host (never all interfaces unless asked); ``$TRAINER_PS_PORT`` or 0
+    (a free port).
+    """
+    host = host or os.environ.get("TRAINER_PS_HOST") or spark.conf.get("spark.driver.host", None) or "127.0.0.1"
+    bind = bind or os.environ.get("TRAINER_PS_BIND") or host
+    port = port if port is not None else int(os.environ.get("TRAINER_PS_PORT", "0"))
+    return host, bind, port

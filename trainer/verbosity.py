@@ -1,0 +1,89 @@
+"""What reaches the user's terminal: quiet by default, the libraries' chatter only when asked.
+
+Quiet means: our own warnings and errors, the progress bar and what a command
+prints on purpose. TensorFlow's C++ start-up banners (oneDNN, CPU features),
+absl's and py4j's log lines, and Spark's INFO/WARN chatter on the driver stay
+out of the way. ``TRAINER_LOG=info`` (or a command's ``--verbose``) shows our
+INFO logs and TensorFlow's warnings; ``TRAINER_LOG=debug`` shows everything.
+
+The same level reaches the executors: ``spark_session`` forwards
+``TRAINER_LOG`` (``spark.executorEnv``) and every task calls
+``trainer.runtime.process.configure_process``, which applies ``quiet_env``.
+Environment variables must be set before TensorFlow starts, so importing
+``trainer`` applies them in this process too.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import warnings
+
+LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
+ENV = "TRAINER_LOG"
+
+
+def level() -> int:
+    """The logging level asked for with ``TRAINER_LOG`` (default WARNING)."""
+    name = os.environ.get(ENV, "warning").strip().lower()
+    return LEVELS.get(name, logging.WARNING)
+
+
+def quiet_env(log_level: int | None = None) -> dict[str, str]:
+    """Environment for a process that imports TensorFlow: its C++ logs follow the level."""
+    log_level = level() if log_level is None else log_level
+    # 0 all, 1 no INFO (banners), 2 no WARNING, 3 no ERROR.
+    tf_level = "0" if log_level <= logging.DEBUG else "1" if log_level <= logging.INFO else "2"
+    return {"TF_CPP_MIN_LOG_LEVEL": tf_level, "ABSL_MIN_LOG_LEVEL": tf_level, "GRPC_VERBOSITY": "ERROR"}
+
+
+def apply_quiet_env(log_level: int | None = None) -> None:
+    """Set `quiet_env` in this process unless the user set the variables; silence known warnings."""
+    for key, value in quiet_env(log_level).items():
+        os.environ.setdefault(key, value)
+    # PySpark's notice that it has not certified pandas 3 (the Arrow paths used here work with it).
+    warnings.filterwarnings("ignore", message="PySpark does not yet fully support pandas", category=FutureWarning)
+
+
+def configure_logging(verbose: bool = False) -> int:
+    """Logging for a command: ``trainer.*`` at WARNING (INFO with `verbose` or TRAINER_LOG=info), libraries quieter.
+
+    Returns the level chosen. Safe to call more than once.
+    """
+    chosen = min(level(), logging.INFO) if verbose else level()
+    if verbose and ENV not in os.environ:
+        os.environ[ENV] = "info"  # reaches the executors through spark_session
+    root = logging.getLogger()
+    if not root.handlers:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s", "%H:%M:%S"))
+        root.addHandler(handler)
+    root.setLevel(logging.WARNING)
+    for name in ("trainer", "jobs", "trainer_jobs"):
+        logging.getLogger(name).setLevel(chosen)
+    library = logging.DEBUG if chosen <= logging.DEBUG else logging.ERROR
+    for name in ("py4j", "absl", "tensorflow", "matplotlib", "PIL"):
+        logging.getLogger(name).setLevel(library)
+    apply_quiet_env(chosen)
+    return chosen
+
+
+def spark_log4j(log_level: int | None = None) -> str:
+    """A log4j2 configuration for a driver JVM: WARN and above when verbose, else ERROR, known noise off."""
+    log_level = level() if log_level is None else log_level
+    root = "info" if log_level <= logging.DEBUG else "warn" if log_level <= logging.INFO else "error"
+    return f"""\
+# Written by trainer.verbosity for the driver JVM (TRAINER_LOG sets the level).
+rootLogger.level = {root}
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{{yy/MM/dd HH:mm:ss}} %p %c{{1}}: %m%n%ex
+logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoop.level = error
+logger.jetty.name = org.sparkproject.jetty
+logger.jetty.level = warn
+"""
