@@ -49,8 +49,8 @@ bench-select: venv ## model selection: MOP vs task parallelism vs sequential on 
 	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist
 	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
 
-clean: ## remove the virtualenv, caches and results
-	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) *.egg-info
+clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./data)
+	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info
 
 ##@ Lab (containers) -- owned by the lab section below
 # One image (images/Dockerfile) runs every role: master, worker, jupyter, submit.

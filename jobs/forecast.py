@@ -97,18 +97,18 @@ from pathlib import Path
 import numpy as np
 
 from trainer import Trainer
+from trainer.data.prep import MinMax, make_windows, train_test_split_last
+from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
 from trainer.spark.launch import wait_for_slots
 from trainer_jobs.support.cli import (
     add_trainer_args, add_verbose_arg, algorithm_from_args, check_checkpoint_args, parse_workers, positive_float,
     positive_int, start_logging, trainer_options,
 )
+from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
+from trainer_jobs.support.report import mape, markdown_table, metric_pivot, plot_speedup, write_results
 from trainer_jobs.support.scaling import (
     baseline_row, cluster_session, fitted_row, plain_keras_fit, timing_valid, with_ratios,
 )
-from trainer.data.prep import MinMax, make_windows, train_test_split_last
-from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
-from trainer_jobs.support.report import mape, markdown_table, metric_pivot, plot_speedup, write_results
-from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
 
 log = logging.getLogger("trainer_jobs.forecast")
 

@@ -23,17 +23,17 @@ from pathlib import Path
 import numpy as np
 
 from trainer import Trainer
+from trainer.data.prep import scale_pixels
+from trainer.lr_schedules import planned_steps, worker_learning_rate
 from trainer_jobs.support.cli import (
     add_trainer_args, add_verbose_arg, algorithm_from_args, check_checkpoint_args, parse_workers, positive_int,
     start_logging, trainer_options,
 )
+from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
+from trainer_jobs.support.report import markdown_table, plot_speedup, write_results
 from trainer_jobs.support.scaling import (
     baseline_row, cluster_session, fitted_row, plain_keras_fit, timing_valid, with_ratios,
 )
-from trainer.data.prep import scale_pixels
-from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
-from trainer_jobs.support.report import markdown_table, plot_speedup, write_results
-from trainer.lr_schedules import planned_steps, worker_learning_rate
 
 LEARNING_RATE = 1e-3
 

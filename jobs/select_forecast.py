@@ -23,16 +23,16 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_jobs.support.cli import positive_int
-from trainer_jobs.support.scaling import cluster_session, timing_valid
 from trainer.data.prep import MinMax, make_windows, train_test_split_last
+from trainer.selection import GridSearch, choice
+from trainer.selection.search import Search
+from trainer_jobs.support.cli import positive_int
 from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
 from trainer_jobs.support.report import mape
-from trainer.selection import GridSearch, choice
+from trainer_jobs.support.scaling import cluster_session, timing_valid
 from trainer_jobs.support.selection import (
     compare_strategies, comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
 )
-from trainer.selection.search import Search
 
 N_IN = 24
 TEST_HOURS = 120

@@ -27,15 +27,15 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer_jobs.support.cli import positive_float
-from trainer_jobs.support.scaling import cluster_session, timing_valid
 from trainer.data.prep import scale_pixels
-from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer.selection import GridSearch, choice
+from trainer.selection.search import Search
+from trainer_jobs.support.cli import positive_float
+from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
+from trainer_jobs.support.scaling import cluster_session, timing_valid
 from trainer_jobs.support.selection import (
     compare_strategies, comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
 )
-from trainer.selection.search import Search
 
 SPACE = {
     "arch": choice(["cnn", "mlp"]),

@@ -37,6 +37,7 @@ from pyspark import BarrierTaskContext
 from trainer.algorithms import Algorithm
 from trainer.ps.client import PSClient
 from trainer.runtime.arrow import arrow_to_numpy, pad_shard
+from trainer.runtime.feed import ShardFeed
 from trainer.runtime.process import configure_process, task_resources
 from trainer.runtime.shipping import ModelSource
 from trainer.runtime.state import load_state, model_state
@@ -167,8 +168,6 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
     x, y = pad_shard(x, y, max(sizes), seed=config.seed + worker)
 
     import keras  # after configure_process: TensorFlow reads its settings when it starts
-
-    from trainer.runtime.feed import ShardFeed  # imports TensorFlow
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed + 1000 * config.attempt + worker)

@@ -47,6 +47,7 @@ import pyarrow.compute as pc
 from pyspark import BarrierTaskContext
 
 from trainer.runtime.arrow import arrow_to_numpy
+from trainer.runtime.feed import ShardFeed
 from trainer.runtime.process import configure_process, task_resources
 from trainer.runtime.state import load_state, model_state, optimizer_of
 from trainer.selection.hopper import HopperClient
@@ -252,8 +253,6 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     data_ready = time.time()
 
     import keras  # after configure_process: TensorFlow reads its settings when it starts
-
-    from trainer.runtime.feed import ShardFeed  # imports TensorFlow
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here

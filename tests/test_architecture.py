@@ -1,0 +1,107 @@
+"""The house rules of docs/architecture.md: which room may import which, module size, absolute imports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "trainer"
+
+# room -> rooms it may import (docs/architecture.md, "The rooms").
+ALLOWED = {
+    "errors": set(),
+    "verbosity": set(),
+    "algorithms": set(),
+    "transport": set(),
+    "lr_schedules": set(),
+    "progress": set(),
+    "ps": {"transport"},
+    "runtime": {"algorithms", "ps", "data", "verbosity"},
+    "spark": {"errors", "verbosity"},
+    "data": {"errors"},
+    "checkpoint": {"errors", "ps"},
+    "fitted": {"data", "runtime"},
+    "estimator": {"algorithms", "checkpoint", "data", "errors", "fitted", "lr_schedules", "progress", "ps",
+                  "runtime", "spark", "transport"},
+    "selection": {"data", "errors", "checkpoint", "fitted", "runtime", "spark", "transport"},
+    "cli": {"spark", "errors", "verbosity"},
+    "__main__": {"cli"},
+}
+
+
+def _modules() -> list[Path]:
+    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    if parts[0] != "trainer" or len(parts) == 1:
+        return None  # the package's __init__ re-exports lazily; it is not a room
+    return parts[1]
+
+
+def _imports(path: Path) -> list[tuple[str, ast.AST, bool]]:
+    """(imported module, node, inside a function) for every import of a `trainer` module."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    found: list[tuple[str, ast.AST, bool]] = []
+
+    def visit(node: ast.AST, in_function: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            inner = in_function or isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef))
+            if isinstance(child, ast.ImportFrom) and child.module:
+                if child.module == "trainer":  # from trainer import verbosity: the submodules are the rooms
+                    found.extend((f"trainer.{a.name}", child, in_function) for a in child.names)
+                elif child.module.startswith("trainer."):
+                    found.append((child.module, child, in_function))
+            elif isinstance(child, ast.Import):
+                found.extend((a.name, child, in_function) for a in child.names if a.name.startswith("trainer."))
+            visit(child, inner)
+
+    visit(tree, False)
+    return found
+
+
+def _module_name(path: Path) -> str:
+    return ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_rooms_import_only_what_architecture_md_allows(path):
+    module = _module_name(path)
+    room = _room(module)
+    if room is None:
+        return
+    assert room in ALLOWED, f"{module} is in a room docs/architecture.md does not list: {room!r}"
+    for imported, node, _ in _imports(path):
+        target = _room(imported)
+        if target is None or target == room:
+            continue
+        assert target in ALLOWED[room], (
+            f"{module}:{node.lineno} imports {imported}: room {room!r} may import only {sorted(ALLOWED[room])} "
+            "(docs/architecture.md)"
+        )
+
+
+@pytest.mark.parametrize("path", _modules(), ids=lambda p: str(p.relative_to(REPO)))
+def test_modules_stay_small(path):
+    lines = len(path.read_text(encoding="utf-8").splitlines())
+    assert lines <= 600, f"{path.relative_to(REPO)} has {lines} lines; split it along a real seam"
+
+
+def test_imports_are_absolute_and_local_ones_say_why():
+    problems = []
+    for path in _modules() + sorted((REPO / "jobs").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        source = path.read_text(encoding="utf-8").splitlines()
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level:
+                problems.append(f"{path.relative_to(REPO)}:{node.lineno}: relative import")
+        if path.is_relative_to(PACKAGE):
+            for imported, node, in_function in _imports(path):
+                if in_function and "#" not in source[node.lineno - 1]:
+                    problems.append(f"{path.relative_to(REPO)}:{node.lineno}: local import of {imported} "
+                                    "without a comment saying why")
+    assert not problems, "\n".join(problems)
