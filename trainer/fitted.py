@@ -61,7 +61,7 @@ class TrainingHistory:
 
     def to_frame(self):
         """Parameter-server updates as a pandas DataFrame."""
-        import pandas as pd
+        import pandas as pd  # deferred: only this function needs it
 
         return pd.DataFrame(self.updates)
 
@@ -122,7 +122,7 @@ class FittedModel:
         Runs on the executors (``predict_batch_udf``; the model is loaded once per
         Python worker). Multi-unit outputs become array<float>, single-unit ones float.
         """
-        import keras
+        import keras  # deferred: TensorFlow starts only when a model is needed
         from pyspark.ml.functions import predict_batch_udf
         from pyspark.sql import types as T
 
@@ -153,7 +153,7 @@ class FittedModel:
         weighted by row count, which is exact for loss, accuracy, MAE, MSE and any
         other per-sample mean, and approximate for metrics such as AUC.
         """
-        import keras
+        import keras  # deferred: TensorFlow starts only when a model is needed
         import pyarrow as pa
 
         frame, spec = prepare_frame(df, self.features_col, self.label_col, self.keras_model)
@@ -189,7 +189,7 @@ class FittedModel:
 
     @classmethod
     def load(cls, path: str | os.PathLike, custom_objects=None) -> "FittedModel":
-        import keras
+        import keras  # deferred: TensorFlow starts only when a model is needed
 
         src = Path(path)
         meta = json.loads((src / "fitted.json").read_text())

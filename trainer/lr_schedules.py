@@ -57,7 +57,7 @@ def warmup_cosine(base: float, workers: int, steps: int, *, scaling: str = "line
         raise ValueError(f"warmup must be a fraction in [0, 1); received {warmup!r}")
     if not 0 <= decay_floor <= 1:
         raise ValueError(f"decay_floor must be a fraction in [0, 1]; received {decay_floor!r}")
-    import keras
+    import keras  # deferred: TensorFlow starts only when a model is needed
 
     peak = scaled_rate(base, workers, scaling)
     warmup_steps = int(round(warmup * steps))

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING, Iterable, Sequence
 import numpy as np
 
 if TYPE_CHECKING:  # pragma: no cover
-    import pandas as pd
+    import pandas as pd  # deferred: only this function needs it
     from pyspark.sql import Column, DataFrame, SparkSession
 
 __all__ = [
@@ -188,7 +188,7 @@ def timeseries_to_dataframe(
     rows are not shuffled unless ``num_partitions`` is given (``make_windows``
     gathers the series into one partition anyway).
     """
-    import pandas as pd
+    import pandas as pd  # deferred: only this function needs it
     import pyarrow as pa
     from pyspark.sql import types as T
     from pyspark.sql.pandas.types import from_arrow_type

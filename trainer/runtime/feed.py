@@ -33,7 +33,7 @@ class ShardFeed:
     """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, seed: int | None = None) -> None:
-        import keras
+        import keras  # deferred: TensorFlow starts only when a model is needed
 
         if len(x) != len(y):
             raise ValueError(f"x has {len(x)} rows and y has {len(y)}; they must match.")
@@ -41,7 +41,7 @@ class ShardFeed:
         self._tensors = None
         self._shuffled: dict[int, Any] = {}  # batch size -> dataset; it reshuffles itself every pass
         if keras.backend.backend() == "tensorflow":
-            import tensorflow as tf
+            import tensorflow as tf  # deferred, as keras
 
             with tf.device("/CPU:0"):  # tf.data runs on the host; on a GPU machine keep the shard there too
                 self._tensors = (tf.constant(x), tf.constant(y))
@@ -55,7 +55,7 @@ class ShardFeed:
             return {"x": self.x[order], "y": self.y[order], "batch_size": batch_size, "shuffle": False}
         if order is None and batch_size in self._shuffled:
             return {"x": self._shuffled[batch_size], "shuffle": False}
-        import tensorflow as tf
+        import tensorflow as tf  # deferred, as keras
 
         xt, yt = self._tensors
         if order is None:

@@ -54,7 +54,7 @@ def ship_by_value(*objects: Any) -> None:
 
 def load_keras_bytes(data: bytes, custom_objects=None):
     """Load a model saved with ``model.save('x.keras')`` from its bytes."""
-    import keras
+    import keras  # deferred: TensorFlow starts only when a model is needed
 
     with tempfile.TemporaryDirectory(prefix="trainer-model-") as tmp:
         path = os.path.join(tmp, "model.keras")

@@ -26,7 +26,7 @@ def optimizer_of(model):
 
 def model_state(model, with_optimizer: bool = True) -> list[np.ndarray]:
     """The weights followed (with `with_optimizer`) by the optimizer variables, as numpy arrays."""
-    import keras
+    import keras  # deferred: TensorFlow starts only when a model is needed
 
     weights = [np.asarray(w) for w in model.get_weights()]
     if with_optimizer:

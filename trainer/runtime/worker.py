@@ -79,7 +79,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
     `budget` is the number of minibatches in one epoch over all workers when
     the workers share each epoch (asynchronous rules with a window), else None.
     """
-    import keras
+    import keras  # deferred: TensorFlow starts only when a model is needed
 
     class ParameterServerSync(keras.callbacks.Callback):
         """Exchanges with the parameter server every `window` batches; ends shared epochs.

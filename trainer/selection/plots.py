@@ -50,6 +50,13 @@ def _patch(color):
     return Patch(facecolor=color)
 
 
+def _model_legend(fig, models: Sequence[Any], colors: Mapping[Any, Any]) -> None:
+    """One colour patch per model below the chart."""
+    if models:
+        handles = [_patch(colors[m]) for m in models]
+        fig.legend(handles, models, fontsize="x-small", ncols=min(len(models), 10), loc="outside lower center")
+
+
 def _draw_gantt(ax, visits: list[Mapping[str, Any]], num_workers: int, colors: Mapping[Any, Any],
                 end: float) -> None:  # fmt: skip
     for v in visits:
@@ -80,9 +87,7 @@ def plot_gantt(visits: Iterable[Mapping[str, Any]], num_workers: int, out_png: s
     ax = fig.subplots()
     _draw_gantt(ax, visits, num_workers, colors, max((v["end"] for v in visits), default=1.0) or 1.0)
     ax.set_xlabel("seconds since the start of training")
-    if models:
-        handles = [_patch(colors[m]) for m in models]
-        fig.legend(handles, models, fontsize="x-small", ncols=min(len(models), 10), loc="outside lower center")
+    _model_legend(fig, models, colors)
     if title:
         ax.set_title(title)
     return _save(fig, out_png)
@@ -104,9 +109,7 @@ def plot_gantt_comparison(runs: Mapping[str, tuple[Sequence[Mapping[str, Any]], 
         _draw_gantt(ax, visits, n, colors, end)
         ax.set_title(f"{label}: {finish:.1f} s", fontsize="small", loc="left")
     axes[-1].set_xlabel("seconds since the start of training")
-    if models:
-        handles = [_patch(colors[m]) for m in models]
-        fig.legend(handles, models, fontsize="x-small", ncols=min(len(models), 10), loc="outside lower center")
+    _model_legend(fig, models, colors)
     if title:
         fig.suptitle(title)
     return _save(fig, out_png)

@@ -107,7 +107,7 @@ class SelectionResult:
 
     def ranked(self, metric: str | Metric | None = None):
         """The leaderboard re-ranked by the final value of another logged metric (its direction inferred)."""
-        import pandas as pd
+        import pandas as pd  # deferred: only this function needs it
 
         m = Metric.of(metric) if metric is not None else self.metric
         finals = {cid: vals[-1] for cid, vals in self.curves(m.name).items() if vals}

@@ -143,7 +143,7 @@ class ModelSelector:
 
     # -- helpers -------------------------------------------------------------------
     def _build(self, config: Config):
-        import keras
+        import keras  # deferred: TensorFlow starts only when a model is needed
 
         keras.utils.set_random_seed(derive_seed(self.seed, "build", config.id))
         model = self.model_fn(dict(config.params))
