@@ -51,18 +51,20 @@ def test_early_stopping_stops_the_workers_and_restores_the_best_center(spark, tm
     history = fitted.history
     val_losses = [e["val_loss"] for e in history.epochs]
     assert len(val_losses) < epochs, history.epochs
-    assert all(e["val_rows"] == 200 for e in history.epochs)
+    assert all(e["val_rows"] == 200 for e in history.epochs), history.epochs
     assert all({"updates", "bytes", "staleness", "epoch_time_s"} <= set(e) for e in history.epochs)
     # the workers really stopped: none of them ran all the epochs
     assert all(len([e for e in w["epochs"] if "end" in e]) < epochs for w in history.workers), history.workers
     assert any(e.get("event") == "stopped_by_callback" for e in history.events)
     assert any(e.get("kind") == "directive" and "learning_rate" in e for e in history.events)
-    # the returned model is the best epoch's center: its validation loss is the smallest one seen
+    # the returned model is the best epoch's center (the one the best-model checkpoint saved)
     best = int(np.argmin(val_losses))
     assert stopper.best_epoch == history.epochs[best]["epoch"]
-    assert fitted.evaluate(val)["loss"] == pytest.approx(val_losses[best], rel=1e-3)
     checkpoint = keras.saving.load_model(tmp_path / "best.keras")
-    np.testing.assert_allclose(checkpoint.get_weights()[0], fitted.keras_model.get_weights()[0], rtol=1e-5)
+    for saved, returned in zip(checkpoint.get_weights(), fitted.keras_model.get_weights()):
+        np.testing.assert_allclose(saved, returned, rtol=1e-6)
+    if algorithm.synchronous:  # every worker validated the same center: the metrics are exactly its own
+        assert fitted.evaluate(val)["loss"] == pytest.approx(val_losses[best], rel=1e-3)
     with open(tmp_path / "epochs.csv") as fh:
         rows = list(csv.DictReader(fh))
     assert [float(r["val_loss"]) for r in rows] == pytest.approx(val_losses[: len(rows)], rel=1e-5)

@@ -361,6 +361,8 @@ class Trainer:
         results = [json.loads(r.history) for r in stage.rows]
         history = TrainingHistory.build(self.algorithm.describe(), self.num_workers, server, results, job_start,
                                         job_end, events)
+        if epoch_callbacks.stopped_epoch is not None:  # epochs some workers ended after the stop are not reported
+            history.epochs = [e for e in history.epochs if e["epoch"] <= epoch_callbacks.stopped_epoch]
         reported = {e["epoch"]: e for e in epoch_callbacks.epochs}
         for entry in history.epochs:
             entry.update({k: v for k, v in reported.get(entry["epoch"], {}).items() if k not in entry})
