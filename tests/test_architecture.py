@@ -29,7 +29,7 @@ ALLOWED = {
     "estimator": {"algorithms", "callbacks", "checkpoint", "data", "errors", "fitted", "lr_schedules", "progress",
                   "ps", "runtime", "spark", "tracking", "transport"},
     "selection": {"data", "errors", "checkpoint", "fitted", "runtime", "spark", "tracking", "transport"},
-    "ml": {"algorithms", "errors", "estimator", "fitted", "runtime"},
+    "ml": {"algorithms", "data", "estimator", "fitted", "runtime"},
     "cli": {"spark", "errors", "verbosity"},
     "__main__": {"cli"},
 }
