@@ -41,7 +41,7 @@ from trainer.errors import SelectionError
 from trainer.runtime.arrow import arrow_to_numpy
 from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
-from trainer.selection.callbacks import SelectionCallback
+from trainer.selection.callbacks import MlflowSelectionCallback, SelectionCallback
 from trainer.selection.checkpoint import CheckpointStore
 from trainer.selection.driver import derive_seed, make_driver
 from trainer.selection.hopper import HopperServer
@@ -49,6 +49,7 @@ from trainer.selection.result import SelectionResult, build_result
 from trainer.selection.search import Config, Search
 from trainer.selection.task import RESULT_DDL, TaskConfig, TaskSpec, canonical_order, selection_task
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.tracking import RunLogger, SearchLogger
 from trainer.transport.wire import new_secret
 
 log = logging.getLogger("trainer.selection")
@@ -88,6 +89,10 @@ class ModelSelector:
             continues from the driver's newest states (only units in flight are redone).
         check_data: Bool. Scan the data for nulls/NaN/inf and label ranges first.
         verbose: Bool. Log every completed epoch at INFO level.
+        mlflow: Bool. Log the search to MLflow: a parent run (the search, the
+            best configuration and its model) with one child run per
+            configuration (its parameters and per-epoch metrics); see
+            ``trainer.tracking``.
     """
 
     def __init__(self, model_fn: Callable[[dict[str, Any]], Any], search: Search, *, strategy: str = "mop",
@@ -96,7 +101,7 @@ class ModelSelector:
                  custom_objects: dict[str, Any] | None = None, eval_batch_size: int = 256,
                  ps_host: str | None = None, ps_port: int | None = None, ps_bind_host: str | None = None,
                  io_timeout: float = 3600.0, slot_timeout: float = 10.0, max_retries: int = 2,
-                 check_data: bool = True, verbose: bool = True) -> None:  # fmt: skip
+                 check_data: bool = True, verbose: bool = True, mlflow: bool = False) -> None:  # fmt: skip
         if not callable(model_fn):
             raise SelectionError(
                 f"model_fn must be a function params -> compiled keras.Model. Received {type(model_fn).__name__}. "
@@ -137,6 +142,7 @@ class ModelSelector:
         self.max_retries = max_retries
         self.check_data = bool(check_data)
         self.verbose = bool(verbose)
+        self.mlflow = bool(mlflow)
         #: Set to True (e.g. from a SelectionCallback) to stop the running search gracefully.
         self.stop_search = False
         self._used = False
@@ -176,6 +182,28 @@ class ModelSelector:
                 ``schedule``, or the path of a ``selection.json``); model hopper only.
             callbacks: :class:`SelectionCallback` objects.
         """
+        if not self.mlflow:
+            return self._fit(df, validation, resume, replay, callbacks)
+        with RunLogger(run_name=f"model selection ({self.strategy})") as run:
+            configs = self.search.configs()
+            run.log_params({"strategy": self.strategy, "num_workers": self.num_workers, "seed": self.seed,
+                            "search": type(self.search).__name__, "metric": self.search.metric.name,
+                            "configs": len(configs)})
+            runs = SearchLogger(run)
+            logger = MlflowSelectionCallback(runs, {c.id: {**c.params, "batch_size": c.batch_size} for c in configs})
+            try:
+                result = self._fit(df, validation, resume, replay, [*callbacks, logger])
+            finally:
+                runs.close()
+            if result.best_config is not None:
+                best = result.best_model
+                run.log_params({"best_config": result.best_config.id})
+                run.log_metrics({f"best_{self.search.metric.name}": result.best_value,
+                                 "wall_s": result.timings["wall_s"]})
+                run.log_model(best.keras_model, best.spec.input_shape, best._shipped().custom_objects)
+            return result
+
+    def _fit(self, df, validation, resume, replay, callbacks) -> SelectionResult:
         import keras  # deferred: TensorFlow starts only when a search does
 
         self._check_fit_args(resume, replay)
