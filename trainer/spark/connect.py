@@ -116,6 +116,8 @@ def probe_slots(spark: Any, needed: int, profile: Any, timeout: float) -> bool:
         return False
     if "error" in outcome:
         error = outcome["error"]
+        if "SPARK-24819" in str(error):  # the server's own check: fewer slots in the cluster than tasks
+            return False
         raise ClusterCapacityError(
             f"Checking that {needed} tasks can run at once failed on the Spark Connect server: "
             f"{str(error).splitlines()[0][:500]}"
@@ -145,10 +147,11 @@ def share_with_tasks(spark: Any, value: Any, what: str):
     size = len(pickle.dumps(value, protocol=pickle.HIGHEST_PROTOCOL))
     if size > MAX_INLINE_BYTES:
         raise ConnectUnsupportedError(
-            f"{what} gives every task a full copy of the data ({size / 2**20:.0f} MiB). Spark Connect has no "
-            f"broadcast variables, so the copy would travel inside the plan, and a plan over "
-            f"{MAX_INLINE_BYTES >> 20} MiB exceeds what a Connect server accepts in one message. Fix: use "
-            "strategy='mop' (each task holds only its shard), fewer rows, or a classic SparkSession."
+            f"{what} gives every task a full copy of the data ({size / 2**20:.1f} MiB). Spark Connect has no "
+            f"broadcast variables, so the copy would travel inside the plan, which the server receives in one "
+            f"gRPC message (128 MiB at most by default); the trainer sends at most {MAX_INLINE_BYTES >> 20} MiB "
+            "that way. Fix: use strategy='mop' (each task holds only its shard), fewer rows, or a classic "
+            "SparkSession."
         )
     log.info("%s: Spark Connect has no broadcast; the %.1f MiB copy travels in the task closure", what, size / 2**20)
     return _InlineCopy(value)

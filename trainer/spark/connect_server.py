@@ -81,6 +81,11 @@ class ConnectServer:
         log_dir.mkdir(parents=True, exist_ok=True)
         settings = {**self.conf, "spark.connect.grpc.binding.address": self.host,
                     "spark.connect.grpc.binding.port": str(self.port)}
+        python = settings.get("spark.pyspark.python")
+        if python:
+            # The server builds Python UDFs with its own $PYSPARK_PYTHON, not the property.
+            env["PYSPARK_PYTHON"] = python
+            settings.setdefault("spark.executorEnv.PYSPARK_PYTHON", python)
         cmd = pdeathsig_prefix() + [os.path.join(spark_home, "bin", "spark-submit"), "--class", _SERVER_CLASS,
                                     "--master", self.master]
         for key, value in settings.items():
