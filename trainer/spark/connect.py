@@ -101,7 +101,8 @@ def probe_slots(spark: Any, needed: int, profile: Any, timeout: float) -> bool:
         spark.addTag(tag)
         try:
             frame = spark.range(needed, numPartitions=needed)
-            outcome["rows"] = frame.mapInArrow(empty, "ok int", barrier=True, profile=profile).collect()
+            options = {} if profile is None else {"profile": profile}
+            outcome["rows"] = frame.mapInArrow(empty, "ok int", barrier=True, **options).collect()
         except BaseException as exc:  # read by the calling thread
             outcome["error"] = exc
         finally:

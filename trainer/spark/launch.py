@@ -137,21 +137,20 @@ def run_barrier_job(
     spark = frame.sparkSession
     tag = f"trainer-{uuid.uuid4().hex[:12]}"
     outcome: dict[str, Any] = {}
+    options = {} if profile is None else {"profile": profile}  # pyspark 3.5 has no `profile`
 
     def target() -> None:
-        # Job tags (not job groups) work on classic and Spark Connect sessions alike.
-        spark.addTag(tag)
+        _tag_jobs(spark, tag, description)
         try:
-            if not is_connect(spark):
-                spark.sparkContext.setJobDescription(description)
-            stage = frame.repartition(num_workers).mapInArrow(task, schema, barrier=True, profile=profile)
+            stage = frame.repartition(num_workers).mapInArrow(task, schema, barrier=True, **options)
             outcome["rows"] = stage.collect()
         except BaseException as exc:  # handed to the calling thread
             outcome["error"] = exc
         finally:
-            spark.removeTag(tag)
+            _untag_jobs(spark, tag)
 
-    thread = InheritableThread(target=target, name=tag, daemon=True, session=spark)
+    thread = InheritableThread(target=target, name=tag, daemon=True,
+                               **({"session": spark} if is_connect(spark) else {}))
     thread.start()
     try:
         while thread.is_alive():
@@ -160,13 +159,43 @@ def run_barrier_job(
                 on_wait()
     except BaseException:
         log.warning("Interrupted: cancelling the Spark jobs tagged %s", tag)
-        spark.interruptTag(tag)
+        _cancel_tagged(spark, tag)
         thread.join(timeout=30)
         raise
     if "error" in outcome:
         error = outcome["error"]
         raise TrainingFailedError(f"Training failed on a worker: {error_summary(error)}") from error
     return outcome["rows"]
+
+
+def _job_tags(spark: SparkSession) -> bool:
+    # Job tags work on Spark Connect and, from pyspark 4.0 on, on classic sessions; pyspark 3.5's
+    # classic sessions only have job groups.
+    import pyspark
+
+    return is_connect(spark) or int(pyspark.__version__.split(".")[0]) >= 4
+
+
+def _tag_jobs(spark: SparkSession, tag: str, description: str) -> None:
+    """Tag the jobs this thread starts (a job group on pyspark 3.5's classic sessions)."""
+    if not _job_tags(spark):
+        spark.sparkContext.setJobGroup(tag, description, interruptOnCancel=True)
+        return
+    spark.addTag(tag)
+    if not is_connect(spark):
+        spark.sparkContext.setJobDescription(description)
+
+
+def _untag_jobs(spark: SparkSession, tag: str) -> None:
+    if _job_tags(spark):
+        spark.removeTag(tag)
+
+
+def _cancel_tagged(spark: SparkSession, tag: str) -> None:
+    if _job_tags(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobGroup(tag)
 
 
 @dataclass(frozen=True)

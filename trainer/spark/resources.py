@@ -61,7 +61,20 @@ def stage_profile(spark, gpus_per_worker: int):
     if not gpus_per_worker:
         return None
     check_gpus_offered(spark, gpus_per_worker)
+    import inspect
+
     from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+    from pyspark.sql import DataFrame
+
+    if "profile" not in inspect.signature(DataFrame.mapInArrow).parameters:
+        import pyspark
+
+        raise ClusterCapacityError(
+            f"gpus_per_worker={gpus_per_worker} needs pyspark >= 4.0 (a barrier stage with a ResourceProfile, "
+            f"`mapInArrow(..., profile=...)`); found pyspark {pyspark.__version__}. Fix: upgrade pyspark, or "
+            "pass gpus_per_worker=0 and give every task a GPU with spark.task.resource.gpu.amount.",
+            slots=0,
+        )
 
     cpus = int(float(_conf(spark, "spark.task.cpus", "1")))
     requests = TaskResourceRequests().cpus(cpus).resource(GPU, float(gpus_per_worker))
