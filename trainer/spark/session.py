@@ -20,6 +20,7 @@ import socket
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from trainer import verbosity
@@ -93,7 +94,7 @@ def _driver_log4j() -> str:
     """A log4j2 file for the driver JVM at the level of ``TRAINER_LOG`` (see ``trainer.verbosity``)."""
     path = os.path.join(tempfile.gettempdir(), f"trainer-log4j2-{os.getuid()}-{verbosity.level()}.properties")
     text = verbosity.spark_log4j()
-    if not os.path.isfile(path) or open(path).read() != text:
+    if not os.path.isfile(path) or Path(path).read_text() != text:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".trainer-log4j2-")
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -230,7 +231,8 @@ def spark_session(
     builder = SparkSession.builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with verbosity.quiet_child_stderr():  # the driver JVM's start-up banners
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(_SPARK_LEVELS.get(verbosity.level(), "ERROR"))
     t1 = time.monotonic()
     if expected_executors > 0:
