@@ -49,3 +49,7 @@ class MasterUnreachableError(ConnectionError):
 
 class SelectionError(ValueError):
     """A model-selection run was configured in a way it cannot work with."""
+
+
+class ConnectUnsupportedError(NotImplementedError):
+    """A Spark Connect session lacks something this operation needs (the message says what and why)."""

@@ -52,6 +52,7 @@ from trainer.ps.server import ParameterServer, uniform_progress
 from trainer.runtime.shipping import ModelSource, pack_model, ship_by_value
 from trainer.runtime.worker import RESULT_DDL, WorkerConfig, train_partition
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.spark.resources import check_gpus_per_worker, stage_profile
 from trainer.tracking import RunLogger, epoch_logger, fit_params
 from trainer.transport.wire import new_secret
 
@@ -80,6 +81,7 @@ class _Plan:
     version: int
     epochs_done: dict
     resumed: Checkpoint | None
+    profile: Any = None  # the stage's ResourceProfile (GPUs per task), None for the session's defaults
     validation_rows: int = 0
 
 
@@ -125,6 +127,11 @@ class Trainer:
         on_update: Callable or None. Called on the driver with every
             parameter-server update (a `trainer.ps.UpdateRecord`: time, worker,
             version, staleness, bytes, epoch, step, loss); keep it fast.
+        gpus_per_worker: Integer. GPUs each worker task gets (a stage-level Spark
+            ResourceProfile; the task sees only the devices Spark assigned it
+            through CUDA_VISIBLE_DEVICES). 0 keeps the session's defaults. The
+            session needs spark.executor.resource.gpu.amount, or fit fails
+            before any Spark job with the settings to add (docs/clusters.md).
         verbose: Bool. Progress bar and INFO logs on the driver.
         check_data: Bool. Scan the data once for nulls/NaN/inf and label ranges.
         share_epochs: Bool. With an asynchronous algorithm and a window, an
@@ -162,6 +169,7 @@ class Trainer:
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int = 100,
         on_update: Callable[[Any], None] | None = None,
+        gpus_per_worker: int = 0,
         verbose: bool = True,
         check_data: bool = True,
         share_epochs: bool = True,
@@ -197,6 +205,7 @@ class Trainer:
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every)
         self.on_update = on_update
+        self.gpus_per_worker = check_gpus_per_worker(gpus_per_worker)
         self.verbose = bool(verbose)
         self.check_data = bool(check_data)
         self.share_epochs = bool(share_epochs)
@@ -245,7 +254,8 @@ class Trainer:
                                          check_values=self.check_data)
         if vframe is not None:
             frame = tag_validation(frame, vframe)
-        wait_for_slots(df.sparkSession, self.num_workers, self.slot_timeout)
+        profile = stage_profile(df.sparkSession, self.gpus_per_worker)
+        wait_for_slots(df.sparkSession, self.num_workers, self.slot_timeout, profile)
         log.info(
             "Training %s on %d rows with %d workers, %s, batch %d, %d epochs (checks took %.1f s)",
             model.name, spec.num_rows, self.num_workers, self.algorithm.describe(), self.batch_size,
@@ -256,7 +266,7 @@ class Trainer:
             # partitions it can leave a worker without any row. The identity map
             # keeps the optimizer from collapsing coalesce(1) into the repartition.
             frame = frame.coalesce(1).mapInArrow(_identity, frame.schema)
-        return _Plan(model, source, frame, spec, center, version, epochs_done, resumed, vrows)
+        return _Plan(model, source, frame, spec, center, version, epochs_done, resumed, profile, vrows)
 
     # -- fit -------------------------------------------------------------------
     def fit(self, df, resume_from: str | os.PathLike | None = None, *, validation: Any = None,
@@ -346,7 +356,7 @@ class Trainer:
                 plan.frame, self.num_workers, make_task, RESULT_DDL,
                 policy=RetryPolicy(self.max_retries, self.retry_timeout, self.min_workers),
                 description=f"trainer: {plan.model.name} {self.algorithm.describe()}",
-                on_retry=on_retry, events=events,
+                on_retry=on_retry, events=events, profile=plan.profile,
             )
             job_end = time.time()
         finally:

@@ -15,10 +15,20 @@ Environment variables must be set before TensorFlow starts, so importing
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sys
+import threading
 import warnings
+from typing import Iterator
+
+#: Start-up lines the driver JVM prints to stderr whatever its log configuration says.
+JVM_NOISE = (
+    b"WARNING: Using incubator modules",
+    b"Setting default log level to",
+    b"To adjust logging level use sc.setLogLevel",
+)
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 ENV = "TRAINER_LOG"
@@ -87,3 +97,48 @@ logger.hadoop.level = error
 logger.jetty.name = org.sparkproject.jetty
 logger.jetty.level = warn
 """
+
+
+@contextlib.contextmanager
+def quiet_child_stderr(drop: tuple[bytes, ...] = JVM_NOISE) -> Iterator[None]:
+    """Child processes started inside this block write their stderr through a filter that drops the
+    lines starting with one of `drop` and passes every other line on, for as long as they live.
+
+    Used around the start of the driver JVM, whose start-up banners no log level silences. A no-op
+    when TRAINER_LOG asks for INFO or more, or when stderr is not a real file descriptor.
+    """
+    try:
+        target = os.dup(2)
+    except OSError:
+        yield
+        return
+    if level() <= logging.INFO:
+        os.close(target)
+        yield
+        return
+    read_end, write_end = os.pipe()
+    sys.stderr.flush()
+    saved = os.dup(2)
+    os.dup2(write_end, 2)
+    os.close(write_end)
+    threading.Thread(target=_pump, args=(read_end, target, drop), name="trainer-stderr-filter", daemon=True).start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # this process writes to the terminal again; children keep the filter
+        os.close(saved)
+
+
+def _pump(read_end: int, target: int, drop: tuple[bytes, ...]) -> None:
+    with os.fdopen(read_end, "rb", buffering=0) as source:
+        pending = b""
+        while chunk := source.read(65536):
+            pending += chunk
+            *lines, pending = pending.split(b"\n")
+            for line in lines:
+                if not line.startswith(drop):
+                    os.write(target, line + b"\n")
+        if pending and not pending.startswith(drop):
+            os.write(target, pending)
+    os.close(target)

@@ -46,7 +46,7 @@ from trainer.ps.client import PSClient
 from trainer.runtime.arrow import pad_shard, split_shard
 from trainer.runtime.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
-from trainer.runtime.process import configure_process, task_resources
+from trainer.runtime.process import setup_barrier_task
 from trainer.runtime.shipping import ModelSource
 from trainer.runtime.state import load_state, model_state
 
@@ -191,7 +191,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
     task_start = time.time()
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()
-    configure_process(*task_resources(ctx), config.keras_backend, config.env)
+    devices = setup_barrier_task(ctx, config.keras_backend, config.env)
 
     (x, y), validation = split_shard(batches, config.input_shape, config.label_size)
     data_ready = time.time()
@@ -203,7 +203,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         )
     x, y = pad_shard(x, y, max(sizes), seed=config.seed + worker)
 
-    import keras  # after configure_process: TensorFlow reads its settings when it starts
+    import keras  # after setup_barrier_task: TensorFlow reads its settings when it starts
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed + 1000 * config.attempt + worker)
@@ -212,7 +212,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
     record: dict[str, Any] = {
         "worker": worker, "attempt": config.attempt, "rows": sizes[worker], "padded_rows": len(x),
         "task_start": task_start, "data_ready": data_ready, "model_built": built,
-        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(),
+        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(), **devices,
     }
     client = PSClient(
         config.ps_host, config.ps_port, config.secret, worker=worker,

@@ -48,7 +48,9 @@ from trainer.selection.hopper import HopperServer
 from trainer.selection.result import SelectionResult, build_result
 from trainer.selection.search import Config, Search
 from trainer.selection.task import RESULT_DDL, TaskConfig, TaskSpec, canonical_order, selection_task
+from trainer.spark.connect import share_with_tasks
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.spark.resources import check_gpus_per_worker, stage_profile
 from trainer.tracking import RunLogger, SearchLogger
 from trainer.transport.wire import new_secret
 
@@ -88,6 +90,8 @@ class ModelSelector:
         max_retries: Integer. Re-runs of the stage after lost executors; a re-run
             continues from the driver's newest states (only units in flight are redone).
         check_data: Bool. Scan the data for nulls/NaN/inf and label ranges first.
+        gpus_per_worker: Integer. GPUs each task gets, as for ``trainer.Trainer``
+            (a stage-level ResourceProfile; 0 keeps the session's defaults).
         verbose: Bool. Log every completed epoch at INFO level.
         mlflow: Bool. Log the search to MLflow: a parent run (the search, the
             best configuration and its model) with one child run per
@@ -101,7 +105,8 @@ class ModelSelector:
                  custom_objects: dict[str, Any] | None = None, eval_batch_size: int = 256,
                  ps_host: str | None = None, ps_port: int | None = None, ps_bind_host: str | None = None,
                  io_timeout: float = 3600.0, slot_timeout: float = 10.0, max_retries: int = 2,
-                 check_data: bool = True, verbose: bool = True, mlflow: bool = False) -> None:  # fmt: skip
+                 check_data: bool = True, gpus_per_worker: int = 0, verbose: bool = True,
+                 mlflow: bool = False) -> None:  # fmt: skip
         if not callable(model_fn):
             raise SelectionError(
                 f"model_fn must be a function params -> compiled keras.Model. Received {type(model_fn).__name__}. "
@@ -141,6 +146,7 @@ class ModelSelector:
         self.slot_timeout = float(slot_timeout)
         self.max_retries = max_retries
         self.check_data = bool(check_data)
+        self.gpus_per_worker = check_gpus_per_worker(gpus_per_worker)
         self.verbose = bool(verbose)
         self.mlflow = bool(mlflow)
         #: Set to True (e.g. from a SelectionCallback) to stop the running search gracefully.
@@ -215,6 +221,7 @@ class ModelSelector:
         spark = df.sparkSession
         n = self.num_workers
         df, validation = self._split_validation(df, validation)
+        profile = stage_profile(spark, self.gpus_per_worker)  # fails here when the cluster offers no GPUs
 
         # -- plan: models, data and checks, before any Spark job -------------------------
         built = {c.id: self._build(c) for c in configs}
@@ -258,14 +265,14 @@ class ModelSelector:
         try:
             run.start()
             if not run.finished:
-                wait_for_slots(spark, n, self.slot_timeout)
+                wait_for_slots(spark, n, self.slot_timeout, profile)
                 _, bound_port = server.start()
                 job_start = run.t0 = time.time()
                 stage = run_stage_with_retries(
                     stage_frame, n, make_task, RESULT_DDL,
                     policy=RetryPolicy(self.max_retries, max(self.slot_timeout, 60.0)),
                     description=f"trainer: model selection ({self.strategy}, {len(configs)} configs)",
-                    fatal=lambda: run.error,
+                    fatal=lambda: run.error, profile=profile,
                 )
                 task_records = [json.loads(r.record) for r in stage.rows]
                 job_end = time.time()
@@ -313,13 +320,14 @@ class ModelSelector:
 
         Model hopper: training and validation rows tagged by a flag column and
         dealt into the shards. Baselines: every task reads a full copy of the
-        data from a Spark broadcast; the stage's frame only has one row per task.
+        data from a Spark broadcast (in the task closure on Spark Connect,
+        ``trainer.spark.connect.share_with_tasks``); the stage's frame only has one row per task.
         """
         if self.strategy != "mop":
             arrays = _collect_numpy(frame, spec) + (_collect_numpy(vframe, spec) if vframe is not None
                                                     else arrow_to_numpy(iter(()), (spec.feature_size,),
                                                                         spec.label_size))
-            return spark.range(self.num_workers), spark.sparkContext.broadcast(arrays)
+            return spark.range(self.num_workers), share_with_tasks(spark, arrays, f"strategy={self.strategy!r}")
         stage_frame = tag_validation(frame, vframe)
         if spec.num_rows + vrows < 1000 * self.num_workers:
             # Round-robin from one partition deals rows evenly; from many tiny ones a shard may stay empty.

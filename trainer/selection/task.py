@@ -49,7 +49,7 @@ from trainer.data.validation import VALIDATION_FLAG
 from trainer.runtime.arrow import split_shard
 from trainer.runtime.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
-from trainer.runtime.process import configure_process, task_resources
+from trainer.runtime.process import setup_barrier_task
 from trainer.runtime.state import load_state, model_state, optimizer_of
 from trainer.selection.hopper import HopperClient
 
@@ -227,7 +227,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     task_start = time.time()
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()
-    configure_process(*task_resources(ctx), spec.keras_backend, spec.env)
+    devices = setup_barrier_task(ctx, spec.keras_backend, spec.env)
 
     if spec.full_copy is None:
         (x, y), (xv, yv) = split_shard(batches, (spec.feature_size,), spec.label_size)
@@ -240,7 +240,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     checksum = _checksum(x, y, xv, yv)
     data_ready = time.time()
 
-    import keras  # after configure_process: TensorFlow reads its settings when it starts
+    import keras  # after setup_barrier_task: TensorFlow reads its settings when it starts
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here
@@ -249,7 +249,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     record: dict[str, Any] = {
         "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
         "data_checksum": checksum, "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0, "train_s": 0.0,
-        "val_s": 0.0, "executor_pid": os.getpid(),
+        "val_s": 0.0, "executor_pid": os.getpid(), **devices,
     }
     with HopperClient(spec.host, spec.port, spec.secret, worker, spec.attempt, spec.io_timeout) as client:
         client.hello({"attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,

@@ -20,14 +20,16 @@ import socket
 import sys
 import tempfile
 import time
+from pathlib import Path
 from typing import Any
 
 from trainer import verbosity
 from trainer.errors import MasterUnreachableError
+from trainer.spark.connect import remote_session
 
 log = logging.getLogger("trainer.spark")
 
-__all__ = ["spark_session", "executor_env_defaults", "wait_for_executors", "registered_executors",
+__all__ = ["spark_session", "session_conf", "executor_env_defaults", "wait_for_executors", "registered_executors",
            "check_master_reachable"]
 
 
@@ -92,7 +94,7 @@ def _driver_log4j() -> str:
     """A log4j2 file for the driver JVM at the level of ``TRAINER_LOG`` (see ``trainer.verbosity``)."""
     path = os.path.join(tempfile.gettempdir(), f"trainer-log4j2-{os.getuid()}-{verbosity.level()}.properties")
     text = verbosity.spark_log4j()
-    if not os.path.isfile(path) or open(path).read() != text:
+    if not os.path.isfile(path) or Path(path).read_text() != text:
         fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), prefix=".trainer-log4j2-")
         with os.fdopen(fd, "w") as fh:
             fh.write(text)
@@ -158,6 +160,17 @@ def check_master_reachable(master: str, timeout: float = 5.0) -> None:
     )
 
 
+def session_conf(master: str, app_name: str = "trainer", cores_per_worker: int = 1, **conf: Any) -> dict[str, str]:
+    """The Spark properties `spark_session` starts a driver with: the defaults, then `conf` (None removes one)."""
+    settings: dict[str, str] = _default_conf(master, app_name, cores_per_worker)
+    for key, value in conf.items():
+        if value is None:
+            settings.pop(key, None)
+        else:
+            settings[key] = value if isinstance(value, str) else _to_conf_string(value)
+    return settings
+
+
 def spark_session(
     master: str,
     app_name: str = "trainer",
@@ -178,6 +191,10 @@ def spark_session(
 
     Spark allows one SparkContext per process: if one is already running for a
     different master this raises ``RuntimeError``; stop it first.
+
+    ``sc://host:port`` connects to a Spark Connect server instead
+    (``trainer.spark.connect.remote_session``); the server's own settings
+    apply there, and the other arguments are not used.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -187,13 +204,10 @@ def spark_session(
             f"expected a Spark master URL such as 'local[*]', 'spark://host:7077', 'yarn' or "
             f"'k8s://https://host:443', got {master!r}"
         )
+    if master.startswith("sc://"):
+        return remote_session(master)
     check_master_reachable(master)
-    settings: dict[str, Any] = _default_conf(master, app_name, cores_per_worker)
-    for key, value in conf.items():
-        if value is None:
-            settings.pop(key, None)
-        else:
-            settings[key] = value if isinstance(value, str) else _to_conf_string(value)
+    settings = session_conf(master, app_name, cores_per_worker, **conf)
 
     active = SparkContext._active_spark_context
     if active is not None and active._jsc is not None and active.master != master:
@@ -217,7 +231,8 @@ def spark_session(
     builder = SparkSession.builder.master(master)
     for key, value in settings.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    with verbosity.quiet_child_stderr():  # the driver JVM's start-up banners
+        spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(_SPARK_LEVELS.get(verbosity.level(), "ERROR"))
     t1 = time.monotonic()
     if expected_executors > 0:

@@ -1,0 +1,68 @@
+"""Quiet by default: the JVM's start-up banners are filtered, our logs follow TRAINER_LOG (trainer.verbosity)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from trainer import verbosity
+
+CHILD = textwrap.dedent("""
+    import subprocess, sys
+    from trainer import verbosity
+    with verbosity.quiet_child_stderr():
+        child = subprocess.Popen([sys.executable, "-c", (
+            "import sys, time\\n"
+            "sys.stderr.write('WARNING: Using incubator modules: jdk.incubator.vector\\\\n')\\n"
+            "sys.stderr.write('Setting default log level to \\"WARN\\".\\\\n')\\n"
+            "sys.stderr.write('kept before\\\\n'); sys.stderr.flush(); time.sleep(0.5)\\n"
+            "sys.stderr.write('kept after the block\\\\n')\\n")])
+    sys.stderr.write("parent writes directly\\n")
+    sys.stderr.flush()
+    child.wait()
+""")
+
+
+def _run(level: str) -> str:
+    proc = subprocess.run([sys.executable, "-c", CHILD], capture_output=True, text=True, timeout=60,
+                          env={"TRAINER_LOG": level, "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    return proc.stderr
+
+
+def test_child_banners_are_dropped_and_everything_else_passes():
+    err = _run("warning")
+    assert "Using incubator modules" not in err and "Setting default log level" not in err
+    assert "kept before" in err and "kept after the block" in err  # the child keeps the filter
+    assert "parent writes directly" in err
+
+
+def test_nothing_is_filtered_when_the_user_asks_for_info():
+    err = _run("info")
+    assert "Using incubator modules" in err and "Setting default log level" in err
+
+
+@pytest.mark.parametrize(("name", "tf_level"), [("debug", "0"), ("info", "1"), ("warning", "2"), ("bogus", "2")])
+def test_tensorflow_logs_follow_the_level(monkeypatch, name, tf_level):
+    monkeypatch.setenv(verbosity.ENV, name)
+    assert verbosity.quiet_env()["TF_CPP_MIN_LOG_LEVEL"] == tf_level
+
+
+def test_configure_logging_quiet_and_verbose(monkeypatch):
+    monkeypatch.setenv(verbosity.ENV, "warning")  # restored (or removed again) after the test
+    monkeypatch.delenv(verbosity.ENV)
+    assert verbosity.configure_logging(False) == logging.WARNING
+    assert logging.getLogger("trainer").level == logging.WARNING
+    assert logging.getLogger("py4j").level == logging.ERROR
+    assert verbosity.configure_logging(True) == logging.INFO
+    assert logging.getLogger("trainer").level == logging.INFO
+
+
+def test_driver_log4j_levels(monkeypatch):
+    assert "rootLogger.level = error" in verbosity.spark_log4j(logging.WARNING)
+    assert "rootLogger.level = warn" in verbosity.spark_log4j(logging.INFO)
+    assert "rootLogger.level = info" in verbosity.spark_log4j(logging.DEBUG)
