@@ -42,7 +42,7 @@ def test_a_fit_logs_params_epoch_metrics_and_the_model(digits, tracking):
     models = tracking.search_logged_models(experiment_ids=[run.info.experiment_id])
     assert len(models) == 1 and models[0].source_run_id == run.info.run_id
     loaded = mlflow.pyfunc.load_model(models[0].model_uri)
-    assert loaded.metadata.signature.inputs.to_dict()[0]["tensor-spec"]["shape"] == [-1, 64]
+    assert list(loaded.metadata.signature.inputs.to_dict()[0]["tensor-spec"]["shape"]) == [-1, 64]
     x = np.array([r.features for r in test.limit(8).collect()], np.float32)
     np.testing.assert_allclose(loaded.predict(x), fitted.keras_model.predict(x, verbose=0), atol=1e-5)
 
