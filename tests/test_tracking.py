@@ -12,6 +12,17 @@ from trainer import ADAG, Trainer
 mlflow = pytest.importorskip("mlflow")
 
 
+def selection_model(params):
+    """Defined here, not in conftest: executors get this module by value, conftest they cannot import."""
+    import keras
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(params["lr"]), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
 @pytest.fixture(scope="module")
 def tracking(tmp_path_factory):
     uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
@@ -52,13 +63,10 @@ def test_a_fit_logs_params_epoch_metrics_and_the_model(digits, tracking):
 def test_model_selection_logs_a_parent_run_and_one_child_run_per_configuration(digits, tracking):
     from trainer.selection import GridSearch, ModelSelector, choice
 
-    def model_fn(params):
-        return digits_model(params["lr"])
-
     train, test = digits
     experiment = mlflow.set_experiment("trainer-selection")
     search = GridSearch({"lr": choice([0.003, 0.03])}, epochs=2, batch_size=64, metric="val_accuracy")
-    result = ModelSelector(model_fn, search, num_workers=2, verbose=False, mlflow=True).fit(train, validation=test)
+    result = ModelSelector(selection_model, search, num_workers=2, verbose=False, mlflow=True).fit(train, validation=test)
     runs = tracking.search_runs([experiment.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = [r for r in runs if r.data.tags.get("mlflow.parentRunId") == parents[0].info.run_id]
