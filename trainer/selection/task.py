@@ -43,11 +43,12 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import BarrierTaskContext
 
-from trainer.runtime.arrow import arrow_to_numpy
+from trainer.data.validation import VALIDATION_FLAG
+from trainer.runtime.arrow import split_shard
 from trainer.runtime.feed import ShardFeed
+from trainer.runtime.inference import validation_logs
 from trainer.runtime.process import setup_barrier_task
 from trainer.runtime.state import load_state, model_state, optimizer_of
 from trainer.selection.hopper import HopperClient
@@ -55,8 +56,8 @@ from trainer.selection.hopper import HopperClient
 __all__ = ["TaskConfig", "TaskSpec", "ModelCache", "compiled_signature", "canonical_order", "selection_task",
            "RESULT_DDL", "SPLIT_COL"]
 
-#: Name of the boolean column that marks validation rows in the model-hopper frame.
-SPLIT_COL = "_is_validation"
+#: The boolean column that marks validation rows in the model-hopper frame (shared with the trainer).
+SPLIT_COL = VALIDATION_FLAG
 RESULT_DDL = "worker int, record string"
 _RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("record", pa.string())])
 
@@ -181,19 +182,6 @@ class ModelCache:
 
 
 # ------------------------------------------------------------------------------ data
-def _split_shard(batches: Iterator[pa.RecordBatch], feature_size: int, label_size: int | None):
-    batches = [b for b in batches if b.num_rows]
-    if not batches:
-        empty = arrow_to_numpy(iter(()), (feature_size,), label_size)
-        return empty, empty
-    table = pa.Table.from_batches(batches)
-    flag = table.column(SPLIT_COL)
-    train = table.filter(pc.invert(flag)).drop_columns([SPLIT_COL])
-    val = table.filter(flag).drop_columns([SPLIT_COL])
-    return (arrow_to_numpy(iter(train.to_batches()), (feature_size,), label_size),
-            arrow_to_numpy(iter(val.to_batches()), (feature_size,), label_size))
-
-
 def canonical_order(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows sorted by a 64-bit hash of their bytes (features, then label).
 
@@ -242,7 +230,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     devices = setup_barrier_task(ctx, spec.keras_backend, spec.env)
 
     if spec.full_copy is None:
-        (x, y), (xv, yv) = _split_shard(batches, spec.feature_size, spec.label_size)
+        (x, y), (xv, yv) = split_shard(batches, (spec.feature_size,), spec.label_size)
         (x, y), (xv, yv) = canonical_order(x, y), canonical_order(xv, yv)
     else:
         for _ in batches:  # the baselines read their full copy (already in canonical order) from the broadcast
@@ -291,10 +279,8 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
             train_s = time.time() - started
             val_logs: dict[str, float] = {}
             if len(xv):
-                result = model.evaluate(xv.reshape((len(xv), *cfg.input_shape)), yv,
-                                        batch_size=max(spec.eval_batch_size, cfg.batch_size), verbose=0,
-                                        return_dict=True)
-                val_logs = _logs(result, "val_")
+                val_logs = validation_logs(model, xv.reshape((len(xv), *cfg.input_shape)), yv,
+                                           max(spec.eval_batch_size, cfg.batch_size))
             val_s = time.time() - started - train_s
             record["units"] += 1
             record["train_s"] += train_s
