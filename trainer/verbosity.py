@@ -121,7 +121,8 @@ def quiet_child_stderr(drop: tuple[bytes, ...] = JVM_NOISE) -> Iterator[None]:
     saved = os.dup(2)
     os.dup2(write_end, 2)
     os.close(write_end)
-    threading.Thread(target=_pump, args=(read_end, target, drop), name="trainer-stderr-filter", daemon=True).start()
+    # Named apart from the "trainer-" threads of a fit: it lives as long as the JVM, not one fit.
+    threading.Thread(target=_pump, args=(read_end, target, drop), name="jvm-stderr-filter", daemon=True).start()
     try:
         yield
     finally:
