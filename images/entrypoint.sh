@@ -12,8 +12,10 @@
 # Every role runs under tini (-s: subreaper, -g: signals go to the process group)
 # so signals reach Spark/Jupyter and zombies are reaped even without `docker run --init`.
 # Before starting, $SPARK_CONF_DIR/spark-defaults.conf is written from the
-# environment (SPARK_DRIVER_* variables and SPARK_CONF), so compose and
-# Kubernetes configure Spark through env vars only.
+# environment (SPARK_DRIVER_* variables, SPARK_AUTH_SECRET and SPARK_CONF), so
+# compose and Kubernetes configure Spark through env vars only. The Spark roles
+# (master, worker, jupyter, submit) refuse to start without SPARK_AUTH_SECRET
+# unless SPARK_AUTHENTICATE=false says so (docs/security.md).
 set -eo pipefail
 
 SPARK_MASTER_PORT="${SPARK_MASTER_PORT:-7077}"
@@ -37,12 +39,43 @@ advertised_host() {
     if [[ "$fqdn" == *.svc.* || "$fqdn" == *.svc ]]; then echo "$fqdn"; else own_ip; fi
 }
 
+# Spark RPC authentication and encryption (AES-GCM) with the lab's shared secret:
+# the master, the workers (which hand it to their executors in Spark's own
+# _SPARK_AUTH_SECRET variable) and every driver need the same settings.
+spark_security_conf() {
+    if [ -z "${SPARK_AUTH_SECRET:-}" ]; then
+        if [ "${SPARK_AUTHENTICATE:-true}" = "false" ]; then
+            log "SPARK_AUTHENTICATE=false: Spark RPC is neither authenticated nor encrypted; whoever reaches the master runs code on the workers"
+            return 0
+        fi
+        log "SPARK_AUTH_SECRET is empty: expected the lab's Spark secret (\`make up\` generates one in compose/lab-secrets.env," \
+            "\`make k8s-secrets\` in k8s/base/lab-secrets.env); set SPARK_AUTHENTICATE=false to run without Spark authentication on purpose"
+        exit 2
+    fi
+    if [[ ! "$SPARK_AUTH_SECRET" =~ ^[A-Za-z0-9._~+/=-]{16,}$ ]]; then
+        log "SPARK_AUTH_SECRET must be at least 16 characters of A-Z a-z 0-9 . _ ~ + / = -, got ${#SPARK_AUTH_SECRET} characters" \
+            "of another form; generate one with: od -An -N32 -tx1 /dev/urandom | tr -d ' \\n'"
+        exit 2
+    fi
+    echo "spark.authenticate true"
+    echo "spark.authenticate.secret $SPARK_AUTH_SECRET"
+    echo "spark.network.crypto.enabled true"
+    echo "spark.network.crypto.authEngineVersion 2"
+    echo "spark.network.crypto.cipher AES/GCM/NoPadding"
+    echo "spark.network.crypto.saslFallback false"
+}
+
 write_spark_defaults() {
     local conf_dir="${SPARK_CONF_DIR:?SPARK_CONF_DIR must be set}"
     local file="$conf_dir/spark-defaults.conf"
     mkdir -p "$conf_dir"
+    # Mode 0600: the file holds the secret, which stays out of argv and, once
+    # written, out of the daemon's environment.
+    rm -f "$file"
+    (umask 077 && : >"$file")
     {
         echo "# Written by entrypoint.sh from the environment at $(date -u +%FT%TZ); edits are lost on restart."
+        spark_security_conf
         [ -n "$SPARK_DRIVER_HOST" ] && echo "spark.driver.host $SPARK_DRIVER_HOST"
         [ -n "$SPARK_DRIVER_BIND_ADDRESS" ] && echo "spark.driver.bindAddress $SPARK_DRIVER_BIND_ADDRESS"
         [ -n "$SPARK_DRIVER_PORT" ] && echo "spark.driver.port $SPARK_DRIVER_PORT"
@@ -58,6 +91,7 @@ write_spark_defaults() {
             echo "${pair%%=*} ${pair#*=}"
         done
     } >"$file"
+    unset SPARK_AUTH_SECRET
 }
 
 run() {
@@ -92,6 +126,10 @@ case "$role" in
         ;;
     jupyter)
         shift
+        if [ -z "${JUPYTER_TOKEN:-}" ]; then
+            log "JUPYTER_TOKEN is empty: expected the token Jupyter asks for (\`make up\` generates one in compose/lab-secrets.env)"
+            exit 2
+        fi
         # The driver must be reachable from the executors: compose/k8s set
         # SPARK_DRIVER_HOST to a service name; fall back to our own address.
         export SPARK_DRIVER_HOST="${SPARK_DRIVER_HOST:-$(advertised_host)}"
@@ -103,10 +141,15 @@ case "$role" in
         mkdir -p "$root"
         # Seed the example notebooks once; never overwrite the user's edits.
         cp -rn "$TRAINER_JOBS_DIR/notebooks" "$root/" 2>/dev/null || true
+        # allow_remote_access off: Jupyter answers only requests whose Host header is
+        # a loopback address, localhost or a name in JUPYTER_LOCAL_HOSTNAMES
+        # (space- or comma-separated), against DNS rebinding (docs/security.md).
         CMD=(jupyter lab --ip=0.0.0.0 --port="$JUPYTER_PORT" --no-browser
             --ServerApp.root_dir="$root"
-            --ServerApp.allow_remote_access=True
-            "$@")
+            --ServerApp.allow_remote_access=False
+            --ServerApp.local_hostnames=localhost)
+        for name in ${JUPYTER_LOCAL_HOSTNAMES//,/ }; do CMD+=(--ServerApp.local_hostnames="$name"); done
+        CMD+=("$@")
         # The token comes from $JUPYTER_TOKEN (read by jupyter itself), never argv.
         run "${CMD[@]}"
         ;;

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from .labtools import ARTIFACTS, LAB_PROJECT, LAB_WORKERS, Lab, docker_problem, free_port, run, skip_or_fail, write_timings
+from .labtools import ARTIFACTS, LAB_HOSTNAME, LAB_PROJECT, LAB_WORKERS, Lab, docker_problem, free_port, run, skip_or_fail, write_timings
 
 
 @pytest.fixture(scope="session")
@@ -30,18 +30,25 @@ def docker_engine() -> None:
 
 @pytest.fixture(scope="session")
 def lab_env(tmp_path_factory) -> dict[str, str]:
-    """Environment for make/compose: own project name, free host ports, fresh token."""
+    """Environment for make/compose: own project name, free host ports, fresh token.
+
+    The Spark secret is left to `make up`, which generates it (and a token the
+    environment's JUPYTER_TOKEN overrides) in a secrets file of the test's own.
+    """
     (ARTIFACTS / "lab-make.log").unlink(missing_ok=True)
     env = os.environ.copy()
+    env.pop("SPARK_AUTH_SECRET", None)
+    out = tmp_path_factory.mktemp("lab-out")
     env.update(
         LAB_PROJECT=LAB_PROJECT,
         LAB_IMAGE=env.get("LAB_IMAGE", "trainer-lab:latest"),
         LAB_BIND="127.0.0.1",
+        LAB_SECRETS=str(out / "lab-secrets.env"),
         SPARK_UI_PORT=str(free_port()),
-        SPARK_RPC_PORT=str(free_port()),
         JUPYTER_HOST_PORT=str(free_port()),
         JUPYTER_TOKEN=secrets.token_hex(12),
-        OUT=str(tmp_path_factory.mktemp("lab-out")),
+        JUPYTER_LOCAL_HOSTNAMES=LAB_HOSTNAME,
+        OUT=str(out),
     )
     return env
 

@@ -17,6 +17,9 @@ REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
 LAB_PROJECT = "trainer-lab-test"
 LAB_WORKERS = 3
+# A host name the test lab's Jupyter accepts besides localhost (JUPYTER_LOCAL_HOSTNAMES).
+LAB_HOSTNAME = "lab-test.example"
+SECRETS_SCRIPT = REPO / "compose" / "lab-secrets.sh"
 
 
 def skip_or_fail(reason: str) -> None:
@@ -99,13 +102,23 @@ class Lab:
     def image(self) -> str:
         return self.env["LAB_IMAGE"]
 
+    @property
+    def secrets_file(self) -> Path:
+        return Path(self.env["LAB_SECRETS"])
+
+    def secret(self, key: str) -> str:
+        """The value compose gets for `key` (JUPYTER_TOKEN, SPARK_AUTH_SECRET): environment first, then the file."""
+        return run([str(SECRETS_SCRIPT), "get", str(self.secrets_file), key], env=self.env).stdout.strip()
+
     def make(self, *args: str, timeout: float = 900, check: bool = True) -> subprocess.CompletedProcess:
         return run(["make", "--no-print-directory", *args], env=self.env, timeout=timeout, check=check,
                    log=ARTIFACTS / "lab-make.log")
 
     def compose_cmd(self) -> list[str]:
+        """Compose as `make` runs it: with the lab's secrets in its environment, so nothing is recreated."""
         base = ["docker-compose"] if shutil.which("docker-compose") else ["docker", "compose"]
-        return [*base, "-p", LAB_PROJECT, "-f", "compose/compose.yaml"]
+        return [str(SECRETS_SCRIPT), "with", str(self.secrets_file), *base,
+                "-p", LAB_PROJECT, "-f", "compose/compose.yaml"]
 
     def compose(self, *args: str, timeout: float = 600, check: bool = True) -> subprocess.CompletedProcess:
         return run([*self.compose_cmd(), *args], env=self.env, timeout=timeout, check=check)
@@ -122,6 +135,15 @@ class Lab:
 
     def container_id(self, service: str) -> str:
         return self.compose("ps", "-q", service).stdout.split()[0]
+
+    def container_ids(self, *services: str) -> dict[str, str]:
+        """{"master": id, "worker-1": id, ..., "jupyter": id} of the running containers."""
+        ids = {}
+        for service in services:
+            running = self.compose("ps", "-q", service).stdout.split()
+            for i, cid in enumerate(running, 1):
+                ids[service if len(running) == 1 and service != "worker" else f"{service}-{i}"] = cid
+        return ids
 
 
 def write_timings(timings: dict) -> None:

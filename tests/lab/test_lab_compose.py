@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 
@@ -12,6 +13,7 @@ from .labtools import REPO, require_tool, run
 
 COMPOSE = REPO / "compose" / "compose.yaml"
 GPU = REPO / "compose" / "gpu.yaml"
+SPARK_ROLES = ("master", "worker", "jupyter", "submit")
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +46,16 @@ def test_docker_compose_config_accepts_the_files(files):
     if shutil.which("docker-compose") is None:
         pytest.skip("docker-compose (v1) is not installed; the schema check above still ran")
     args = [a for f in files for a in ("-f", str(f))]
-    out = run(["docker-compose", "-p", "trainer-lab", *args, "config"]).stdout
+    env = {"PATH": os.environ["PATH"], "SPARK_AUTH_SECRET": "s" * 32, "JUPYTER_TOKEN": "t" * 24}
+    out = run(["docker-compose", "-p", "trainer-lab", *args, "config"], env=env).stdout
     config = yaml.safe_load(out)
-    assert set(config["services"]) == {"master", "worker", "jupyter", "submit"}
+    assert set(config["services"]) == set(SPARK_ROLES)
+    # The resolved file (merge keys, overrides) keeps the hardening and the secrets.
+    for name, svc in config["services"].items():
+        assert svc["cap_drop"] == ["ALL"] and svc["security_opt"] == ["no-new-privileges:true"], name
+        assert svc["environment"]["SPARK_AUTH_SECRET"] == "s" * 32, name
+        assert all(":7077" not in str(p) for p in svc.get("ports", [])), name
+    assert config["services"]["jupyter"]["environment"]["JUPYTER_TOKEN"] == "t" * 24
 
 
 def test_services_share_one_image(spec):
@@ -66,10 +75,40 @@ def test_worker_service_can_scale(spec):
     assert env["SPARK_WORKER_MEMORY"].startswith("${WORKER_MEMORY")
 
 
-def test_master_and_jupyter_publish_their_uis(spec):
-    master_ports = " ".join(spec["services"]["master"]["ports"])
-    assert ":8080" in master_ports and ":7077" in master_ports
-    assert any(p.endswith(":8888") for p in spec["services"]["jupyter"]["ports"])
+def test_master_and_jupyter_publish_their_uis_only(spec):
+    master_ports = spec["services"]["master"]["ports"]
+    assert master_ports == ["${LAB_BIND:-127.0.0.1}:${SPARK_UI_PORT:-8080}:8080"], (
+        "the master publishes its UI only: RPC 7077 must stay inside the lab network"
+    )
+    assert spec["services"]["jupyter"]["ports"] == ["${LAB_BIND:-127.0.0.1}:${JUPYTER_HOST_PORT:-8888}:8888"]
+    published = {name for name, svc in spec["services"].items() if svc.get("ports")}
+    assert published == {"master", "jupyter"}, "workers and submit publish nothing"
+    assert "7077" not in (REPO / "compose" / ".env.example").read_text(), "SPARK_RPC_PORT is gone"
+
+
+def test_every_container_drops_all_capabilities(spec):
+    for name, svc in spec["services"].items():
+        assert svc.get("cap_drop") == ["ALL"], f"{name}: UID 185 needs no capability"
+        assert svc.get("security_opt") == ["no-new-privileges:true"], f"{name}: no setuid escalation"
+        for key in ("cap_add", "privileged", "user", "pid", "ipc", "network_mode"):
+            assert key not in svc, f"{name}: {key} would undo the isolation (the image's USER 185 stays)"
+
+
+def test_spark_roles_get_the_secret_and_only_jupyter_the_token(spec):
+    for name in SPARK_ROLES:
+        env = spec["services"][name]["environment"]
+        assert env["SPARK_AUTH_SECRET"] == "${SPARK_AUTH_SECRET:-}", (
+            f"{name}: the secret comes from the environment (make up loads compose/lab-secrets.env)"
+        )
+        assert ("JUPYTER_TOKEN" in env) == (name == "jupyter"), f"{name}: the Jupyter token only where Jupyter runs"
+    jupyter = spec["services"]["jupyter"]["environment"]
+    assert jupyter["JUPYTER_TOKEN"] == "${JUPYTER_TOKEN:-}", "no fixed default token"
+    assert jupyter["JUPYTER_LOCAL_HOSTNAMES"] == "${JUPYTER_LOCAL_HOSTNAMES:-}"
+    example = (REPO / "compose" / ".env.example").read_text()
+    assert "JUPYTER_TOKEN=" not in example and "SPARK_AUTH_SECRET=" not in example, (
+        "secrets live in the generated compose/lab-secrets.env, not in the settings example"
+    )
+    assert "compose/lab-secrets.env" in (REPO / ".gitignore").read_text().splitlines()
 
 
 def test_every_long_running_service_has_a_healthcheck(spec):

@@ -21,14 +21,14 @@ from pathlib import Path
 
 import pytest
 
-from .labtools import ARTIFACTS, LAB_PROJECT, LAB_WORKERS, REPO, require_tool, run
+from .labtools import ARTIFACTS, LAB_HOSTNAME, LAB_PROJECT, LAB_WORKERS, REPO, require_tool, run
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2700)]
 
 
-def http_get(url: str, timeout: float = 10) -> tuple[int, str]:
+def http_get(url: str, timeout: float = 10, headers: dict | None = None) -> tuple[int, str]:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode("utf-8", "replace")
@@ -84,10 +84,43 @@ def test_submit_unknown_job_names_the_available_ones(lab_image):
 # --- the running lab ----------------------------------------------------------
 
 
-def test_make_up_prints_urls_with_token(lab):
+def test_make_up_generates_the_secrets_once_and_prints_the_urls(lab):
     assert f"{LAB_WORKERS} ALIVE worker(s)" in lab.up_output
     assert f"Spark UI: {lab.ui_url}" in lab.up_output
-    assert f"Jupyter:  {lab.jupyter_url}/lab?token={lab.token}" in lab.up_output
+    assert "generated a Jupyter token and a Spark secret" in lab.up_output, "the first `make up` creates the file"
+    # The test's JUPYTER_TOKEN (environment) wins over the generated one, so no token is printed.
+    assert f"Jupyter:  {lab.jupyter_url}/lab  (token: your JUPYTER_TOKEN)" in lab.up_output
+    assert lab.secrets_file.stat().st_mode & 0o777 == 0o600, "the secrets file must be private"
+    lines = lab.secrets_file.read_text().splitlines()
+    stored = dict(line.split("=", 1) for line in lines if "=" in line and not line.startswith("#"))
+    assert set(stored) == {"JUPYTER_TOKEN", "SPARK_AUTH_SECRET"} and all(len(v) >= 32 for v in stored.values())
+    assert lab.secret("SPARK_AUTH_SECRET") == stored["SPARK_AUTH_SECRET"] and lab.secret("JUPYTER_TOKEN") == lab.token
+    for value in (*stored.values(), lab.token):
+        assert value not in lab.up_output, "make up must not print a secret it did not just generate for the user"
+
+
+def test_master_rpc_port_is_not_published_on_the_host(lab):
+    ports = lab.compose("port", "master", "7077", check=False)
+    assert not ports.stdout.strip() or ports.stdout.strip() == ":0", f"7077 is published: {ports.stdout}"
+    inspect = ["docker", "inspect", "-f", "{{json .NetworkSettings.Ports}}", lab.container_id("master")]
+    published = json.loads(run(inspect).stdout)
+    assert published.get("7077/tcp") is None, f"the master's RPC port must stay inside the lab network: {published}"
+    assert published["8080/tcp"][0]["HostIp"] == "127.0.0.1", "the UI is published on LAB_BIND only"
+
+
+def test_lab_containers_run_as_uid_185_under_tini_without_capabilities(lab):
+    for name, cid in lab.container_ids("master", "worker", "jupyter").items():
+        info = json.loads(run(["docker", "inspect", cid]).stdout)[0]
+        assert info["HostConfig"]["CapDrop"] == ["ALL"] and not info["HostConfig"]["CapAdd"], name
+        assert "no-new-privileges:true" in info["HostConfig"]["SecurityOpt"], name
+        assert info["HostConfig"]["Privileged"] is False, name
+        script = "id -u; tr '\\0' ' ' </proc/1/cmdline; echo; grep -E '^(CapEff|CapBnd|NoNewPrivs)' /proc/1/status"
+        status = run(["docker", "exec", cid, "bash", "-c", script]).stdout
+        uid, pid1, *caps = status.splitlines()
+        assert uid == "185" and "tini" in pid1, f"{name}: uid {uid}, PID 1 {pid1!r}"
+        fields = dict(line.split(":", 1) for line in caps)
+        assert int(fields["CapEff"], 16) == 0 and int(fields["CapBnd"], 16) == 0, f"{name}: {fields}"
+        assert fields["NoNewPrivs"].strip() == "1", name
 
 
 def test_master_json_reports_three_alive_workers(lab):
@@ -107,12 +140,156 @@ def test_jupyter_answers_http_and_requires_the_token(lab):
     assert status == 200 and "version" in json.loads(body)
     status, _ = http_get(f"{lab.jupyter_url}/api/contents")
     assert status == 403, "Jupyter must refuse requests without the token"
+    status, _ = http_get(f"{lab.jupyter_url}/api/contents?token=wrong-{lab.token}")
+    assert status == 403, "Jupyter must refuse a wrong token"
+    status, _ = http_get(f"{lab.jupyter_url}/api/contents", headers={"Authorization": f"token {lab.token[::-1]}"})
+    assert status == 403, "Jupyter must refuse a wrong token in the Authorization header"
+    status, _ = http_get(f"{lab.jupyter_url}/api/contents", headers={"Authorization": f"token {lab.token}"})
+    assert status == 200, "the right token in the Authorization header"
     status, body = http_get(f"{lab.jupyter_url}/api/contents/notebooks?token={lab.token}")
     assert status == 200, body
     names = [c["name"] for c in json.loads(body)["content"]]
     assert "train_on_cluster.ipynb" in names, "the example notebook must be seeded into Jupyter's root"
     status, body = http_get(f"{lab.jupyter_url}/lab?token={lab.token}")
     assert status == 200 and "JupyterLab" in body
+
+
+def test_jupyter_refuses_host_names_that_are_not_local(lab):
+    """allow_remote_access is off: a DNS-rebinding Host is refused even with the token; local names work."""
+    port = lab.env["JUPYTER_HOST_PORT"]
+    url = f"{lab.jupyter_url}/api/contents?token={lab.token}"
+    for host in (f"evil.example:{port}", f"jupyter:{port}", f"192.0.2.7:{port}"):
+        status, _ = http_get(url, headers={"Host": host})
+        assert status == 403, f"Host {host} must be refused, got {status}"
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"{LAB_HOSTNAME}:{port}"):
+        status, body = http_get(url, headers={"Host": host})
+        assert status == 200, f"Host {host} must be accepted (JUPYTER_LOCAL_HOSTNAMES={LAB_HOSTNAME}): {body[:200]}"
+
+
+SECRET_PROBE = textwrap.dedent(
+    r"""
+    import os, sys
+    secret = sys.stdin.read().strip().encode()
+    conf = "/opt/spark-conf/spark-defaults.conf"
+    st = os.stat(conf)
+    print(oct(st.st_mode & 0o777), st.st_uid)
+    print(open(conf).read())
+    parents = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            parents[pid] = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()[1]
+        except OSError:
+            pass
+    def started_by_tini(pid):  # not `docker exec` processes (this probe, health checks): their parent is 0
+        while pid not in ("0", "1"):
+            pid = parents.get(pid, "0")
+        return pid == "1"
+    for pid in filter(started_by_tini, list(parents) + ["1"]):
+        try:
+            argv = open(f"/proc/{pid}/cmdline", "rb").read().split(b"\0")
+            env = open(f"/proc/{pid}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        print("checked", pid, argv[0].decode(errors="replace"))
+        if any(secret in a for a in argv):
+            print("SECRET-IN-ARGV", pid, argv[:3])
+        if any(e.startswith(b"SPARK_AUTH_SECRET=") for e in env):
+            print("SECRET-IN-ENV", pid, argv[:3])
+    """
+)
+
+
+def test_spark_settings_are_private_and_the_secret_stays_out_of_argv_env_logs_and_uis(lab):
+    secret, token = lab.secret("SPARK_AUTH_SECRET"), lab.token
+    for name, cid in lab.container_ids("master", "worker", "jupyter").items():
+        probe = subprocess.run(["docker", "exec", "-i", cid, "python", "-c", SECRET_PROBE], input=secret,
+                               capture_output=True, text=True, timeout=60)
+        out = probe.stdout
+        assert probe.returncode == 0, f"{name}: {probe.stderr[-2000:]}"
+        mode, uid = out.splitlines()[0].split()
+        assert (mode, uid) == ("0o600", "185"), f"{name}: spark-defaults.conf must be 0600, owned by 185"
+        for setting in ("spark.authenticate true", f"spark.authenticate.secret {secret}",
+                        "spark.network.crypto.enabled true", "spark.network.crypto.cipher AES/GCM/NoPadding",
+                        "spark.network.crypto.saslFallback false"):
+            assert setting in out, f"{name}: {setting.split()[0]} missing from spark-defaults.conf"
+        assert "checked 1 " in out and out.count("checked") >= 2, f"{name}: the probe saw no daemon:\n{out}"
+        assert "SECRET-IN-ARGV" not in out and "SECRET-IN-ENV" not in out, f"{name}:\n{out[-2000:]}"
+        logs = run(["docker", "logs", cid])
+        assert secret not in logs.stdout + logs.stderr and token not in logs.stdout + logs.stderr, (
+            f"{name}: a secret is in the container's log"
+        )
+        if not name.startswith("jupyter"):
+            assert token not in run(["docker", "inspect", cid]).stdout, f"{name} has no use for the Jupyter token"
+    for page in ("/", "/json/"):
+        status, body = http_get(lab.ui_url + page)
+        assert status == 200 and secret not in body, f"the master UI {page} shows the secret"
+
+
+INTRUDER = textwrap.dedent(
+    """
+    import os, socket, sys
+    from pyspark.sql import SparkSession
+    builder = (SparkSession.builder.master("spark://master:7077").appName(os.environ["APP"])
+               .config("spark.driver.host", socket.gethostbyname(socket.gethostname()))
+               .config("spark.executor.cores", "1").config("spark.cores.max", "1"))
+    for pair in os.environ.get("CONF", "").split():
+        key, value = pair.split("=", 1)
+        builder = builder.config(key, value)
+    try:
+        spark = builder.getOrCreate()
+        print("count", spark.range(4).count(), flush=True)
+    except Exception as exc:
+        print("FAILED", type(exc).__name__, str(exc).splitlines()[0][:300], flush=True)
+        sys.exit(1)
+    """
+)
+
+
+def test_an_application_without_the_spark_secret_cannot_register(lab):
+    """One-off containers in the lab network run a PySpark driver against spark://master:7077.
+
+    Without authentication, with a wrong secret, or with the right secret but no
+    encryption the master refuses them; the right settings (the control) register
+    and run a job, so the refusals are due to the secret and not the set-up.
+    """
+    secret = lab.secret("SPARK_AUTH_SECRET")
+    crypto = "spark.network.crypto.enabled=true spark.network.crypto.authEngineVersion=2 " \
+             "spark.network.crypto.cipher=AES/GCM/NoPadding spark.network.crypto.saslFallback=false"
+    cases = {
+        "no-auth": "",
+        "wrong-secret": f"spark.authenticate=true spark.authenticate.secret={secret[::-1]} {crypto}",
+        "no-encryption": f"spark.authenticate=true spark.authenticate.secret={secret} "
+                         "spark.network.crypto.enabled=false",
+        "control": f"spark.authenticate=true spark.authenticate.secret={secret} {crypto}",
+    }
+    master = lab.container_id("master")
+    (network,) = json.loads(run(["docker", "inspect", "-f", "{{json .NetworkSettings.Networks}}", master]).stdout)
+    procs, names = {}, {}
+    try:
+        for case, conf in cases.items():
+            names[case] = f"{LAB_PROJECT}-intruder-{case}"
+            app = f"intruder-{case}"
+            procs[case] = subprocess.Popen(
+                ["docker", "run", "--rm", "--name", names[case], "--network", network, "--cap-drop", "ALL",
+                 "--security-opt", "no-new-privileges:true", "-e", f"APP={app}", "-e", f"CONF={conf}",
+                 lab.image, "python", "-c", INTRUDER],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        results = {case: (*p.communicate(timeout=400), p.returncode) for case, p in procs.items()}
+    finally:
+        for name in names.values():
+            subprocess.run(["docker", "rm", "-f", name], capture_output=True)
+    (ARTIFACTS / "lab-intruders.log").write_text(
+        "".join(f"=== {c} rc={rc}\n{out}\n{err[-6000:]}\n" for c, (out, err, rc) in results.items()))
+    out, err, rc = results["control"]
+    assert rc == 0 and "count 4" in out, f"the control with the right settings must run a job:\n{out}\n{err[-3000:]}"
+    _, body = http_get(f"{lab.ui_url}/json/")
+    state = json.loads(body)
+    registered = {a["name"] for a in state.get("activeapps", []) + state.get("completedapps", [])}
+    assert "intruder-control" in registered, f"the master lists: {registered}"
+    for case in ("no-auth", "wrong-secret", "no-encryption"):
+        out, err, rc = results[case]
+        assert rc != 0 and "count" not in out, f"{case}: the application ran:\n{out}\n{err[-3000:]}"
+        assert f"intruder-{case}" not in registered, f"{case}: the master registered it: {registered}"
 
 
 SPARK_FROM_JUPYTER = textwrap.dedent(
@@ -249,6 +426,23 @@ def test_headless_chromium_renders_the_uis(lab, page, path):
     assert dest.exists(), f"chromium wrote no screenshot (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
     data = dest.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, "the screenshot is not a rendered page"
+
+
+def test_make_up_again_reuses_the_secrets_and_the_generated_token(lab):
+    """A later `make up` generates nothing; without JUPYTER_TOKEN in the environment the file's token is used."""
+    before = lab.secrets_file.read_text()
+    env = {k: v for k, v in lab.env.items() if k != "JUPYTER_TOKEN"}
+    up = run(["make", "--no-print-directory", "up", f"WORKERS={LAB_WORKERS}"], env=env, timeout=900,
+             log=ARTIFACTS / "lab-make.log")
+    assert lab.secrets_file.read_text() == before, "make up must reuse the secrets file"
+    assert "generated" not in up.stdout
+    assert f"Jupyter:  {lab.jupyter_url}/lab  (token: JUPYTER_TOKEN in {lab.secrets_file})" in up.stdout
+    stored = next(line.split("=", 1)[1] for line in before.splitlines() if line.startswith("JUPYTER_TOKEN="))
+    assert stored not in up.stdout and stored != lab.token
+    status, _ = http_get(f"{lab.jupyter_url}/api/contents?token={stored}")
+    assert status == 200, "Jupyter now takes the token from the secrets file"
+    status, _ = http_get(f"{lab.jupyter_url}/api/contents?token={lab.token}")
+    assert status == 403, "the environment's old token no longer works"
 
 
 # --- last: tear down -----------------------------------------------------------

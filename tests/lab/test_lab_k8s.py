@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import shutil
 import subprocess
 from collections import Counter
 
@@ -12,16 +14,22 @@ from .labtools import REPO, require_tool, run
 
 K8S = REPO / "k8s"
 K8S_VERSION = "1.32.0"  # the kubectl installed here; kubernetes-validate checks against its schemas
-OVERLAYS = {"default": K8S, "workers-3": K8S / "overlays" / "workers-3", "gpu": K8S / "overlays" / "gpu"}
+OVERLAYS = {"default": ".", "workers-3": "overlays/workers-3", "gpu": "overlays/gpu"}
 EXPECTED_KINDS = {
     "Namespace": 1,
     "ConfigMap": 1,
+    "Secret": 1,  # lab-secrets: JUPYTER_TOKEN, SPARK_AUTH_SECRET
     "PersistentVolumeClaim": 1,
     "Deployment": 2,  # spark-master, jupyter
     "StatefulSet": 1,  # spark-worker
     "Service": 4,  # spark-master, spark-worker (headless), spark-driver (headless), jupyter
+    "NetworkPolicy": 4,  # default-deny-ingress, spark-master, spark-driver, spark-worker
 }
 WORKER_REPLICAS = {"default": 2, "workers-3": 3, "gpu": 2}
+# What `make k8s-secrets` writes to k8s/base/lab-secrets.env, with fixed test values.
+TEST_SECRETS = {"JUPYTER_TOKEN": "test-jupyter-token-0123456789",
+                "SPARK_AUTH_SECRET": "test-spark-secret-0123456789abcdef"}
+LAB_PEERS = {"app.kubernetes.io/part-of": "trainer-lab"}
 
 
 def render(path) -> str:
@@ -29,9 +37,18 @@ def render(path) -> str:
     return run([kubectl, "kustomize", str(path)], timeout=120).stdout
 
 
+@pytest.fixture(scope="module")
+def k8s_tree(tmp_path_factory):
+    """A copy of k8s/ with test secrets, so that rendering never reads or writes the real ones."""
+    tree = tmp_path_factory.mktemp("k8s") / "k8s"
+    shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("lab-secrets.env"))
+    (tree / "base" / "lab-secrets.env").write_text("".join(f"{k}={v}\n" for k, v in TEST_SECRETS.items()))
+    return tree
+
+
 @pytest.fixture(scope="module", params=sorted(OVERLAYS), ids=sorted(OVERLAYS))
-def rendered(request) -> tuple[str, str, list[dict]]:
-    text = render(OVERLAYS[request.param])
+def rendered(request, k8s_tree) -> tuple[str, str, list[dict]]:
+    text = render(k8s_tree / OVERLAYS[request.param])
     return request.param, text, [d for d in yaml.safe_load_all(text) if d]
 
 
@@ -49,6 +66,16 @@ def test_every_kustomization_has_a_usage_header():
     for path in files:
         head = path.read_text().split("apiVersion:")[0]
         assert head.lstrip().startswith("#") and "Usage:" in head, f"{path} needs a header comment with Usage:"
+
+
+def test_render_needs_the_generated_secrets_file(k8s_tree, tmp_path):
+    """Without k8s/base/lab-secrets.env (make k8s-secrets) kustomize refuses to render: no Secret by accident."""
+    kubectl = require_tool("kubectl", "install kubectl (1.32 renders kustomize offline)")
+    tree = tmp_path / "k8s"
+    shutil.copytree(k8s_tree, tree, ignore=shutil.ignore_patterns("lab-secrets.env"))
+    proc = subprocess.run([kubectl, "kustomize", str(tree)], capture_output=True, text=True)
+    assert proc.returncode != 0 and "lab-secrets.env" in proc.stderr, proc.stderr
+    assert "k8s/base/lab-secrets.env" in (REPO / ".gitignore").read_text().splitlines(), "the file must stay out of git"
 
 
 def test_render_has_the_expected_inventory(rendered):
@@ -142,3 +169,74 @@ def test_gpu_limit_only_in_the_gpu_overlay(rendered):
     jupyter = pod_specs(docs)["jupyter"]["containers"][0]
     driver_conf = {e["name"]: e.get("value", "") for e in jupyter["env"]}["SPARK_CONF"]
     assert "spark.executor.resource.gpu.amount=1" in driver_conf and "spark.task.resource.gpu.amount=1" in driver_conf
+
+
+def test_spark_secret_and_token_come_from_the_secret(rendered):
+    """Every Spark pod gets SPARK_AUTH_SECRET, Jupyter also JUPYTER_TOKEN, by reference to the generated Secret."""
+    name, text, docs = rendered
+    (secret_name, secret), = by_kind(docs, "Secret").items()
+    assert secret_name.startswith("lab-secrets-"), "the name's content hash rolls the pods when the values change"
+    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == TEST_SECRETS
+    wanted = {"spark-master": {"SPARK_AUTH_SECRET"}, "spark-worker": {"SPARK_AUTH_SECRET"},
+              "jupyter": {"SPARK_AUTH_SECRET", "JUPYTER_TOKEN"}}
+    for pod_name, spec in pod_specs(docs).items():
+        env = {e["name"]: e for e in spec["containers"][0].get("env", [])}
+        for key in wanted[pod_name]:
+            ref = env[key].get("valueFrom", {}).get("secretKeyRef")
+            assert ref == {"name": secret_name, "key": key}, f"{name}:{pod_name}: {key} must come from the Secret"
+        assert "JUPYTER_TOKEN" in env or pod_name != "jupyter"
+        assert pod_name == "jupyter" or "JUPYTER_TOKEN" not in env, f"{pod_name} has no use for the Jupyter token"
+    (config,) = by_kind(docs, "ConfigMap").values()
+    assert not {"JUPYTER_TOKEN", "SPARK_AUTH_SECRET"} & set(config["data"]), "secrets never go in the ConfigMap"
+    for value in TEST_SECRETS.values():
+        assert value not in text, "the Secret's values appear only base64-encoded in the Secret"
+
+
+def test_jupyter_probes_send_a_local_host_header(rendered):
+    """allow_remote_access is off: Jupyter answers 403 to the pod IP the kubelet would send as Host."""
+    _, _, docs = rendered
+    jupyter = pod_specs(docs)["jupyter"]["containers"][0]
+    for probe in ("readinessProbe", "livenessProbe"):
+        headers = jupyter[probe]["httpGet"].get("httpHeaders", [])
+        assert {"name": "Host", "value": "localhost"} in headers, f"{probe} needs Host: localhost"
+
+
+def allowed_ports(rule: dict) -> set[int] | None:
+    """The TCP ports one ingress rule opens; None means every port."""
+    if "ports" not in rule:
+        return None
+    ports = set()
+    for p in rule["ports"]:
+        assert p.get("protocol", "TCP") == "TCP"
+        ports |= set(range(p["port"], p.get("endPort", p["port"]) + 1))
+    return ports
+
+
+def test_network_policies_admit_only_the_labs_pods(rendered):
+    name, _, docs = rendered
+    policies = by_kind(docs, "NetworkPolicy")
+    deny = policies["default-deny-ingress"]["spec"]
+    assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and not deny.get("ingress"), (
+        "every pod of the namespace must deny ingress unless a policy below allows it"
+    )
+    (config,) = by_kind(docs, "ConfigMap").values()
+    data = config["data"]
+    ps = int(data["TRAINER_PS_PORT"])
+    expected = {
+        "spark-master": {int(data["SPARK_MASTER_PORT"]), int(data["SPARK_MASTER_WEBUI_PORT"])},
+        "jupyter": {int(data["SPARK_DRIVER_PORT"]), int(data["SPARK_BLOCKMANAGER_PORT"]), *range(ps, ps + 10)},
+        "spark-worker": None,  # worker RPC and executor block managers use ephemeral ports
+    }
+    pods = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+            for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
+    for pod_name, labels in pods.items():
+        assert LAB_PEERS.items() <= labels.items(), f"{name}:{pod_name}: the policies admit peers by {LAB_PEERS}"
+        selecting = [p for p_name, p in policies.items() if p_name != "default-deny-ingress"
+                     and p["spec"]["podSelector"]["matchLabels"].items() <= labels.items()]
+        assert len(selecting) == 1, f"{name}:{pod_name}: expected one allow policy, got {len(selecting)}"
+        (rule,) = selecting[0]["spec"]["ingress"]
+        assert rule["from"] == [{"podSelector": {"matchLabels": LAB_PEERS}}], (
+            f"{name}:{pod_name}: only the lab's pods of this namespace may connect (no namespaceSelector, no ipBlock)"
+        )
+        assert allowed_ports(rule) == expected[pod_name], f"{name}:{pod_name}: ports {allowed_ports(rule)}"
+    assert 8888 not in expected["jupyter"], "Jupyter is reached through kubectl port-forward, not from pods"

@@ -1,9 +1,11 @@
-"""Lab scripts without Docker: images/install-deps.py and compose/bench_table.py."""
+"""Lab scripts without Docker: install-deps.py, bench_table.py, lab-secrets.sh and the entrypoint's checks."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
+import re
 import subprocess
 import sys
 import tomllib
@@ -74,3 +76,76 @@ def test_bench_table_fails_when_no_run_left_results(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "compose" / "bench_table.py"), str(tmp_path), "1"],
                           capture_output=True, text=True)
     assert proc.returncode == 1 and "missing" in proc.stderr
+
+
+# --- compose/lab-secrets.sh: the lab's generated secrets ------------------------
+
+SECRETS = REPO / "compose" / "lab-secrets.sh"
+ENTRYPOINT = REPO / "images" / "entrypoint.sh"
+
+
+def secrets_cmd(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"]}
+    return subprocess.run([str(SECRETS), *args], capture_output=True, text=True, env={**base, **(env or {})})
+
+
+def read_env_file(path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if line and not line.startswith("#"))
+
+
+def test_secrets_are_generated_once_private_and_random(tmp_path):
+    first, other = tmp_path / "a" / "lab-secrets.env", tmp_path / "b.env"
+    proc = secrets_cmd("ensure", str(first))
+    assert proc.returncode == 0 and proc.stdout.strip() == "generated", proc.stderr
+    assert first.stat().st_mode & 0o777 == 0o600
+    values = read_env_file(first)
+    assert set(values) == {"JUPYTER_TOKEN", "SPARK_AUTH_SECRET"}
+    assert re.fullmatch(r"[0-9a-f]{48}", values["JUPYTER_TOKEN"])
+    assert re.fullmatch(r"[0-9a-f]{64}", values["SPARK_AUTH_SECRET"])
+    again = secrets_cmd("ensure", str(first))
+    assert again.returncode == 0 and again.stdout == "", "a later call reuses the file and says nothing"
+    assert read_env_file(first) == values
+    secrets_cmd("ensure", str(other))
+    assert not set(read_env_file(other).values()) & set(values.values()), "every file gets fresh values"
+
+
+def test_secrets_file_missing_a_value_is_refused_with_the_fix(tmp_path):
+    path = tmp_path / "lab-secrets.env"
+    path.write_text("JUPYTER_TOKEN=abc\n")
+    proc = secrets_cmd("ensure", str(path))
+    assert proc.returncode == 2 and "no value for SPARK_AUTH_SECRET" in proc.stderr and "delete the file" in proc.stderr
+
+
+def test_environment_wins_over_the_secrets_file(tmp_path):
+    path = tmp_path / "lab-secrets.env"
+    secrets_cmd("ensure", str(path))
+    stored = read_env_file(path)
+    show = ["sh", "-c", 'echo "$JUPYTER_TOKEN $SPARK_AUTH_SECRET"']
+    out = secrets_cmd("with", str(path), *show, env={"JUPYTER_TOKEN": "mine", "SPARK_AUTH_SECRET": ""}).stdout.split()
+    assert out == ["mine", stored["SPARK_AUTH_SECRET"]], "a non-empty environment value wins; an empty one does not"
+    assert secrets_cmd("get", str(path), "JUPYTER_TOKEN").stdout.strip() == stored["JUPYTER_TOKEN"]
+    missing = secrets_cmd("with", str(tmp_path / "none.env"), *show, env={"JUPYTER_TOKEN": "mine"})
+    assert missing.returncode == 0 and missing.stdout.split() == ["mine"], "no file: the command runs without it"
+
+
+@pytest.mark.parametrize("role", ["master", "worker", "jupyter", "submit"])
+def test_entrypoint_refuses_spark_roles_without_the_secret(tmp_path, role):
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    (jobs / "mnist.py").write_text("raise SystemExit('must not run')\n")
+    env = {"PATH": os.environ["PATH"], "SPARK_CONF_DIR": str(tmp_path / "conf"), "TRAINER_JOBS_DIR": str(jobs),
+           "JUPYTER_TOKEN": "t" * 24}
+    args = [role, "mnist"] if role == "submit" else [role]
+    proc = subprocess.run(["bash", str(ENTRYPOINT), *args], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and "SPARK_AUTH_SECRET is empty" in proc.stderr, proc.stderr
+    assert "SPARK_AUTHENTICATE=false" in proc.stderr, "the message names the explicit opt-out"
+    short = subprocess.run(["bash", str(ENTRYPOINT), *args], capture_output=True, text=True, timeout=60,
+                           env={**env, "SPARK_AUTH_SECRET": "too short"})
+    assert short.returncode == 2 and "at least 16 characters" in short.stderr, short.stderr
+    assert "too short" not in short.stderr, "the message never repeats the secret"
+
+
+def test_entrypoint_refuses_jupyter_without_a_token(tmp_path):
+    env = {"PATH": os.environ["PATH"], "SPARK_CONF_DIR": str(tmp_path), "SPARK_AUTH_SECRET": "s" * 32}
+    proc = subprocess.run(["bash", str(ENTRYPOINT), "jupyter"], capture_output=True, text=True, env=env, timeout=60)
+    assert proc.returncode == 2 and "JUPYTER_TOKEN is empty" in proc.stderr, proc.stderr
