@@ -39,7 +39,8 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from trainer.transport.endpoint import AuthenticatedClient, AuthenticatedServer, Connection
+from trainer.transport.client import AuthenticatedClient
+from trainer.transport.endpoint import AuthenticatedServer, Connection
 from trainer.transport.handshake import Credentials
 from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import Frame, Msg, TransportError

@@ -5,8 +5,9 @@
     handshake  -- mutual authentication (both sides prove the secret over both nonces), session keys,
                   Credentials (what a task needs: secret, MAC algorithm, TLS fingerprint)
     tls        -- optional TLS with a throw-away certificate per run, pinned by its fingerprint
-    endpoint   -- AuthenticatedServer / AuthenticatedClient (admission, one thread per connection),
-                  which the parameter server (trainer.ps) and the model hopper (trainer.selection.hopper) extend
+    endpoint   -- AuthenticatedServer (admission, one thread per connection)
+    client     -- AuthenticatedClient (connect, retry while busy, request/reply)
+                  The parameter server (trainer.ps) and the model hopper (trainer.selection.hopper) extend both.
 
 It knows nothing about what the frames mean.
 """
