@@ -45,7 +45,7 @@ def test_missing_and_corrupt_checkpoints_are_named(tmp_path):
     with pytest.raises(CheckpointError, match="No checkpoint at"):
         load_checkpoint(tmp_path)
     (Path(tmp_path) / FILE_NAME).write_bytes(b"not a zip file")
-    with pytest.raises(CheckpointError, match="unreadable"):
+    with pytest.raises(CheckpointError, match="truncated or not a checkpoint archive"):
         load_checkpoint(tmp_path)
 
 

@@ -128,7 +128,8 @@ def test_forecast_flags_and_defaults(forecast_job):
     assert args.worker_counts == [1, 2] and args.model_names == ["lstm", "gru"]
     args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
     assert args.model_names == ["gru"] and args.worker_counts == [1, 2, 4] and args.limit == 600
-    assert trainer_options(args, "gru", 2) == ({"retry_timeout": 60.0, "share_epochs": True, "seed": 0}, {})
+    assert trainer_options(args, "gru", 2) == ({"retry_timeout": 60.0, "share_epochs": True, "seed": 0, "tls": False,
+                                                "frame_mac": True}, {})
     assert trainer_options(forecast_job.parse_args(["--seed", "3"]), "gru", 2)[0]["seed"] == 3
     assert trainer_options(forecast_job.parse_args(["--fixed-epochs"]), "gru", 2)[0]["share_epochs"] is False
     assert args.repeats == 1 and forecast_job.parse_args(["--repeats", "3"]).repeats == 3
