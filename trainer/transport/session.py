@@ -8,10 +8,9 @@ trailer::
     seq   u64, big-endian: the number of frames sent before it in this direction (0, 1, 2, ...)
     tag   32 bytes: MAC(key of this direction, seq || header || meta || body)
 
-The receiver checks the header against its limits, then feeds the MAC as the
-rest of the frame arrives, and compares ``seq`` with the number it expects and
-``tag`` with its own (in constant time) *before* it parses the meta or builds
-an array. A difference raises :class:`~trainer.transport.wire.IntegrityError`
+The receiver checks the header against its limits, reads the rest of the
+frame, and compares ``seq`` with the number it expects and ``tag`` with its
+own (in constant time) *before* it parses the meta or builds an array. A difference raises :class:`~trainer.transport.wire.IntegrityError`
 and the caller closes the connection: an altered, injected, replayed, dropped
 or reordered frame is never used.
 
@@ -119,20 +118,19 @@ class Channel:
         """Like `recv`, for a frame whose header was already read."""
         msg, meta_len, body_len = decode_header(header, max_body, max_meta=max_meta)
         n = meta_len + body_len
-        hasher = None
+        size = HEADER_SIZE + n + (TRAILER.size if self.mac is not None else 0)
+        rest = recv_exact(self.sock, size - HEADER_SIZE, deadline=deadline) if size > HEADER_SIZE else bytearray()
+        view = memoryview(rest)
         if self.mac is not None:
-            hasher = new_mac(self.mac, self._recv_key, self.received)  # type: ignore[arg-type]
-            hasher.update(header)
-        rest = recv_exact(self.sock, n, deadline=deadline, hasher=hasher) if n else bytearray()
-        size = HEADER_SIZE + n
-        if hasher is not None:
-            seq, tag = TRAILER.unpack(recv_exact(self.sock, TRAILER.size, deadline=deadline))
-            size += TRAILER.size
+            seq, tag = TRAILER.unpack(view[n:])
             if seq != self.received:
                 raise IntegrityError(
                     f"frame out of sequence from {self.peer}: expected frame #{self.received}, received #{seq} "
                     "(a frame was dropped, replayed or injected in transit); the connection is closed"
                 )
+            hasher = new_mac(self.mac, self._recv_key, seq)  # type: ignore[arg-type]
+            hasher.update(header)
+            hasher.update(view[:n])
             if not hmac.compare_digest(hasher.digest(), tag):
                 raise IntegrityError(
                     f"frame #{seq} ({msg.name}, {size} bytes) from {self.peer} failed its integrity check "
@@ -141,6 +139,5 @@ class Channel:
                     "or turn TLS on (tls=True)"
                 )
         self.received += 1
-        view = memoryview(rest)
-        meta, arrays = decode_payload(view[:meta_len], view[meta_len:], max_body)
+        meta, arrays = decode_payload(view[:meta_len], view[meta_len:n], max_body)
         return Frame(msg, meta, arrays, size)

@@ -309,8 +309,8 @@ def decode_frame(data: bytes | bytearray | memoryview, max_body: int | None = No
 # -- sockets -----------------------------------------------------------------
 
 
-def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None, hasher: Any = None) -> bytearray:
-    """Receive exactly ``n`` bytes (fed to ``hasher.update`` as they arrive, when given).
+def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) -> bytearray:
+    """Receive exactly ``n`` bytes.
 
     Raises ``ConnectionClosed`` on EOF (``mid_frame`` is False when EOF came
     before the first byte), ``TransportTimeout`` when the socket timeout (or the
@@ -333,8 +333,6 @@ def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None, ha
             raise ConnectionClosed(f"connection lost after {got} of {n} bytes: {exc}") from None
         if k == 0:
             raise ConnectionClosed(f"peer closed the connection after {got} of {n} bytes", mid_frame=got > 0)
-        if hasher is not None:
-            hasher.update(view[got : got + k])
         got += k
     return buf
 
