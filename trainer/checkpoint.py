@@ -147,6 +147,10 @@ def read_npz(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise CheckpointError(f"Checkpoint {path} cannot be read: {exc}") from exc
     if size == 0:
         raise CheckpointError(f"Checkpoint {path} is empty (0 bytes): it was never written completely")
+    with open(path, "rb") as fh:
+        if fh.read(4) != b"PK\x03\x04":
+            raise CheckpointError(f"Checkpoint {path} is truncated or not a checkpoint archive ({size} bytes): it "
+                                  "does not start like a .npz (zip) file")
     try:
         with np.load(path, allow_pickle=False) as data:
             if not isinstance(data, np.lib.npyio.NpzFile):
