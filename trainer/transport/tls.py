@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from trainer.transport.wire import AuthenticationError, TransportError
+from trainer.transport.wire import AuthenticationError, ConnectionClosed, TransportError, TransportTimeout
 
 COMMON_NAME = "trainer-parameter-server"
 VALID_DAYS = 30  # the client pins the certificate and ignores its dates; a run may last long
@@ -138,6 +138,10 @@ def client_wrap(sock: Any, fingerprint: str, *, where: str, service: str) -> ssl
     except ssl.SSLError as exc:
         raise AuthenticationError(f"TLS handshake with {service} at {where} failed: {exc}. Is that server started "
                                   "with tls=True (the same run)?") from None
+    except TimeoutError:
+        raise TransportTimeout(f"no TLS handshake from {service} at {where} within the timeout") from None
+    except OSError as exc:
+        raise ConnectionClosed(f"{service} at {where} closed the connection during the TLS handshake: {exc}") from None
     der = tls.getpeercert(binary_form=True) or b""
     if not hmac.compare_digest(certificate_fingerprint(der), fingerprint):
         tls.close()
