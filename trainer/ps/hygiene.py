@@ -94,3 +94,15 @@ def check_center(center: Sequence[np.ndarray], names: Sequence[str] | None) -> s
             return (f"applying it would put {bad[0]} NaN and {bad[1]} inf values into center array "
                     f"{array_name(i, names)}")
     return None
+
+
+def refusal(worker: int | None, step: object, epoch: object, problem: str, diverged: bool) -> str:
+    """The ERROR a worker gets for a refused COMMIT (and the trainer's TrainingFailedError)."""
+    return (f"refused the COMMIT of worker {worker} at step {step!r:.20} (epoch {epoch!r:.20}): {problem}. "
+            f"The center is unchanged.{' ' + DIVERGED_HINT + '.' if diverged else ''}")
+
+
+def stale_attempt(attempt: int, current: int) -> str:
+    """The refusal of a request (or a connection) from an older attempt than the current one."""
+    return (f"stale attempt: this task belongs to attempt {attempt} but the driver runs attempt {current} now "
+            "(a leftover task of a failed attempt); its requests are refused")

@@ -56,7 +56,7 @@ import numpy as np
 
 from trainer.ps.errors import PSNotStartedError
 from trainer.ps.epochs import completed_epochs, uniform_progress
-from trainer.ps.hygiene import DIVERGED_HINT, check_center, check_commit, freeze
+from trainer.ps.hygiene import DIVERGED_HINT, check_center, check_commit, freeze, refusal, stale_attempt
 from trainer.ps.records import DEFAULT_HISTORY_SIZE, UpdateLog, UpdateRecord
 from trainer.transport.endpoint import AuthenticatedServer, Connection
 from trainer.transport.tls import TlsIdentity
@@ -157,7 +157,7 @@ class ParameterServer(AuthenticatedServer):
         center = freeze(center)
         center_bytes = sum(a.nbytes for a in center)
         names = None if weight_names is None else [str(n) for n in weight_names]
-        if names is not None and len(names) != len(center):
+        if names is not None and len(names) > len(center):  # fewer: the center also holds optimizer state
             raise ValueError(f"weight_names has {len(names)} names for {len(center)} center arrays")
         super().__init__(num_workers, secret, host=host, port=port, io_timeout=io_timeout,
                          handshake_timeout=handshake_timeout, max_connections=max_connections, log=log,
@@ -187,6 +187,7 @@ class ParameterServer(AuthenticatedServer):
         self._start_epochs: dict[int, int] = {}  # attempt -> epoch its workers start at
         self._epoch_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (attempt, epoch)
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
+        self._directives: dict[str, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -238,6 +239,17 @@ class ParameterServer(AuthenticatedServer):
             self._abort_round_locked(f"round aborted: the server now serves {num_workers} workers, not {previous}")
         log.warning("parameter server: now serving %d workers (was %d), %d epoch(s) completed",
                     num_workers, previous, completed)
+
+    def direct(self, **directives: Any) -> None:
+        """Send `directives` to the workers in every COMMIT, round and EPOCH_DONE reply from now on:
+        ``stop=True`` (the driver's callbacks stopped training; a pending round ends without an
+        update) or ``learning_rate=x`` (workers set their optimizer's rate)."""
+        with self._cond:
+            self._directives.update(directives)
+            self._events.append({"time": time.time(), "kind": "directive", **directives})
+            if directives.get("stop"):  # workers waiting in a round are released without an update
+                self._round = _Round(self._round.number + 1)
+            self._cond.notify_all()
 
     @property
     def max_body(self) -> int:
@@ -310,14 +322,7 @@ class ParameterServer(AuthenticatedServer):
     def _refuse_worker(self, worker: int, attempt: int) -> str | None:
         with self._lock:
             current = self._attempt
-        if attempt < current:
-            return self._stale_text(attempt, current)
-        return super()._refuse_worker(worker, attempt)
-
-    @staticmethod
-    def _stale_text(attempt: int, current: int) -> str:
-        return (f"stale attempt: this task belongs to attempt {attempt} but the driver runs attempt {current} now "
-                "(a leftover task of a failed attempt); its requests are refused")
+        return stale_attempt(attempt, current) if attempt < current else super()._refuse_worker(worker, attempt)
 
     def _welcome(self, conn: Connection) -> dict[str, Any]:
         assert conn.attempt is not None
@@ -328,12 +333,8 @@ class ParameterServer(AuthenticatedServer):
     def _closed(self, conn: Connection, said_bye: bool) -> None:
         worker = conn.worker
         with self._lock:
-            if (
-                self._synchronous
-                and self._round.payloads
-                and worker not in self._round.payloads
-                and not any(c.worker == worker for c in self._conns)
-            ):
+            if (self._synchronous and self._round.payloads and worker not in self._round.payloads
+                    and not any(c.worker == worker for c in self._conns)):
                 self._abort_round_locked(
                     f"round aborted: worker {worker} ({conn.peer}) disconnected before committing to round "
                     f"{self._round.number}; its Spark task probably failed (see the executor logs)"
@@ -374,7 +375,7 @@ class ParameterServer(AuthenticatedServer):
         if conn.attempt is not None and conn.attempt < current:
             self._note("stale_request", worker=conn.worker, attempt=conn.attempt, current=current,
                        request=frame.msg.name)
-            self._reply_error(conn, self._stale_text(conn.attempt, current))
+            self._reply_error(conn, stale_attempt(conn.attempt, current))
             return
         if frame.msg == Msg.HELLO:
             self._hello(conn, meta)
@@ -437,13 +438,12 @@ class ParameterServer(AuthenticatedServer):
                     self._on_epoch_done(conn.worker, epoch)
                 except Exception:
                     log.exception("parameter server: on_epoch_done callback raised (ignored)")
-        self._reply(conn, {})
+        self._reply(conn, dict(self._directives))
 
     def _refuse_commit(self, conn: _Conn, frame: Frame, problem: str, diverged: bool) -> None:
         """Answer a COMMIT that may not be applied; the first refusal becomes `failure`."""
         step, epoch = frame.meta.get("step"), frame.meta.get("epoch")
-        text = (f"refused the COMMIT of worker {conn.worker} at step {step!r:.20} (epoch {epoch!r:.20}): {problem}. "
-                f"The center is unchanged.{' ' + DIVERGED_HINT + '.' if diverged else ''}")
+        text = refusal(conn.worker, step, epoch, problem, diverged)
         with self._lock:
             if self._failure is None:
                 self._failure = text
@@ -467,7 +467,7 @@ class ParameterServer(AuthenticatedServer):
                 new_center, reply = self._algorithm.server_commit(list(self._center), frame.arrays, staleness)
                 new_center = freeze(new_center)
                 refused = check_center(new_center, self._names)
-                meta = {"version": version, "staleness": staleness}
+                meta = {"version": version, "staleness": staleness, **self._directives}
                 if counted:
                     meta["epoch_batches"] = self._epoch_batches[(conn.attempt, epoch)] + batches
                 buffers = encode(Msg.OK, meta, reply)
@@ -494,8 +494,11 @@ class ParameterServer(AuthenticatedServer):
         assert worker is not None
         with self._cond:
             rnd = self._round
+            stopped = False
             if self._stopping:
                 error: str | None = "round aborted: the parameter server is stopping"
+            elif self._directives.get("stop"):
+                error, stopped = None, True
             elif worker in rnd.payloads:
                 error = (
                     f"worker {worker} already committed to round {rnd.number}; each worker commits once per round "
@@ -509,7 +512,7 @@ class ParameterServer(AuthenticatedServer):
                     self._finish_round_locked(rnd)
                 else:
                     deadline = time.monotonic() + self._round_timeout
-                    while rnd.replies is None and rnd.error is None:
+                    while rnd.replies is None and rnd.error is None and not self._directives.get("stop"):
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             missing = sorted(set(range(self._num_workers)) - set(rnd.payloads))
@@ -520,12 +523,16 @@ class ParameterServer(AuthenticatedServer):
                             break
                         self._cond.wait(remaining)
                 error = rnd.error
+                stopped = error is None and rnd.replies is None
             record = None
-            if error is None:
+            if stopped:  # the driver stopped training: no update, the worker ends
+                buffers = encode(Msg.OK, {"version": self._version, **self._directives})
+            elif error is None:
                 assert rnd.replies is not None and rnd.version is not None
                 conn.last_version = rnd.version
                 try:
-                    buffers = encode(Msg.OK, {"version": rnd.version, "round": rnd.number}, rnd.replies[worker])
+                    buffers = encode(Msg.OK, {"version": rnd.version, "round": rnd.number, **self._directives},
+                                     rnd.replies[worker])
                 except ProtocolError as exc:
                     error = f"server_round returned a reply that cannot be sent: {exc}"
                     log.error("parameter server: %s", error)
