@@ -121,6 +121,18 @@ def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_the_security_benchmark_flags_and_its_update_rows(tmp_path, capsys):
+    bench = importlib.import_module("trainer_jobs.bench_security")
+    args = bench.parse_args(["--modes", "plain,tls", "--updates", "2"])
+    assert args.mode_list == ["plain", "tls"] and args.workers == 2
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--modes", "plain,fast"])
+    assert "--modes: expected" in capsys.readouterr().err
+    rows = bench.bench_updates(["plain", "mac"], updates=2)
+    assert [r["mode"] for r in rows] == ["plain", "mac"] and rows[0]["vs_plain"] == 1.0
+    assert all(r["ms_per_update"] > 0 for r in rows)
+
+
 def test_forecast_flags_and_defaults(forecast_job):
     args = forecast_job.parse_args([])
     assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("dynsgd", 5, 4, 32)

@@ -7,7 +7,8 @@ returns must be finite too. The checks name the array by the model's weight
 name (e.g. ``dense_1/kernel``) so that a refusal says where a worker went
 wrong. A finite check costs one ``sum`` per array; only when that sum is not
 finite are the NaN and inf values counted. `freeze` makes the server's private
-read-only copies of a center.
+read-only copies of a center; `refusal` and `stale_attempt` word the ERROR
+replies.
 """
 
 from __future__ import annotations
