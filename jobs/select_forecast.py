@@ -92,7 +92,8 @@ def main(argv: list[str] | None = None) -> int:
         train, val, test = (d.drop("time").cache() for d in (train, val, test))
         print(f"windows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
         results = compare_strategies(model_fn, make_search, train, val, strategies=args.strategy_list,
-                                     num_workers=args.workers, seed=args.seed, out_dir=out, verbose=False)
+                                     num_workers=args.workers, seed=args.seed, out_dir=out, verbose=False,
+                                     tls=args.tls)
 
         def test_mape(model) -> float:
             rows = model.transform(test).select("label", "prediction").collect()

@@ -102,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
         results = compare_strategies(model_fn, make_search, train, val,
                                      strategies=args.strategy_list, num_workers=args.workers, seed=args.seed,
-                                     out_dir=out, verbose=False)
+                                     out_dir=out, verbose=False, tls=args.tls)
         extra = score_best_models(results, "test_accuracy", lambda model: model.evaluate(test)["accuracy"])
     meta = {"job": "select_mnist", "train_rows": len(x_train), **vars(args)}
     valid = timing_valid(args.workers, args.cores_per_worker, args.master)

@@ -8,6 +8,11 @@ this process should use the ``spark`` fixture rather than build its own session.
 
 from __future__ import annotations
 
+import errno
+import os
+import shutil
+import subprocess
+
 import numpy as np
 import pytest
 
@@ -69,6 +74,40 @@ def digits(spark):
     train, test = df.filter("train").drop("train").cache(), df.filter("not train").drop("train").cache()
     assert train.count() == 1500 and test.count() == 297
     return train, test
+
+
+# --------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def full_disk(tmp_path, monkeypatch):
+    """``(directory, mounted)``: a directory where every file write fails with ENOSPC.
+
+    As root it is a 16 KiB tmpfs filled up (the failure comes from the kernel);
+    where mounting is not allowed, ``os.fsync`` raises OSError(ENOSPC) instead
+    (``mounted`` is False then).
+    """
+    directory = tmp_path / "full"
+    directory.mkdir()
+    mounted = (os.geteuid() == 0 and shutil.which("mount") is not None and subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=16k,mode=0700", "tmpfs", str(directory)], capture_output=True,
+    ).returncode == 0)
+    try:
+        if mounted:
+            try:
+                with open(directory / "filler", "wb") as fh:
+                    fh.write(b"\0" * (1 << 20))
+            except OSError as exc:
+                assert exc.errno == errno.ENOSPC, exc
+        else:
+            def fsync_on_a_full_disk(fd):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+            monkeypatch.setattr(os, "fsync", fsync_on_a_full_disk)
+        yield directory, mounted
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(directory)], capture_output=True)
 
 
 # --------------------------------------------------------------------------- order

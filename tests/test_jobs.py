@@ -121,6 +121,18 @@ def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
     assert message in capsys.readouterr().err
 
 
+def test_the_security_benchmark_flags_and_its_update_rows(tmp_path, capsys):
+    bench = importlib.import_module("trainer_jobs.bench_security")
+    args = bench.parse_args(["--modes", "plain,tls", "--updates", "2"])
+    assert args.mode_list == ["plain", "tls"] and args.workers == 2
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--modes", "plain,fast"])
+    assert "--modes: expected" in capsys.readouterr().err
+    rows = bench.bench_updates(["plain", "mac"], updates=2)
+    assert [r["mode"] for r in rows] == ["plain", "mac"] and rows[0]["vs_plain"] == 1.0
+    assert all(r["ms_per_update"] > 0 for r in rows)
+
+
 def test_forecast_flags_and_defaults(forecast_job):
     args = forecast_job.parse_args([])
     assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("dynsgd", 5, 4, 32)
@@ -128,7 +140,8 @@ def test_forecast_flags_and_defaults(forecast_job):
     assert args.worker_counts == [1, 2] and args.model_names == ["lstm", "gru"]
     args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
     assert args.model_names == ["gru"] and args.worker_counts == [1, 2, 4] and args.limit == 600
-    assert trainer_options(args, "gru", 2) == ({"retry_timeout": 60.0, "share_epochs": True, "seed": 0}, {})
+    assert trainer_options(args, "gru", 2) == ({"retry_timeout": 60.0, "share_epochs": True, "seed": 0, "tls": False,
+                                                "frame_mac": True}, {})
     assert trainer_options(forecast_job.parse_args(["--seed", "3"]), "gru", 2)[0]["seed"] == 3
     assert trainer_options(forecast_job.parse_args(["--fixed-epochs"]), "gru", 2)[0]["share_epochs"] is False
     assert args.repeats == 1 and forecast_job.parse_args(["--repeats", "3"]).repeats == 3

@@ -18,8 +18,10 @@ import pytest
 from trainer.ps import ParameterServer, PSClient, PSNotStartedError, RemoteError
 from trainer.ps.server import completed_epochs, uniform_progress
 from trainer.transport import wire
+from trainer.transport.handshake import client_handshake
+from trainer.transport.session import TRAILER, Channel
 from trainer.transport.wire import (
-    HEADER, MAGIC, AuthenticationError, ConnectionClosed, Msg, TransportError, new_secret, read_frame, write_frame,
+    HEADER, MAGIC, AuthenticationError, ConnectionClosed, Msg, ServerBusy, TransportError, new_secret, read_frame,
 )
 
 SECRET = new_secret()
@@ -101,15 +103,13 @@ def raw_connect(ps: ParameterServer, timeout: float = 10.0) -> socket.socket:
     return sock
 
 
-def raw_auth(ps: ParameterServer, worker: int = 0) -> socket.socket:
-    """Do the handshake by hand; returns the authenticated socket."""
+def raw_auth(ps: ParameterServer, worker: int = 0) -> tuple[socket.socket, Channel]:
+    """Do the handshake on a plain socket; returns it with its channel (which seals and opens frames)."""
     sock = raw_connect(ps)
-    challenge = read_frame(sock, 4096)
-    assert challenge.msg is Msg.CHALLENGE
-    mac = wire.auth_digest(SECRET, bytes.fromhex(challenge.meta["nonce"]), worker, 0)
-    write_frame(sock, Msg.AUTH, {"worker": worker, "attempt": 0, "mac": mac.hex()})
-    assert read_frame(sock, 4096).msg is Msg.OK
-    return sock
+    channel, welcome, _, _ = client_handshake(sock, ps.credentials, worker, 0, where="test", service="the server",
+                                              deadline=time.monotonic() + 5)
+    assert "version" in welcome
+    return sock, channel
 
 
 def closed_by_peer(sock: socket.socket, within: float) -> bool:
@@ -349,17 +349,17 @@ def test_resize_serves_fewer_workers_from_the_epochs_all_finished():
 @pytest.mark.timeout(20)
 def test_worker_mismatch_and_bad_epoch_done_are_errors():
     with server(num_workers=2) as ps:
-        sock = raw_auth(ps, worker=0)
+        sock, channel = raw_auth(ps, worker=0)
         with sock:
-            write_frame(sock, Msg.PULL, {"worker": 1})
-            reply = read_frame(sock, 1 << 20)
+            channel.send_frame(Msg.PULL, {"worker": 1})
+            reply = channel.recv(1 << 20)
             assert reply.msg is Msg.ERROR and "authenticated as worker 0" in reply.meta["error"]
-            write_frame(sock, Msg.EPOCH_DONE, {"epoch": "x"})
-            assert read_frame(sock, 1 << 20).msg is Msg.ERROR
-            write_frame(sock, Msg.CHALLENGE, {})
-            assert read_frame(sock, 1 << 20).msg is Msg.ERROR
-            write_frame(sock, Msg.PULL, {})
-            assert read_frame(sock, 1 << 20).msg is Msg.OK
+            channel.send_frame(Msg.EPOCH_DONE, {"epoch": "x"})
+            assert channel.recv(1 << 20).msg is Msg.ERROR
+            channel.send_frame(Msg.CHALLENGE, {})
+            assert channel.recv(1 << 20).msg is Msg.ERROR
+            channel.send_frame(Msg.PULL, {})
+            assert channel.recv(1 << 20).msg is Msg.OK
 
 
 # -- authentication and hostile peers -----------------------------------------------------
@@ -441,43 +441,43 @@ def test_wrong_secret_and_bad_worker_index_are_rejected(caplog):
         HEADER.pack(MAGIC, int(Msg.COMMIT), 100, 0) + b"{",  # truncated frame, then EOF
         HEADER.pack(MAGIC, int(Msg.COMMIT), 2, 1 << 40) + b"{}",  # body over max_body
         b"\x00" * 64,  # garbage
-        HEADER.pack(MAGIC, int(Msg.COMMIT), 4, 0) + b"[1]x",  # invalid meta
+        HEADER.pack(MAGIC, int(Msg.COMMIT), 4, 0) + b"[1]x" + TRAILER.pack(0, bytes(32)),  # invalid meta, no MAC
+        HEADER.pack(MAGIC, int(Msg.PULL), 2, 0) + b"{}",  # a valid frame without its trailer, then EOF
     ],
 )
 def test_bad_frames_after_auth_close_only_that_connection(garbage):
     with server(num_workers=2) as ps:
         with client(ps, 1) as bystander:
             bystander.hello()
-            sock = raw_auth(ps, worker=0)
+            sock, _ = raw_auth(ps, worker=0)
             with sock:
                 sock.sendall(garbage)
-                if garbage.endswith(b"{"):
+                if garbage.endswith(b"{") or garbage.endswith(b"{}"):
                     sock.shutdown(socket.SHUT_WR)
                 assert closed_by_peer(sock, within=3)
             assert bystander.pull()[1] == 0  # the other connection is unaffected
         still_serves(ps)
-        assert any(e["kind"] in ("protocol_error", "disconnect") for e in ps.events)
+        assert any(e["kind"] in ("protocol_error", "disconnect", "integrity_error") for e in ps.events)
 
 
 @pytest.mark.timeout(20)
-def test_max_connections_enforced():
+def test_max_connections_counts_workers_and_a_busy_server_is_retried():
     with server(max_connections=2, handshake_timeout=10) as ps:
-        a, b = raw_connect(ps), raw_connect(ps)
-        read_frame(a, 4096), read_frame(b, 4096)
-        with pytest.raises(TransportError, match="too many connections"):
-            client(ps)
-        a.close()
-        assert wait_for(lambda: _try_pull(ps))
-        b.close()
+        a, b = client(ps, 0), client(ps, 0)
+        idle = raw_connect(ps)  # pending connections take no worker slot
+        read_frame(idle, 4096)
+        host, port = ps.address
+        with pytest.raises(ServerBusy, match="max_connections=2"):
+            PSClient(host, port, SECRET, 0, timeout=10, connect_timeout=0.5).connect()
+        late = PSClient(host, port, SECRET, 0, timeout=10, connect_timeout=10)
+        t, out = run_in_thread(late.connect)
+        time.sleep(0.3)
+        a.close()  # a slot frees up: the waiting client gets it
+        t.join(10)
+        assert out.get("result") is late and late.pull()[1] == 0
+        for c in (b, late, idle):
+            c.close()
         assert any(e["kind"] == "connection_refused" for e in ps.events)
-
-
-def _try_pull(ps: ParameterServer) -> bool:
-    try:
-        still_serves(ps)
-        return True
-    except TransportError:
-        return False
 
 
 # -- synchronous rounds ---------------------------------------------------------------------

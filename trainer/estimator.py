@@ -27,6 +27,15 @@ end of each epoch. ``fit(df, callbacks=[...])`` runs Keras callbacks on the
 driver on the center model at every epoch end (``trainer.callbacks``: which run
 where, how EarlyStopping stops the workers). ``mlflow=True`` logs the fit
 (``trainer.tracking``).
+
+When the parameter server refuses a commit (NaN or inf: the training
+diverged; another dtype or model), the worker's task fails and `fit` stops
+with a `TrainingFailedError` carrying the server's reason (worker, weight,
+step, and what to change), never retrying: the center keeps the last good
+weights and only those are checkpointed. A final checkpoint that cannot be
+written (a full disk) is a warning and a ``checkpoint_failed`` event: the
+fitted model is still returned, and the error of a failed fit stays the
+error raised.
 """
 
 from __future__ import annotations
@@ -44,7 +53,7 @@ from trainer.callbacks import EpochCallbacks, check_callbacks
 from trainer.checkpoint import Checkpoint, Checkpointer, load_checkpoint
 from trainer.data.validate import DataSpec, prepare_frame
 from trainer.data.validation import split_validation, tag_validation, validation_frame
-from trainer.errors import CheckpointError
+from trainer.errors import CheckpointError, TrainingFailedError
 from trainer.fitted import FittedModel, TrainingHistory
 from trainer.lr_schedules import planned_steps
 from trainer.progress import TrainingProgress
@@ -54,6 +63,8 @@ from trainer.runtime.worker import RESULT_DDL, WorkerConfig, train_partition
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
 from trainer.spark.resources import check_gpus_per_worker, stage_profile
 from trainer.tracking import RunLogger, epoch_logger, fit_params
+from trainer.ps.records import DEFAULT_HISTORY_SIZE
+from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret
 
 log = logging.getLogger("trainer")
@@ -124,6 +135,8 @@ class Trainer:
             epoch all workers finished, and when training stops (also on error
             or Ctrl-C); ``fit(df, resume_from=checkpoint_dir)`` continues from it.
         checkpoint_every: Integer. Server updates between two checkpoints.
+        checkpoint_keep: Integer. Checkpoint versions kept (``resume_from``
+            falls back to the previous one when the newest is damaged).
         on_update: Callable or None. Called on the driver with every
             parameter-server update (a `trainer.ps.UpdateRecord`: time, worker,
             version, staleness, bytes, epoch, step, loss); keep it fast.
@@ -144,6 +157,13 @@ class Trainer:
         mlflow: Bool. Log the fit to MLflow (the active run, or a new one
             under the current tracking URI): parameters, per-epoch metrics and
             the final model with its signature; see ``trainer.tracking``.
+        tls: Bool. Encrypt the connections between the workers and the
+            parameter server with TLS (a throw-away certificate per fit,
+            pinned by the workers); see docs/security.md.
+        frame_mac: Bool. A MAC on every frame between the workers and the
+            parameter server (on by default; its cost is in docs/security.md).
+        history_size: Integer. Parameter-server updates kept in
+            ``history.update_log`` (the totals count every update).
     """
 
     def __init__(
@@ -174,6 +194,10 @@ class Trainer:
         check_data: bool = True,
         share_epochs: bool = True,
         mlflow: bool = False,
+        checkpoint_keep: int = 2,
+        tls: bool = False,
+        frame_mac: bool = True,
+        history_size: int = DEFAULT_HISTORY_SIZE,
     ) -> None:
         self.algorithm = get_algorithm(algorithm)
         self.num_workers = _positive_int("num_workers", num_workers)
@@ -210,6 +234,10 @@ class Trainer:
         self.check_data = bool(check_data)
         self.share_epochs = bool(share_epochs)
         self.mlflow = bool(mlflow)
+        self.checkpoint_keep = _positive_int("checkpoint_keep", checkpoint_keep)
+        self.tls = bool(tls)
+        self.frame_mac = bool(frame_mac)
+        self.history_size = _positive_int("history_size", history_size)
 
     # -- planning ---------------------------------------------------------------
     def _driver_model(self):
@@ -295,6 +323,7 @@ class Trainer:
     def _fit(self, df, resume_from, validation, callbacks, run: RunLogger | None) -> FittedModel:
         import keras  # deferred: TensorFlow starts only when a fit does
 
+        identity = TlsIdentity.generate() if self.tls else None  # a missing tool fails before any cluster work
         plan = self._plan(df, resume_from, validation)
         callbacks = check_callbacks(callbacks, plan.model, plan.validation_rows > 0)
         if run is not None:
@@ -321,13 +350,15 @@ class Trainer:
             io_timeout=self.io_timeout, round_timeout=self.io_timeout,
             on_update=lambda record: [hook(record) for hook in hooks],
             on_epoch_done=on_epoch_done, version=plan.version, epochs_done=plan.epochs_done,
+            weight_names=[w.path for w in plan.model.weights], frame_mac=self.frame_mac, tls=identity or False,
+            history_size=self.history_size,
         )
         checkpoint_dir = self.checkpoint_dir if self.checkpoint_dir is not None else resume_from
         if checkpoint_dir is not None:
             checkpointer = Checkpointer(checkpoint_dir, server, self.checkpoint_every, {
                 "num_workers": self.num_workers, "algorithm": self.algorithm.describe(), "epochs": self.epochs,
                 "model": plan.model.name, "num_weights": len(plan.model.weights),
-            })
+            }, keep=self.checkpoint_keep)
             hooks.append(checkpointer.on_update)
         events: list[dict] = []
         if plan.resumed is not None:
@@ -335,8 +366,10 @@ class Trainer:
                            "version": plan.version, "completed_epochs": plan.resumed.completed_epochs})
 
         def make_task(attempt: int, workers: int):
+            server.start_attempt(attempt)  # leftover tasks of an older attempt are refused from now on
             return functools.partial(train_partition, WorkerConfig(
-                model=plan.source, algorithm=self.algorithm, ps_host=host, ps_port=bound_port, secret=secret,
+                model=plan.source, algorithm=self.algorithm, ps_host=host, ps_port=bound_port,
+                secret=server.credentials,
                 num_workers=workers, batch_size=self.batch_size, epochs=self.epochs,
                 input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=attempt,
                 seed=self.seed, io_timeout=self.io_timeout, keras_backend=keras.backend.backend(),
@@ -357,14 +390,18 @@ class Trainer:
                 policy=RetryPolicy(self.max_retries, self.retry_timeout, self.min_workers),
                 description=f"trainer: {plan.model.name} {self.algorithm.describe()}",
                 on_retry=on_retry, events=events, profile=plan.profile,
+                fatal=lambda: server.failure and TrainingFailedError(
+                    f"Training stopped: the parameter server {server.failure}"),
             )
             job_end = time.time()
         finally:
             server.stop()
             progress.close()
             epoch_callbacks.close()
-            if checkpointer is not None:
-                checkpointer.save()
+            save_problem = checkpointer.finish() if checkpointer is not None else None  # logged, never raised
+        if save_problem is not None:
+            events.append({"time": time.time(), "event": "checkpoint_failed", "path": str(checkpoint_dir),
+                           "error": save_problem})
         epoch_callbacks.finish(server.center())  # the final weights, then on_train_end (restore_best_weights)
         if epoch_callbacks.stopped_epoch is not None:
             events.append({"time": time.time(), "event": "stopped_by_callback", "epoch": epoch_callbacks.stopped_epoch})

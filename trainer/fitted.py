@@ -5,7 +5,9 @@ once as ``.keras`` bytes with the custom objects it needs (shipped by value,
 ``trainer.runtime.shipping.pack_model``) and is loaded once per Python worker
 (``trainer.runtime.shipping.cached_model``); an error there is raised at once
 (``trainer.runtime.inference``). `TrainingHistory` records what happened
-during ``fit`` (server updates, workers, epochs, events, timings).
+during ``fit`` (server updates, workers, epochs, events, timings): exact
+totals over every update, and the most recent updates in compact numpy
+columns, so that a long fit keeps a small memory.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import pickle
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from pyspark import cloudpickle
@@ -34,8 +37,14 @@ class TrainingHistory:
     """What happened during `fit`.
 
     Attributes:
-        updates: one dict per parameter-server update (time, worker, version,
-            staleness, bytes_in, bytes_out, epoch, step, loss, kind).
+        update_log: the most recent parameter-server updates (at most the
+            Trainer's `history_size`), one column per field: time, worker,
+            version, staleness, bytes_in, bytes_out, epoch, step, loss, kind
+            (epoch and step -1, loss NaN where the worker sent none).
+            `updates` gives them as one dict each, `to_frame()` as a DataFrame.
+        update_totals: exact figures over every update of the fit: updates,
+            bytes_in, bytes_out, staleness_mean, staleness_max, per_worker,
+            per_kind, kept, dropped.
         workers: one dict per worker task (rows, commits, comm_s, bytes_sent,
             bytes_received, timings, per-epoch logs); retried tasks appear once
             per attempt.
@@ -50,19 +59,42 @@ class TrainingHistory:
 
     algorithm: str
     num_workers: int
-    updates: list[dict] = field(default_factory=list)
+    update_log: dict[str, Any] = field(default_factory=dict)
+    update_totals: dict[str, Any] = field(default_factory=dict)
     workers: list[dict] = field(default_factory=list)
     epochs: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
 
+    def __post_init__(self) -> None:
+        self.update_log = {k: np.asarray(v) for k, v in self.update_log.items()}
+        per_worker = self.update_totals.get("per_worker")
+        if per_worker:  # JSON turns the worker indices into strings
+            self.update_totals["per_worker"] = {int(k): v for k, v in per_worker.items()}
+
+    @property
+    def updates(self) -> list[dict]:
+        """The kept updates, oldest first, one dict each (built on every access: prefer `to_frame`)."""
+        columns = self.update_log
+        n = len(next(iter(columns.values()))) if columns else 0
+        rows = [{k: v[i].item() for k, v in columns.items()} for i in range(n)]
+        for row in rows:
+            for key in ("epoch", "step"):
+                if row.get(key) == -1:
+                    row[key] = None
+            if row.get("loss") is not None and row["loss"] != row["loss"]:
+                row["loss"] = None
+        return rows
+
     @property
     def num_updates(self) -> int:
-        return len(self.updates)
+        """Every update of the fit (also those no longer kept in `update_log`)."""
+        return int(self.update_totals.get("updates", 0))
 
     @property
     def bytes_moved(self) -> int:
-        return sum(u["bytes_in"] + u["bytes_out"] for u in self.updates)
+        """Bytes of every COMMIT and its reply."""
+        return int(self.update_totals.get("bytes_in", 0)) + int(self.update_totals.get("bytes_out", 0))
 
     @property
     def loss(self) -> list[float]:
@@ -73,15 +105,18 @@ class TrainingHistory:
         """Parameter-server updates as a pandas DataFrame."""
         import pandas as pd  # deferred: only this function needs it
 
-        return pd.DataFrame(self.updates)
+        return pd.DataFrame(self.update_log)
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        """Plain JSON-able data (the update columns as lists)."""
+        data = asdict(self)
+        data["update_log"] = {k: np.asarray(v).tolist() for k, v in self.update_log.items()}
+        return data
 
     @classmethod
     def build(cls, algorithm: str, num_workers: int, ps, workers: list[dict], job_start: float,
               job_end: float, events: list[dict]) -> "TrainingHistory":
-        """The history of one fit: `algorithm` described, the server `ps` (its updates and events), the
+        """The history of one fit: `algorithm` described, the server `ps` (its update history and events), the
         workers' records of every attempt, the stage's start and end times and the driver's events."""
         final = [w for w in workers if w["attempt"] == max(x["attempt"] for x in workers)]
         epochs = []
@@ -99,9 +134,10 @@ class TrainingHistory:
             "train_s": max(w["train_s"] for w in final),
             "epoch_s": float(np.mean([e["time_s"] for e in epochs])) if epochs else float("nan"),
         }
+        update_log, update_totals = ps.update_history()
         return cls(
-            algorithm=algorithm, num_workers=num_workers,
-            updates=[asdict(u) for u in ps.updates], workers=sorted(workers, key=lambda w: (w["attempt"], w["worker"])),
+            algorithm=algorithm, num_workers=num_workers, update_log=update_log, update_totals=update_totals,
+            workers=sorted(workers, key=lambda w: (w["attempt"], w["worker"])),
             epochs=epochs, events=list(ps.events) + events, timings=timings,
         )
 
@@ -196,5 +232,7 @@ class FittedModel:
         if (src / CUSTOM_OBJECTS_FILE).is_file():
             custom_objects = {**pickle.loads((src / CUSTOM_OBJECTS_FILE).read_bytes()), **(custom_objects or {})}
         model = keras.saving.load_model(src / "model.keras", custom_objects=custom_objects)
-        history = TrainingHistory(**json.loads((src / "history.json").read_text()))
+        recorded = json.loads((src / "history.json").read_text())
+        recorded.pop("updates", None)  # written before the update history was bounded
+        history = TrainingHistory(**recorded)
         return cls(model, history, meta["features_col"], meta["label_col"], spec, custom_objects)

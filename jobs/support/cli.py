@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainer import SyncAveraging, get_algorithm
-from trainer.checkpoint import FILE_NAME as CHECKPOINT_FILE
+from trainer.checkpoint import has_checkpoint
 from trainer.verbosity import configure_logging
 
 log = logging.getLogger("trainer_jobs")
@@ -44,7 +44,8 @@ def start_logging(args: argparse.Namespace) -> None:
 
 
 def add_trainer_args(parser) -> None:
-    """--seed, --fixed-epochs, --checkpoint-dir, --resume and --retry-timeout for a job's argument parser."""
+    """--seed, --fixed-epochs, --checkpoint-dir, --resume, --retry-timeout, --tls and --no-frame-mac for a job's
+    argument parser."""
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the runs (plain Keras uses it, worker i of a distributed run seed + i; "
                              "default 0): repeat a run with other seeds to see its run-to-run spread")
@@ -60,6 +61,12 @@ def add_trainer_args(parser) -> None:
     parser.add_argument("--retry-timeout", type=positive_float, default=60.0,
                         help="seconds a retry after lost executors waits for their slots before it continues "
                              "on the workers left (default 60)")
+    parser.add_argument("--tls", action="store_true",
+                        help="encrypt the traffic between the workers and the parameter server with TLS "
+                             "(a throw-away certificate per run; needs the cryptography package or openssl)")
+    parser.add_argument("--no-frame-mac", action="store_true",
+                        help="send frames without their MAC (only the handshake is authenticated; with --tls, TLS "
+                             "still protects every record)")
 
 
 def check_checkpoint_args(parser, args) -> None:
@@ -73,11 +80,12 @@ def trainer_options(args, model_name: str, workers: int, seed: int | None = None
     (default --seed); a repeat with another seed checkpoints to its own folder."""
     seed = args.seed if seed is None else seed
     options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs,
-                               "seed": seed}
+                               "seed": seed, "tls": getattr(args, "tls", False),
+                               "frame_mac": not getattr(args, "no_frame_mac", False)}
     if args.checkpoint_dir is None:
         return options, {}
     directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w{'' if seed == args.seed else f'-seed{seed}'}"
-    resume = args.resume and (directory / CHECKPOINT_FILE).is_file()
+    resume = args.resume and has_checkpoint(directory)
     if args.resume and not resume:
         log.info("No checkpoint in %s: %s with %d worker(s) starts afresh", directory, model_name, workers)
     options["checkpoint_dir"] = str(directory)

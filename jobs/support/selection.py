@@ -181,6 +181,9 @@ def comparison_parser(description: str | None, *, default_out: str, limit_help: 
                         help="where the data is written once as Parquet for Spark to read: a folder the executors "
                              "see or an hdfs://, s3://... URI (default $TRAINER_DATA_DIR or ./data)")
     parser.add_argument("--out", default=default_out, help=f"results directory (default {default_out})")
+    parser.add_argument("--tls", action="store_true",
+                        help="encrypt the traffic between the tasks and the driver with TLS (a throw-away "
+                             "certificate per search; needs the cryptography package or openssl)")
     add_verbose_arg(parser)
     return parser
 

@@ -1,11 +1,13 @@
 """Worker-side client of the parameter server (runs inside a Spark task).
 
-``PSClient`` (a ``trainer.transport.endpoint.AuthenticatedClient``) opens one TCP
-connection, answers the server's HMAC challenge and then issues blocking
-request/reply calls (HELLO, PULL, COMMIT, EPOCH_DONE). An ERROR reply
-raises ``RemoteError`` (a ``PSError``) carrying the server's message; socket
-problems raise ``ConnectionClosed`` or ``TransportTimeout``, after which the client
-is closed. Retrying is the caller's job (typically by letting
+``PSClient`` (a ``trainer.transport.client.AuthenticatedClient``) opens one TCP
+connection (TLS when the credentials carry a fingerprint), authenticates both
+ways (the server must prove the secret before the client sends anything) and
+then issues blocking request/reply calls (HELLO, PULL, COMMIT, EPOCH_DONE),
+every frame with a MAC. An ERROR reply raises ``RemoteError`` (a ``PSError``)
+carrying the server's message; socket problems raise ``ConnectionClosed`` or
+``TransportTimeout``, a reply that fails its MAC ``IntegrityError``, after
+which the client is closed. Retrying is the caller's job (typically by letting
 the Spark task fail), not the client's.
 
 Arrays returned by the client are zero-copy views into the received frame:
@@ -21,8 +23,9 @@ from typing import Any, Sequence
 import numpy as np
 
 from trainer.ps.errors import RemoteError
-from trainer.transport.endpoint import AuthenticatedClient
-from trainer.transport.wire import ConnectionClosed, Frame, Msg, TransportError, TransportTimeout
+from trainer.transport.client import AuthenticatedClient
+from trainer.transport.handshake import Credentials
+from trainer.transport.wire import ConnectionClosed, Frame, IntegrityError, Msg, TransportError, TransportTimeout
 
 
 class PSClient(AuthenticatedClient):
@@ -36,14 +39,15 @@ class PSClient(AuthenticatedClient):
         self,
         host: str,
         port: int,
-        secret: bytes,
+        secret: bytes | Credentials,
         worker: int,
         attempt: int = 0,
         timeout: float = 600.0,
         *,
         max_body: int | None = None,
+        connect_timeout: float = 60.0,
     ) -> None:
-        super().__init__(host, port, secret, worker, attempt, timeout, max_body)
+        super().__init__(host, port, secret, worker, attempt, timeout, max_body, connect_timeout=connect_timeout)
         #: Center version seen in the last reply (None before the first one).
         self.version: int | None = None
         #: Number of workers announced by the server during the handshake.
@@ -90,6 +94,9 @@ class PSClient(AuthenticatedClient):
             return TransportTimeout(f"no reply from the parameter server at {self.host}:{self.port} to {msg.name} within "
                              f"timeout={self.timeout}s ({exc}); for synchronous rules the timeout must exceed the "
                              "server's round_timeout")
+        if isinstance(exc, IntegrityError):
+            return IntegrityError(f"the reply of the parameter server at {self.host}:{self.port} to {msg.name} "
+                                  f"failed its integrity check: {exc}")
         return exc
 
     def _request(self, msg: Msg, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> Frame:

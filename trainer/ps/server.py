@@ -20,9 +20,25 @@ workers commit over TCP:
 
 Serving comes from ``trainer.transport.endpoint.AuthenticatedServer``: one accept
 thread and one daemon thread per connection; every socket has a timeout,
-``handshake_timeout`` until the peer authenticated (HMAC challenge, see
-``trainer.transport.wire``), then ``io_timeout``. A peer that misbehaves only loses
-its own connection.
+``handshake_timeout`` until the peer authenticated (mutual handshake, see
+``trainer.transport.handshake``), then ``io_timeout``; every frame after the
+handshake carries a MAC (``trainer.transport.session``). A peer that misbehaves
+only loses its own connection.
+
+Update hygiene (``trainer.ps.hygiene``): a COMMIT with another model's arrays,
+another dtype than the model's, or any NaN or inf is refused with an ERROR
+reply naming the worker, the weight and the step; so is a commit after which
+the center would not be finite. The center is never non-finite. The first
+refusal is kept in `failure`, which the trainer raises instead of retrying.
+
+Attempt fencing: the server knows the current attempt of the training stage
+(`start_attempt`, or the newest attempt a worker authenticated with).
+Connections of older attempts are refused at the handshake, and every request
+on a connection of an older attempt (a leftover task of a failed attempt) is
+answered with an ERROR.
+
+Memory stays bounded: update records go to a ring of `history_size` records
+with exact running totals (``trainer.ps.records.UpdateLog``).
 
 The stored center arrays are private read-only copies: update rules must be
 pure (return new arrays) as the Algorithm contract requires.
@@ -34,35 +50,22 @@ import collections
 import logging
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from trainer.ps.errors import PSNotStartedError
+from trainer.ps.epochs import completed_epochs, uniform_progress
+from trainer.ps.hygiene import DIVERGED_HINT, check_center, check_commit, freeze, refusal, stale_attempt
+from trainer.ps.records import DEFAULT_HISTORY_SIZE, UpdateLog, UpdateRecord
 from trainer.transport.endpoint import AuthenticatedServer, Connection
-from trainer.transport.wire import ALLOWED_DTYPES, Frame, Msg, ProtocolError, encode, frame_size
+from trainer.transport.tls import TlsIdentity
+from trainer.transport.wire import Frame, Msg, ProtocolError, encode, frame_size
 
 log = logging.getLogger("trainer.ps")
 
 #: Most events kept in ParameterServer.events (oldest are dropped).
 MAX_EVENTS = 10_000
-
-
-@dataclass(frozen=True)
-class UpdateRecord:
-    """One commit applied to the center (one per worker for synchronous rounds)."""
-
-    time: float
-    worker: int
-    version: int  # center version right after this update
-    staleness: int
-    bytes_in: int  # size of the COMMIT frame
-    bytes_out: int  # size of the reply frame
-    epoch: int | None
-    step: int | None
-    loss: float | None
-    kind: str  # "commit" (asynchronous) or "round" (synchronous)
 
 
 class _Conn(Connection):
@@ -85,49 +88,6 @@ class _Round:
         self.error: str | None = None
 
 
-def _freeze(arrays: Sequence[Any], what: str = "center") -> list[np.ndarray]:
-    """Private read-only copies; raises ValueError for a dtype the wire cannot carry."""
-    out = []
-    for i, a in enumerate(arrays):
-        c = np.array(a, copy=True)
-        if c.dtype.name not in ALLOWED_DTYPES:
-            raise ValueError(
-                f"{what} array #{i} has dtype {c.dtype}, which the wire format cannot carry; "
-                f"expected one of {sorted(ALLOWED_DTYPES)}"
-            )
-        c.setflags(write=False)
-        out.append(c)
-    return out
-
-
-def completed_epochs(epochs_done: dict[int, dict[str, Any]], num_workers: int) -> int:
-    """Epochs that every worker ``0 .. num_workers - 1`` finished (0 when one finished none)."""
-    done = [epochs_done.get(w) for w in range(num_workers)]
-    return 0 if None in done else min(d["epoch"] for d in done) + 1  # type: ignore[index]
-
-
-def uniform_progress(completed: int, num_workers: int) -> dict[int, dict[str, Any]]:
-    """Per-worker progress saying that each of `num_workers` workers finished `completed` epochs.
-
-    Used when the number of workers changes (a retry on fewer workers, a resume
-    on another cluster): rows are dealt anew, so only the epochs everybody
-    finished carry over.
-    """
-    if completed <= 0:
-        return {}
-    return {w: {"epoch": completed - 1, "logs": {}, "time": time.time()} for w in range(num_workers)}
-
-
-def _opt_int(value: Any) -> int | None:
-    return value if type(value) is int else None
-
-
-def _opt_float(value: Any) -> float | None:
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    return None
-
-
 class ParameterServer(AuthenticatedServer):
     """Parameter server holding the center variable; see the module docstring.
 
@@ -138,7 +98,8 @@ class ParameterServer(AuthenticatedServer):
         algorithm: an ``Algorithm`` (``synchronous`` picks commit vs round mode).
         center: the initial center (the model weights); copied.
         num_workers: workers are numbered ``0 .. num_workers - 1``.
-        secret: shared secret of the HMAC handshake (``new_secret()``).
+        secret: shared secret of the handshake (``new_secret()``); tasks get it with
+            the MAC and TLS settings as `credentials`.
         host, port: where to listen; ``port=0`` picks a free port.
         max_body: largest frame body accepted after authentication
             (default ``4 * nbytes(center) + 16 MiB``).
@@ -155,6 +116,9 @@ class ParameterServer(AuthenticatedServer):
             a finished epoch, serialized with `on_update`.
         version, epochs_done: state to resume from (a checkpoint's), so that
             workers' HELLO gets the right ``start_epoch``.
+        weight_names: the model's weight names (``v.path``), to name a refused array.
+        frame_mac, tls, max_pending: see ``AuthenticatedServer``.
+        history_size: update records kept (``updates``); totals count all.
     """
 
     label = "parameter server"
@@ -175,21 +139,30 @@ class ParameterServer(AuthenticatedServer):
         port: int = 0,
         max_body: int | None = None,
         io_timeout: float = 600.0,
-        handshake_timeout: float = 10.0,
+        handshake_timeout: float = 5.0,
         round_timeout: float = 600.0,
         max_connections: int | None = None,
         on_update: Callable[[UpdateRecord], Any] | None = None,
         on_epoch_done: Callable[[int, int], Any] | None = None,
         version: int = 0,
         epochs_done: dict[int, dict[str, Any]] | None = None,
+        weight_names: Sequence[str] | None = None,
+        frame_mac: bool | str = True,
+        tls: bool | TlsIdentity = False,
+        max_pending: int = 8,
+        history_size: int = DEFAULT_HISTORY_SIZE,
     ) -> None:
         if not round_timeout > 0:
             raise ValueError(f"round_timeout must be a positive number of seconds, received {round_timeout!r}")
-        center = _freeze(center)
+        center = freeze(center)
         center_bytes = sum(a.nbytes for a in center)
+        names = None if weight_names is None else [str(n) for n in weight_names]
+        if names is not None and len(names) > len(center):  # fewer: the center also holds optimizer state
+            raise ValueError(f"weight_names has {len(names)} names for {len(center)} center arrays")
         super().__init__(num_workers, secret, host=host, port=port, io_timeout=io_timeout,
                          handshake_timeout=handshake_timeout, max_connections=max_connections, log=log,
-                         max_body=4 * center_bytes + (16 << 20) if max_body is None else int(max_body))
+                         max_body=4 * center_bytes + (16 << 20) if max_body is None else int(max_body),
+                         frame_mac=frame_mac, tls=tls, max_pending=max_pending)
         check_workers = getattr(algorithm, "check_workers", None)
         if check_workers is not None:
             check_workers(num_workers)
@@ -197,7 +170,8 @@ class ParameterServer(AuthenticatedServer):
         self._synchronous = bool(getattr(algorithm, "synchronous", False))
         self._with_optimizer = bool(getattr(algorithm, "exchanges_optimizer_state", False))
         self._center = center
-        self._shapes = [a.shape for a in self._center]
+        self._num_weights = len(center)
+        self._names = names
         self._round_timeout = float(round_timeout)
         self._on_update = on_update
         self._on_epoch_done = on_epoch_done
@@ -206,8 +180,9 @@ class ParameterServer(AuthenticatedServer):
         self._callback_lock = threading.Lock()
         self._version = int(version)
         self._round = _Round(0)
-        self._max_attempt: int | None = None
-        self._updates: list[UpdateRecord] = []
+        self._attempt = 0  # the current attempt: requests of older ones are refused
+        self._updates = UpdateLog(history_size)
+        self._failure: str | None = None
         self._epochs_done: dict[int, dict[str, Any]] = dict(epochs_done or {})
         self._start_epochs: dict[int, int] = {}  # attempt -> epoch its workers start at
         self._epoch_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (attempt, epoch)
@@ -295,8 +270,33 @@ class ParameterServer(AuthenticatedServer):
 
     @property
     def updates(self) -> list[UpdateRecord]:
+        """The most recent `history_size` update records, oldest first."""
         with self._lock:
-            return list(self._updates)
+            return self._updates.records()
+
+    def update_history(self) -> tuple[dict[str, np.ndarray], dict[str, Any]]:
+        """(the kept update records as numpy columns, exact totals over every update); see ``UpdateLog``."""
+        with self._lock:
+            return self._updates.columns(), self._updates.totals()
+
+    @property
+    def failure(self) -> str | None:
+        """Why the first refused COMMIT was refused (None while every commit was fine)."""
+        with self._lock:
+            return self._failure
+
+    @property
+    def attempt(self) -> int:
+        """The current attempt; older attempts are fenced off."""
+        with self._lock:
+            return self._attempt
+
+    def start_attempt(self, attempt: int) -> None:
+        """The driver launches `attempt` now: from here on, older attempts are refused."""
+        if type(attempt) is not int or attempt < 0:
+            raise ValueError(f"attempt must be an int >= 0, received {attempt!r}")
+        with self._lock:
+            self._advance_attempt_locked(attempt, None, "the driver started it")
 
     @property
     def epochs_done(self) -> dict[int, dict[str, Any]]:
@@ -319,21 +319,22 @@ class ParameterServer(AuthenticatedServer):
     def _new_connection(self, sock: Any, addr: Any) -> _Conn:
         return _Conn(sock, addr)
 
+    def _refuse_worker(self, worker: int, attempt: int) -> str | None:
+        with self._lock:
+            current = self._attempt
+        return stale_attempt(attempt, current) if attempt < current else super()._refuse_worker(worker, attempt)
+
     def _welcome(self, conn: Connection) -> dict[str, Any]:
         assert conn.attempt is not None
-        self._note_attempt(conn, conn.attempt)
         with self._lock:
+            self._advance_attempt_locked(conn.attempt, conn, f"worker {conn.worker} connected with it")
             return {"version": self._version, "num_workers": self._num_workers}
 
     def _closed(self, conn: Connection, said_bye: bool) -> None:
         worker = conn.worker
         with self._lock:
-            if (
-                self._synchronous
-                and self._round.payloads
-                and worker not in self._round.payloads
-                and not any(c.worker == worker for c in self._conns)
-            ):
+            if (self._synchronous and self._round.payloads and worker not in self._round.payloads
+                    and not any(c.worker == worker for c in self._conns)):
                 self._abort_round_locked(
                     f"round aborted: worker {worker} ({conn.peer}) disconnected before committing to round "
                     f"{self._round.number}; its Spark task probably failed (see the executor logs)"
@@ -343,20 +344,16 @@ class ParameterServer(AuthenticatedServer):
         with self._lock:
             self._events.append({"time": time.time(), "kind": kind, **fields})
 
-    def _note_attempt(self, conn: _Conn, attempt: int) -> None:
-        with self._lock:
-            previous = self._max_attempt
-            if previous is not None and attempt <= previous:
-                return
-            self._max_attempt = attempt
-            if previous is None:
-                return
-            self._events.append({"time": time.time(), "kind": "new_attempt", "worker": conn.worker,
-                                 "attempt": attempt, "peer": conn.peer})
-            self._abort_round_locked(
-                f"round aborted: worker {conn.worker} started attempt {attempt} (a Spark retry restarted tasks)"
-            )
-        log.warning("parameter server: worker %s connected with new attempt %d", conn.worker, attempt)
+    def _advance_attempt_locked(self, attempt: int, conn: Connection | None, why: str) -> None:
+        """Make `attempt` the current one if it is newer (caller holds the lock); aborts a pending round."""
+        if attempt <= self._attempt:
+            return
+        previous, self._attempt = self._attempt, attempt
+        self._events.append({"time": time.time(), "kind": "new_attempt", "attempt": attempt, "previous": previous,
+                             "worker": conn.worker if conn else None, "peer": conn.peer if conn else None})
+        self._abort_round_locked(f"round aborted: attempt {attempt} started ({why}; a Spark retry restarted tasks)")
+        log.info("parameter server: attempt %d started (%s); attempt %d and older are refused", attempt, why,
+                 previous)
 
     def _abort_round_locked(self, reason: str) -> None:
         """Abort the pending synchronous round (caller holds the lock)."""
@@ -373,6 +370,13 @@ class ParameterServer(AuthenticatedServer):
 
     def _dispatch(self, conn: _Conn, frame: Frame) -> None:
         meta = frame.meta
+        with self._lock:
+            current = self._attempt
+        if conn.attempt is not None and conn.attempt < current:
+            self._note("stale_request", worker=conn.worker, attempt=conn.attempt, current=current,
+                       request=frame.msg.name)
+            self._reply_error(conn, stale_attempt(conn.attempt, current))
+            return
         if frame.msg == Msg.HELLO:
             self._hello(conn, meta)
         elif frame.msg == Msg.PULL:
@@ -381,9 +385,11 @@ class ParameterServer(AuthenticatedServer):
                 conn.last_version = version
             self._reply(conn, {"version": version}, center)
         elif frame.msg == Msg.COMMIT:
-            problem = self._check_payload(frame.arrays)
+            with self._lock:
+                center = self._center
+            problem = check_commit(frame.arrays, center, self._num_weights, self._names, self._with_optimizer)
             if problem is not None:
-                self._reply_error(conn, problem)
+                self._refuse_commit(conn, frame, *problem)
             elif self._synchronous:
                 self._commit_sync(conn, frame)
             else:
@@ -395,11 +401,11 @@ class ParameterServer(AuthenticatedServer):
 
     def _hello(self, conn: _Conn, meta: dict[str, Any]) -> None:
         attempt = meta.get("attempt", conn.attempt)
-        if type(attempt) is not int or attempt < 0:
-            self._reply_error(conn, f"HELLO 'attempt' must be an int >= 0, received {attempt!r:.20}")
+        if attempt != conn.attempt:
+            self._reply_error(conn, f"HELLO 'attempt' must be the attempt this connection authenticated with "
+                                    f"({conn.attempt}), received {attempt!r:.20}")
             return
-        conn.attempt = attempt
-        self._note_attempt(conn, attempt)
+        assert attempt is not None
         with self._lock:
             center, version = self._center, self._version
             # Every worker of an attempt starts at the first epoch that not all workers
@@ -434,26 +440,17 @@ class ParameterServer(AuthenticatedServer):
                     log.exception("parameter server: on_epoch_done callback raised (ignored)")
         self._reply(conn, dict(self._directives))
 
-    def _check_payload(self, arrays: Sequence[np.ndarray]) -> str | None:
-        n = len(self._shapes)
-        if self._with_optimizer:
-            if len(arrays) < n:
-                return (
-                    f"COMMIT payload has {len(arrays)} arrays, expected at least {n} (the model weights, then "
-                    f"optimizer state); the worker's model differs from the one the server was started with"
-                )
-        elif len(arrays) != n:
-            return (
-                f"COMMIT payload has {len(arrays)} arrays, expected {n} (one per model weight); the worker's "
-                f"model differs from the one the server was started with"
-            )
-        for i, (a, shape) in enumerate(zip(arrays, self._shapes)):
-            if a.shape != shape:
-                return (
-                    f"COMMIT payload array #{i} has shape {a.shape}, expected {shape}; the worker's model differs "
-                    f"from the one the server was started with"
-                )
-        return None
+    def _refuse_commit(self, conn: _Conn, frame: Frame, problem: str, diverged: bool) -> None:
+        """Answer a COMMIT that may not be applied; the first refusal becomes `failure`."""
+        step, epoch = frame.meta.get("step"), frame.meta.get("epoch")
+        text = refusal(conn.worker, step, epoch, problem, diverged)
+        with self._lock:
+            if self._failure is None:
+                self._failure = text
+            self._events.append({"time": time.time(), "kind": "commit_refused", "worker": conn.worker,
+                                 "step": step, "epoch": epoch, "reason": problem})
+        log.error("parameter server: %s", text)
+        self._send(conn, encode(Msg.ERROR, {"error": text[:4000]}))
 
     def _commit_async(self, conn: _Conn, frame: Frame) -> None:
         epoch, batches = frame.meta.get("epoch"), frame.meta.get("batches")
@@ -465,10 +462,11 @@ class ParameterServer(AuthenticatedServer):
         with self._lock:
             staleness = self._version - conn.last_version
             version = self._version + 1
-            record = None
+            record = refused = None
             try:
                 new_center, reply = self._algorithm.server_commit(list(self._center), frame.arrays, staleness)
-                new_center = _freeze(new_center)
+                new_center = freeze(new_center)
+                refused = check_center(new_center, self._names)
                 meta = {"version": version, "staleness": staleness, **self._directives}
                 if counted:
                     meta["epoch_batches"] = self._epoch_batches[(conn.attempt, epoch)] + batches
@@ -477,12 +475,16 @@ class ParameterServer(AuthenticatedServer):
                 log.exception("parameter server: server_commit failed")
                 buffers = encode(Msg.ERROR, {"error": f"server_commit failed: {type(exc).__name__}: {exc}"})
             else:
-                self._center = new_center
-                self._version = version
-                conn.last_version = version
-                if counted:
-                    self._epoch_batches[(conn.attempt, epoch)] = meta["epoch_batches"]
-                record = self._record(conn, frame, version, staleness, frame_size(buffers), "commit")
+                if refused is None:
+                    self._center = new_center
+                    self._version = version
+                    conn.last_version = version
+                    if counted:
+                        self._epoch_batches[(conn.attempt, epoch)] = meta["epoch_batches"]
+                    record = self._record(conn, frame, version, staleness, frame_size(buffers), "commit")
+        if refused is not None:
+            self._refuse_commit(conn, frame, refused, diverged=True)
+            return
         if record is not None:
             self._notify(record)
         self._send(conn, buffers)
@@ -550,7 +552,11 @@ class ParameterServer(AuthenticatedServer):
             new_center, replies = self._algorithm.server_round(list(self._center), payloads)
             if len(replies) != self._num_workers:
                 raise ValueError(f"server_round returned {len(replies)} replies for {self._num_workers} workers")
-            new_center = _freeze(new_center)
+            new_center = freeze(new_center)
+            problem = check_center(new_center, self._names)
+            if problem is not None:
+                self._failure = self._failure or f"refused round {rnd.number}: {problem}. {DIVERGED_HINT}"
+                raise ValueError(f"{problem}; the center is unchanged")
         except Exception as exc:
             log.exception("parameter server: server_round failed")
             rnd.error = f"round aborted: server_round failed: {type(exc).__name__}: {exc}"
@@ -569,19 +575,8 @@ class ParameterServer(AuthenticatedServer):
         self, conn: _Conn, frame: Frame, version: int, staleness: int, bytes_out: int, kind: str
     ) -> UpdateRecord:
         """Create and store an UpdateRecord (caller holds the lock)."""
-        meta = frame.meta
-        record = UpdateRecord(
-            time=time.time(),
-            worker=conn.worker,  # type: ignore[arg-type]
-            version=version,
-            staleness=staleness,
-            bytes_in=frame.nbytes,
-            bytes_out=bytes_out,
-            epoch=_opt_int(meta.get("epoch")),
-            step=_opt_int(meta.get("step")),
-            loss=_opt_float(meta.get("loss")),
-            kind=kind,
-        )
+        record = UpdateRecord.of(frame.meta, worker=conn.worker, version=version,  # type: ignore[arg-type]
+                                 staleness=staleness, bytes_in=frame.nbytes, bytes_out=bytes_out, kind=kind)
         self._updates.append(record)
         return record
 

@@ -62,7 +62,7 @@ class WorkerConfig:
     algorithm: Algorithm
     ps_host: str
     ps_port: int
-    secret: bytes = field(repr=False)  # never in logs or reprs
+    secret: Any = field(repr=False)  # the server's Credentials (secret, frame MAC, TLS fingerprint): never shown
     num_workers: int
     batch_size: int
     epochs: int

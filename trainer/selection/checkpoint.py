@@ -9,28 +9,44 @@ Layout of a checkpoint directory::
     progress.json        the schedule issued so far and every finished unit of work
 
 Every file is written by ``trainer.checkpoint.atomic_write_bytes`` (a temporary
-file, fsync'ed, renamed over the old one): a crash leaves the previous
-complete file, never a torn one. A model file is self-contained (its
-state and the history of exactly the epochs that state has seen), so resuming
-trusts the model files; ``progress.json`` only adds the schedule to replay.
-Files are read with ``numpy.load(allow_pickle=False)`` and ``json``.
+file, fsync'ed, renamed over the old one, the directory fsync'ed): a crash
+leaves the previous complete file, never a torn one. A model file is
+self-contained (its state and the history of exactly the epochs that state
+has seen), so resuming trusts the model files; ``progress.json`` only adds the
+schedule to replay. The previous version of each model file is kept
+(``models/<id>.1.npz``): when the newest is damaged, resuming falls back to it
+and retrains the epoch it lacks. Files are read with
+``numpy.load(allow_pickle=False)`` and ``json``; every damaged file (empty,
+truncated, a flipped bit) raises ``CheckpointError`` naming it and what is wrong.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from trainer.checkpoint import json_default, atomic_write_bytes, atomic_write_json
+from trainer.checkpoint import DEFAULT_KEEP, atomic_write_bytes, atomic_write_json, json_default, read_npz, versions
 from trainer.errors import CheckpointError
 
 __all__ = ["CheckpointStore"]
 
 FORMAT_VERSION = 1
+
+log = logging.getLogger("trainer.selection")
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except (OSError, ValueError) as exc:
+        what = "empty (0 bytes)" if path.is_file() and path.stat().st_size == 0 else f"damaged: {exc}"
+        raise CheckpointError(f"Cannot read {path}: it is {what}. Fix: resume from another copy of the checkpoint "
+                              "directory, or start afresh with a new checkpoint_dir.") from exc
 
 
 class CheckpointStore:
@@ -65,7 +81,7 @@ class CheckpointStore:
                     f"The checkpoint directory {self.root} already holds a search (run.json). "
                     "Fix: pass resume=True to continue it, or choose an empty checkpoint_dir."
                 )
-            previous = json.loads(self.run_file.read_text(encoding="utf-8"))
+            previous = _read_json(self.run_file)
             diff = sorted(k for k in set(run) | set(previous) if run.get(k) != previous.get(k))
             if diff:
                 shown = "; ".join(f"{k}: checkpoint {previous.get(k)!r:.120} vs now {run.get(k)!r:.120}" for k in diff)
@@ -80,31 +96,45 @@ class CheckpointStore:
         atomic_write_json(self.run_file, run)
         return False
 
-    def save_model(self, config_id: str, state: list[np.ndarray], history: list[dict[str, Any]]) -> None:
-        """Write the state after ``len(history)`` epochs of ``config_id``."""
+    def save_model(self, config_id: str, state: list[np.ndarray], history: list[dict[str, Any]],
+                   keep: int = DEFAULT_KEEP) -> None:  # fmt: skip
+        """Write the state after ``len(history)`` epochs of ``config_id`` (the previous `keep` - 1 versions stay)."""
         arrays = {f"a{i}": np.asarray(a) for i, a in enumerate(state)}
         arrays["history"] = np.frombuffer(json.dumps(history, default=json_default).encode("utf-8"), np.uint8)
-        atomic_write_bytes(self.models_dir / f"{config_id}.npz", lambda fh: np.savez(fh, **arrays))
+        atomic_write_bytes(self.models_dir / f"{config_id}.npz", lambda fh: np.savez(fh, **arrays), keep=keep)
 
     def load_models(self, config_ids: list[str]) -> dict[str, tuple[list[np.ndarray], list[dict[str, Any]]]]:
-        """``{config_id: (state, history)}`` for every model with a checkpoint."""
+        """``{config_id: (state, history)}`` for every model with a checkpoint (its newest readable version)."""
         out = {}
         for cid in config_ids:
-            path = self.models_dir / f"{cid}.npz"
-            if not path.is_file():
-                continue
-            try:
-                with np.load(path, allow_pickle=False) as data:
-                    n = sum(1 for k in data.files if k.startswith("a") and k[1:].isdigit())
-                    state = [data[f"a{i}"] for i in range(n)]
-                    history = json.loads(bytes(data["history"]).decode("utf-8"))
-            except (OSError, ValueError, KeyError) as exc:
-                raise CheckpointError(
-                    f"Cannot read the checkpoint {path}: {exc}. Fix: delete that file to retrain the model "
-                    "from scratch, or use a new checkpoint_dir."
-                ) from exc
-            out[cid] = (state, history)
+            problems = []
+            for path in versions(self.models_dir / f"{cid}.npz"):
+                try:
+                    out[cid] = self._read_model(path)
+                except CheckpointError as exc:
+                    problems.append(str(exc))
+                    continue
+                if problems:
+                    log.warning("%s; %s resumes from the previous version %s (%d epochs)", "; ".join(problems), cid,
+                                path, len(out[cid][1]))
+                break
+            if problems and cid not in out:
+                raise CheckpointError("; ".join(problems) + f". Fix: delete {self.models_dir / cid}*.npz to retrain "
+                                      "that model from scratch, or use a new checkpoint_dir.")
         return out
+
+    @staticmethod
+    def _read_model(path: Path) -> tuple[list[np.ndarray], list[dict[str, Any]]]:
+        data = read_npz(path)
+        try:
+            n = sum(1 for k in data if k.startswith("a") and k[1:].isdigit())
+            state = [data[f"a{i}"] for i in range(n)]
+            history = json.loads(bytes(data["history"]).decode("utf-8"))
+        except (KeyError, ValueError) as exc:
+            raise CheckpointError(f"Checkpoint {path} is damaged: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(history, list):
+            raise CheckpointError(f"Checkpoint {path} is damaged: its history is not a list")
+        return state, history
 
     def save_progress(self, progress: dict[str, Any]) -> None:
         atomic_write_json(self.progress_file, progress)
@@ -112,4 +142,4 @@ class CheckpointStore:
     def load_progress(self) -> dict[str, Any]:
         if not self.progress_file.is_file():
             return {}
-        return json.loads(self.progress_file.read_text(encoding="utf-8"))
+        return _read_json(self.progress_file)

@@ -86,6 +86,10 @@ class SearchDriver:
         self.task_hello: dict[int, dict] = {}
         self.error: BaseException | None = None
         self.pending_ckpt: list[tuple[str, list[np.ndarray], list[dict]]] = []
+        self.ckpt_errors: list[str] = []
+        self._flush_wanted = threading.Event()
+        self._flush_closed = False
+        self._flusher: threading.Thread | None = None
         self.sched.on_epoch_done = self._on_epoch_done
 
     # -- lifecycle (driver thread) -------------------------------------------------
@@ -193,7 +197,7 @@ class SearchDriver:
                 self._fail(exc)
                 raise HopperRejected(f"the search failed in the driver: {type(exc).__name__}: {exc}") from exc
             self.cond.notify_all()
-        self.flush_checkpoints()
+        self._request_flush()
         return {}
 
     def lost(self, worker: int, attempt: int) -> None:
@@ -274,17 +278,61 @@ class SearchDriver:
                 "epochs": {cid: len(h) for cid, h in self.history.items()}}
 
     def flush_checkpoints(self, force: bool = False) -> None:
-        """Write pending model checkpoints, then the progress file (serialized, in order)."""
+        """Write pending model checkpoints, then the progress file (serialized, in order); what could not be
+        written stays pending."""
         if self.store is None:
             return
         with self.ckpt_lock:
             with self.cond:
                 pending, self.pending_ckpt = self.pending_ckpt, []
                 progress = self.progress() if (pending or force) else None
-            for cid, state, hist in pending:
-                self.store.save_model(cid, state, hist)
+            for i, (cid, state, hist) in enumerate(pending):
+                try:
+                    self.store.save_model(cid, state, hist)
+                except BaseException:
+                    with self.cond:
+                        self.pending_ckpt[:0] = pending[i:]
+                    raise
             if progress is not None:
                 self.store.save_progress(progress)
+
+    def _request_flush(self) -> None:
+        """Write the pending checkpoints in a background thread, so that the task gets its reply at once."""
+        if self.store is None:
+            return
+        with self.cond:
+            if self._flusher is None and not self._flush_closed:
+                self._flusher = threading.Thread(target=self._flush_loop, name="selection-checkpoint", daemon=True)
+                self._flusher.start()
+        self._flush_wanted.set()
+
+    def _flush_loop(self) -> None:
+        while True:
+            self._flush_wanted.wait()
+            self._flush_wanted.clear()
+            if self._flush_closed:
+                return
+            self._flush_reporting()
+
+    def _flush_reporting(self, force: bool = False) -> str | None:
+        try:
+            self.flush_checkpoints(force)
+        except Exception as exc:  # reported: the search goes on, and the next flush tries again
+            problem = f"Could not write model-selection checkpoints to {self.store.root}: {type(exc).__name__}: {exc}"
+            self.ckpt_errors.append(problem)
+            log.warning("%s", problem)
+            return problem
+        return None
+
+    def finish_checkpoints(self) -> str | None:
+        """Stop the background writer and write what is pending; returns what failed (never raises)."""
+        with self.cond:
+            self._flush_closed = True
+            flusher = self._flusher
+        self._flush_wanted.set()
+        if flusher is not None:
+            flusher.join()
+        return self._flush_reporting(force=True) if self.store is not None else None
 
 
 def make_driver(selector: Any, search: Search, layouts: dict[str, list], states: dict[str, list[np.ndarray]], *,

@@ -1,10 +1,10 @@
 """Transport of the model hopper: a small authenticated server in the driver and its client.
 
 The driver runs one :class:`HopperServer` per search. Every worker task opens
-one connection, answers the HMAC challenge of :mod:`trainer.transport.wire` with the
-search's random secret, and then talks in request/reply frames of the same
-wire format (JSON meta + raw arrays of an allow-listed dtype; nothing is ever
-unpickled). The existing message types are reused with these meanings:
+one connection, authenticates both ways with the search's random secret
+(:mod:`trainer.transport.handshake`; TLS too when asked) and then talks in
+request/reply frames of the same wire format (JSON meta + raw arrays of an
+allow-listed dtype, a MAC on every frame; nothing is ever unpickled). The existing message types are reused with these meanings:
 
 ``HELLO``  task -> driver
     meta ``{"worker", "attempt", "rows", "val_rows", "data_bytes", ...}``: the
@@ -39,7 +39,10 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from trainer.transport.endpoint import AuthenticatedClient, AuthenticatedServer, Connection
+from trainer.transport.client import AuthenticatedClient
+from trainer.transport.endpoint import AuthenticatedServer, Connection
+from trainer.transport.handshake import Credentials
+from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import Frame, Msg, TransportError
 
 log = logging.getLogger("trainer.selection")
@@ -83,7 +86,8 @@ class HopperServer(AuthenticatedServer):
     Args:
         handler: a :class:`HopperHandler`.
         num_workers: tasks are numbered ``0 .. num_workers - 1``.
-        secret: the shared secret of the HMAC handshake (``trainer.transport.wire.new_secret()``).
+        secret: the shared secret of the handshake (``trainer.transport.wire.new_secret()``);
+            tasks get it with the MAC and TLS settings as ``credentials``.
         host, port: where to listen; ``port=0`` picks a free port.
         io_timeout: longest silence tolerated from an authenticated task, and
             longest send. It must exceed the longest unit of work (one
@@ -92,6 +96,7 @@ class HopperServer(AuthenticatedServer):
         handshake_timeout: time a new connection has to authenticate.
         max_body: largest frame body accepted after authentication.
         max_connections: open connections allowed (default ``2 * num_workers + 4``).
+        frame_mac, tls: see ``trainer.transport.endpoint.AuthenticatedServer``.
     """
 
     label = "model hopper server"
@@ -101,13 +106,14 @@ class HopperServer(AuthenticatedServer):
     requests = "HELLO, PULL, COMMIT or BYE"
 
     def __init__(self, handler: HopperHandler, num_workers: int, secret: bytes, *, host: str = "127.0.0.1",
-                 port: int = 0, io_timeout: float = 600.0, wait_s: float = 30.0, handshake_timeout: float = 10.0,
-                 max_body: int = DEFAULT_MAX_BODY, max_connections: int | None = None) -> None:  # fmt: skip
+                 port: int = 0, io_timeout: float = 600.0, wait_s: float = 30.0, handshake_timeout: float = 5.0,
+                 max_body: int = DEFAULT_MAX_BODY, max_connections: int | None = None, frame_mac: bool | str = True,
+                 tls: bool | TlsIdentity = False) -> None:  # fmt: skip
         if not wait_s > 0:
             raise ValueError(f"HopperServer: wait_s must be a positive number of seconds. Received {wait_s!r}.")
         super().__init__(num_workers, secret, host=host, port=port, io_timeout=io_timeout,
                          handshake_timeout=handshake_timeout, max_connections=max_connections,
-                         max_body=int(max_body), log=log)
+                         max_body=int(max_body), log=log, frame_mac=frame_mac, tls=tls)
         self._handler = handler
         self._wait_s = min(float(wait_s), self._io_timeout / 4)
 
@@ -153,7 +159,7 @@ class HopperClient(AuthenticatedClient):
     reach_hint = ("Fix: check that executors can reach the driver at this address (spark.driver.host, firewall, "
                   "TRAINER_PS_HOST).")
 
-    def __init__(self, host: str, port: int, secret: bytes, worker: int, attempt: int = 0,
+    def __init__(self, host: str, port: int, secret: bytes | Credentials, worker: int, attempt: int = 0,
                  timeout: float = 600.0) -> None:  # fmt: skip
         super().__init__(host, port, secret, int(worker), int(attempt), timeout)
 

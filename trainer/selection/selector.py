@@ -52,6 +52,7 @@ from trainer.spark.connect import share_with_tasks
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
 from trainer.spark.resources import check_gpus_per_worker, stage_profile
 from trainer.tracking import RunLogger, SearchLogger
+from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret
 
 log = logging.getLogger("trainer.selection")
@@ -97,6 +98,9 @@ class ModelSelector:
             best configuration and its model) with one child run per
             configuration (its parameters and per-epoch metrics); see
             ``trainer.tracking``.
+        tls: Bool. Encrypt the driver's connections with TLS (a throw-away
+            certificate per search, pinned by the tasks); see docs/security.md.
+        frame_mac: Bool. A MAC on every frame between the tasks and the driver.
     """
 
     def __init__(self, model_fn: Callable[[dict[str, Any]], Any], search: Search, *, strategy: str = "mop",
@@ -106,7 +110,7 @@ class ModelSelector:
                  ps_host: str | None = None, ps_port: int | None = None, ps_bind_host: str | None = None,
                  io_timeout: float = 3600.0, slot_timeout: float = 10.0, max_retries: int = 2,
                  check_data: bool = True, gpus_per_worker: int = 0, verbose: bool = True,
-                 mlflow: bool = False) -> None:  # fmt: skip
+                 mlflow: bool = False, tls: bool = False, frame_mac: bool = True) -> None:  # fmt: skip
         if not callable(model_fn):
             raise SelectionError(
                 f"model_fn must be a function params -> compiled keras.Model. Received {type(model_fn).__name__}. "
@@ -149,6 +153,8 @@ class ModelSelector:
         self.gpus_per_worker = check_gpus_per_worker(gpus_per_worker)
         self.verbose = bool(verbose)
         self.mlflow = bool(mlflow)
+        self.tls = bool(tls)
+        self.frame_mac = bool(frame_mac)
         #: Set to True (e.g. from a SelectionCallback) to stop the running search gracefully.
         self.stop_search = False
         self._used = False
@@ -213,6 +219,7 @@ class ModelSelector:
         import keras  # deferred: TensorFlow starts only when a search does
 
         self._check_fit_args(resume, replay)
+        identity = TlsIdentity.generate() if self.tls else None  # fails before any cluster work
         self.stop_search = False
         fit_start = time.time()
         configs = self.search.configs()
@@ -248,12 +255,13 @@ class ModelSelector:
         host, bind, port = driver_addresses(spark, self.ps_host, self.ps_bind_host, self.ps_port)
         secret = new_secret()
         server = HopperServer(run, n, secret, host=bind, port=port, io_timeout=self.io_timeout,
-                              max_body=max(1 << 30, 4 * sum(a.nbytes for s in states.values() for a in s)))
+                              max_body=max(1 << 30, 4 * sum(a.nbytes for s in states.values() for a in s)),
+                              frame_mac=self.frame_mac, tls=identity or False)
 
         def make_task(attempt: int, workers: int):
             run.begin_attempt(attempt)
             return functools.partial(selection_task, TaskSpec(
-                model_fn=self.model_fn, configs=task_configs, host=host, port=bound_port, secret=secret,
+                model_fn=self.model_fn, configs=task_configs, host=host, port=bound_port, secret=server.credentials,
                 attempt=attempt, feature_size=spec.feature_size, label_size=spec.label_size,
                 full_copy=broadcast, task_seed=derive_seed(self.seed, "task"),
                 eval_batch_size=self.eval_batch_size, io_timeout=self.io_timeout,
@@ -281,7 +289,7 @@ class ModelSelector:
         finally:
             run.close()
             server.stop()
-            run.flush_checkpoints(force=True)
+            run.finish_checkpoints()  # a failed save is logged; it must not hide the search's own error
             if broadcast is not None:
                 broadcast.destroy()
 

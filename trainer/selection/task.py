@@ -80,7 +80,7 @@ class TaskSpec:
     configs: dict[str, TaskConfig]
     host: str
     port: int
-    secret: bytes = field(repr=False)  # never in logs or reprs
+    secret: Any = field(repr=False)  # the server's Credentials (secret, frame MAC, TLS fingerprint): never shown
     attempt: int
     feature_size: int
     label_size: int | None

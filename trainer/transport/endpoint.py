@@ -1,24 +1,31 @@
-"""Authenticated request/reply endpoints over TCP, shared by the parameter server and the model hopper.
+"""The authenticated request/reply server over TCP, shared by the parameter server and the model hopper.
 
 :class:`AuthenticatedServer` owns everything about serving that does not
 depend on what the requests mean: listening, one accept thread (woken through
-a socket pair on :meth:`~AuthenticatedServer.stop`), a cap on open
-connections, one daemon thread per connection, the server side of the HMAC
-challenge of :mod:`trainer.transport.wire`, the read loop with its timeouts, byte
-counters and a stop that closes every socket and joins every thread.
-Subclasses answer the authenticated requests (``_dispatch``) and learn when a
-connection ends (``_closed``).
+a socket pair on :meth:`~AuthenticatedServer.stop`), admission, one daemon
+thread per connection, the server side of the mutual handshake of
+:mod:`trainer.transport.handshake` (inside TLS when asked, see
+:mod:`trainer.transport.tls`), the read loop with its timeouts and the frame
+MACs of :mod:`trainer.transport.session`, byte counters and a stop that closes
+every socket and joins every thread. Subclasses answer the authenticated
+requests (``_dispatch``), may refuse a worker at the handshake
+(``_refuse_worker``) and learn when a connection ends (``_closed``).
 
-:class:`AuthenticatedClient` is the matching task side: connect, answer the
-challenge, blocking request/reply calls, BYE on close. Subclasses choose the
-exceptions their callers see.
+Admission: a connection that has not authenticated yet is *pending*. Pending
+connections have their own small cap (``max_pending``) and a short deadline
+(``handshake_timeout``); when the cap is full the oldest pending connection is
+dropped to make room, so a flood of idle sockets can delay a real worker by a
+handshake at most, never lock it out. Only authenticated connections count
+against ``max_connections``; a worker refused for lack of a slot gets a "busy"
+answer and its client tries again for a while.
+
+The matching task side is :class:`trainer.transport.client.AuthenticatedClient`.
 
 A peer that misbehaves only loses its own connection; nothing is unpickled.
 """
 
 from __future__ import annotations
 
-import hmac
 import logging
 import selectors
 import socket
@@ -28,29 +35,26 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trainer.transport.handshake import Credentials, ServerHandshake
+from trainer.transport.session import DEFAULT_MAC, Channel, check_mac_algorithm
+from trainer.transport.tls import TlsIdentity, server_wrap
 from trainer.transport.wire import (
-    MAX_META,
-    PREAUTH_MAX_BODY,
-    PREAUTH_MAX_META,
-    PROTOCOL_VERSION,
     AuthenticationError,
     ConnectionClosed,
     Frame,
+    IntegrityError,
     Msg,
     ProtocolError,
     TransportError,
     TransportTimeout,
-    auth_digest,
-    check_secret,
     encode,
-    new_nonce,
-    read_frame,
-    send_buffers,
     write_frame,
 )
 
 #: How long stop() waits for the server's threads in total.
 STOP_JOIN_TIMEOUT = 5.0
+#: Default cap on connections that have not authenticated yet.
+MAX_PENDING = 8
 
 
 def format_addr(addr: Any) -> str:
@@ -59,22 +63,40 @@ def format_addr(addr: Any) -> str:
     return str(addr)
 
 
+def mac_setting(frame_mac: bool | str | None) -> str | None:
+    """The MAC algorithm for a ``frame_mac`` option: True is the default algorithm, False/None none."""
+    if frame_mac is True:
+        return DEFAULT_MAC
+    if frame_mac is False or frame_mac is None:
+        return None
+    return check_mac_algorithm(frame_mac)
+
+
 class Connection:
-    """Server-side state of one TCP connection; ``worker`` and ``attempt`` are set once it authenticated."""
+    """Server-side state of one TCP connection; ``worker``, ``attempt`` and ``channel`` are set once it
+    authenticated."""
 
     def __init__(self, sock: socket.socket, addr: Any) -> None:
         self.sock = sock
         self.peer = format_addr(addr)
         self.worker: int | None = None
         self.attempt: int | None = None
+        self.channel: Channel | None = None
+        self.accepted_at = time.monotonic()
+        self.evicted = False  # dropped while pending, to make room or past its deadline
 
 
 class AuthenticatedServer:
     """Accepts worker connections that prove they hold `secret`; subclasses serve their requests.
 
     Subclasses set the class attributes below and implement ``_dispatch``;
-    they may override the other hooks (``_new_connection``, ``_welcome``,
-    ``_closed``, ``_note``, ``_stopping_locked``, ``_stopped``).
+    they may override the other hooks (``_new_connection``, ``_refuse_worker``,
+    ``_welcome``, ``_closed``, ``_note``, ``_stopping_locked``, ``_stopped``).
+
+    ``frame_mac``: True (HMAC-SHA256 on every frame), False (none) or an
+    algorithm name; ``tls``: False, True (a throw-away certificate made now) or
+    a :class:`~trainer.transport.tls.TlsIdentity`. Tasks get both through
+    :attr:`credentials`.
     """
 
     #: Name in log lines and errors ("parameter server").
@@ -85,29 +107,37 @@ class AuthenticatedServer:
     error_type: type[TransportError] = TransportError
     #: Raised when the server is started twice or asked for its address before start().
     not_started_type: type[TransportError] = TransportError
-    #: Reply to a peer whose HMAC does not match.
+    #: Reply to a peer whose proof does not match.
     wrong_secret_reply = "authentication failed: the peer does not hold this server's secret"
     #: What the reply to an unknown request type lists.
     requests = "HELLO, PULL, COMMIT or BYE"
 
     def __init__(self, num_workers: int, secret: bytes, *, host: str, port: int, io_timeout: float,
                  handshake_timeout: float, max_connections: int | None, max_body: int | None,
-                 log: logging.Logger) -> None:  # fmt: skip
+                 log: logging.Logger, frame_mac: bool | str | None = True, tls: bool | TlsIdentity = False,
+                 max_pending: int = MAX_PENDING) -> None:  # fmt: skip
         if type(num_workers) is not int or num_workers < 1:
             raise ValueError(f"{self.label}: num_workers must be a positive int, received {num_workers!r}")
         for name, value in (("io_timeout", io_timeout), ("handshake_timeout", handshake_timeout)):
             if not value > 0:
                 raise ValueError(f"{self.label}: {name} must be a positive number of seconds, received {value!r}")
+        if type(max_pending) is not int or max_pending < 1:
+            raise ValueError(f"{self.label}: max_pending must be a positive int, received {max_pending!r}")
         self._num_workers = num_workers
-        self._secret = check_secret(secret)
+        self._identity = TlsIdentity.generate() if tls is True else (tls or None)
+        self._credentials = Credentials(secret, mac_setting(frame_mac),
+                                        self._identity.fingerprint if self._identity is not None else None)
+        self._tls_context = self._identity.server_context() if self._identity is not None else None
         self._host, self._port = host, int(port)
         self._io_timeout = float(io_timeout)
         self._handshake_timeout = float(handshake_timeout)
         self._max_connections = 2 * num_workers + 4 if max_connections is None else int(max_connections)
+        self._max_pending = max_pending
         self._max_body = max_body
         self._log = log
         self._lock = threading.Lock()
-        self._conns: set[Connection] = set()
+        self._pending: dict[Connection, None] = {}  # insertion-ordered: the oldest first
+        self._conns: set[Connection] = set()  # authenticated
         self._threads: set[threading.Thread] = set()
         self._bytes_in = 0
         self._bytes_out = 0
@@ -126,13 +156,13 @@ class AuthenticatedServer:
         with self._lock:
             if self._started or self._stopping:
                 raise self.not_started_type(f"this {self.label} was already started (or stopped); it cannot be "
-                                      "started twice. Fix: create a new one.")
+                                            "started twice. Fix: create a new one.")
             self._started = True
         listener = socket.socket(socket.AF_INET6 if ":" in self._host else socket.AF_INET, socket.SOCK_STREAM)
         try:
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             listener.bind((self._host, self._port))
-            listener.listen(max(16, self._max_connections))
+            listener.listen(max(64, self._max_connections + self._max_pending))
             listener.setblocking(False)
         except OSError as exc:
             listener.close()
@@ -158,17 +188,14 @@ class AuthenticatedServer:
                 return
             self._stopping = True
             self._stopping_locked()
-            conns, threads = list(self._conns), list(self._threads)
+            conns, threads = [*self._conns, *self._pending], list(self._threads)
         if self._wake_w is not None:
             try:
                 self._wake_w.send(b"x")
             except OSError:
                 pass
         for conn in conns:
-            try:
-                conn.sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            _shutdown(conn.sock)
         deadline = time.monotonic() + STOP_JOIN_TIMEOUT
         current = threading.current_thread()
         for t in [self._accept_thread, *threads]:
@@ -196,8 +223,18 @@ class AuthenticatedServer:
         return self._address
 
     @property
+    def credentials(self) -> Credentials:
+        """What tasks need to connect: the secret, the frame MAC and the TLS fingerprint (never logged)."""
+        return self._credentials
+
+    @property
     def num_connections(self) -> int:
-        """Open connections (authenticated or not)."""
+        """Open connections, authenticated or pending."""
+        with self._lock:
+            return len(self._conns) + len(self._pending)
+
+    @property
+    def num_authenticated(self) -> int:
         with self._lock:
             return len(self._conns)
 
@@ -215,6 +252,13 @@ class AuthenticatedServer:
 
     def _new_connection(self, sock: socket.socket, addr: Any) -> Connection:
         return Connection(sock, addr)
+
+    def _refuse_worker(self, worker: int, attempt: int) -> str | None:
+        """Why an authenticated peer may not serve as `worker` of `attempt` (None: welcome)."""
+        if not 0 <= worker < self._num_workers:
+            return (f"authentication failed: worker index {worker} is out of range, expected 0 <= worker < "
+                    f"{self._num_workers}")
+        return None
 
     def _welcome(self, conn: Connection) -> dict[str, Any]:
         """Meta of the OK that ends a successful handshake."""
@@ -245,7 +289,9 @@ class AuthenticatedServer:
             selector.register(listener, selectors.EVENT_READ)
             selector.register(self._wake_r, selectors.EVENT_READ)
             while not self._stopping:
-                for key, _ in selector.select():
+                events = selector.select(timeout=min(1.0, self._handshake_timeout / 2))
+                self._drop_overdue()
+                for key, _ in events:
                     if key.fileobj is self._wake_r or self._stopping:
                         return
                     try:
@@ -265,25 +311,48 @@ class AuthenticatedServer:
         finally:
             selector.close()
 
+    def _drop_overdue(self) -> None:
+        """Close pending connections past their handshake deadline (e.g. a TLS handshake trickling bytes)."""
+        limit = time.monotonic() - self._handshake_timeout
+        with self._lock:
+            overdue = [c for c in self._pending if c.accepted_at < limit and not c.evicted]
+            for conn in overdue:
+                conn.evicted = True
+        for conn in overdue:
+            why = f"handshake timed out: no handshake within handshake_timeout={self._handshake_timeout:g}s"
+            self._log.warning("%s: rejected unauthenticated peer %s: %s", self.label, conn.peer, why)
+            self._note("auth_failed", peer=conn.peer, reason=why)
+            _shutdown(conn.sock)
+
     def _admit(self, sock: socket.socket, addr: Any) -> None:
         conn = self._new_connection(sock, addr)
+        evicted: Connection | None = None
         with self._lock:
             self._threads = {t for t in self._threads if t.is_alive()}
             if self._stopping:
-                reason = f"the {self.label} is stopping"
-            elif len(self._conns) >= self._max_connections:
-                reason = f"too many connections (max_connections={self._max_connections})"
+                refused = True
             else:
-                reason = None
-                self._conns.add(conn)
+                refused = False
+                if len(self._pending) >= self._max_pending:
+                    evicted = next(c for c in self._pending)  # the oldest
+                    del self._pending[evicted]
+                    evicted.evicted = True
+                self._pending[conn] = None
                 thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
                                           name=f"{self.thread_prefix}-conn-{conn.peer}")
                 self._threads.add(thread)
                 thread.start()
-        if reason is not None:
-            self._log.warning("%s: refused connection from %s: %s", self.label, conn.peer, reason)
-            self._note("connection_refused", peer=conn.peer, reason=reason)
-            self._try_error(conn, f"connection refused: {reason}")
+        if evicted is not None:
+            self._log.debug("%s: dropped pending connection %s to make room for %s", self.label, evicted.peer,
+                            conn.peer)
+            self._note("pending_evicted", peer=evicted.peer)
+            _shutdown(evicted.sock)
+        if refused:
+            try:
+                sock.settimeout(1.0)
+                write_frame(sock, Msg.ERROR, {"error": f"connection refused: the {self.label} is stopping"})
+            except (TransportError, OSError):
+                pass
             sock.close()
 
     # -- one connection ---------------------------------------------------------------
@@ -293,10 +362,12 @@ class AuthenticatedServer:
         try:
             if not self._handshake(conn):
                 return
+            channel = conn.channel
+            assert channel is not None
             conn.sock.settimeout(self._io_timeout)
             while not self._stopping:
                 try:
-                    frame = read_frame(conn.sock, self._max_body)
+                    frame = channel.recv(self._max_body)
                 except ConnectionClosed as exc:
                     if self._stopping:
                         return
@@ -308,6 +379,10 @@ class AuthenticatedServer:
                 except TransportTimeout:
                     self._problem(conn, "timeout", f"no request for io_timeout={self._io_timeout}s, closing "
                                                    "the connection")
+                    return
+                except IntegrityError as exc:
+                    self._problem(conn, "integrity_error", str(exc), level=logging.ERROR)
+                    self._try_error(conn, f"integrity check failed: {exc}")
                     return
                 except ProtocolError as exc:
                     self._problem(conn, "protocol_error", str(exc))
@@ -333,6 +408,7 @@ class AuthenticatedServer:
             self._log.exception("%s: unexpected error serving %s", self.label, conn.peer)
         finally:
             with self._lock:
+                self._pending.pop(conn, None)
                 self._conns.discard(conn)
             try:
                 conn.sock.close()
@@ -346,50 +422,59 @@ class AuthenticatedServer:
                                         conn.worker)
 
     def _handshake(self, conn: Connection) -> bool:
-        sock = conn.sock
-        deadline = time.monotonic() + self._handshake_timeout
+        """TLS when asked, then the mutual handshake; True once `conn` is an authenticated worker."""
+        hs: ServerHandshake | None = None
         try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            sock.settimeout(self._handshake_timeout)
-            nonce = new_nonce()
-            write_frame(sock, Msg.CHALLENGE, {"nonce": nonce.hex(), "protocol": PROTOCOL_VERSION,
-                                              "num_workers": self._num_workers})
-            frame = read_frame(sock, PREAUTH_MAX_BODY, max_meta=PREAUTH_MAX_META, deadline=deadline)
-            if frame.msg != Msg.AUTH:
-                raise ProtocolError(f"expected an AUTH frame to answer the challenge, received {frame.msg.name}")
-            worker, attempt, mac = frame.meta.get("worker"), frame.meta.get("attempt", 0), frame.meta.get("mac")
-            if type(worker) is not int or type(attempt) is not int or attempt < 0 or not isinstance(mac, str):
-                raise ProtocolError(
-                    "AUTH meta must be {'worker': int, 'attempt': int >= 0, 'mac': hex string}, received "
-                    f"worker={worker!r:.20}, attempt={attempt!r:.20}, mac of type {type(mac).__name__}"
-                )
+            conn.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            conn.sock.settimeout(self._handshake_timeout)
+            deadline = conn.accepted_at + self._handshake_timeout
+            if self._tls_context is not None:
+                conn.sock = server_wrap(conn.sock, self._tls_context, self._handshake_timeout)
+            creds = self._credentials
+            hs = ServerHandshake(conn.sock, creds.secret, mac=creds.mac, tls_fingerprint=creds.tls_fingerprint,
+                                 num_workers=self._num_workers, peer=conn.peer, deadline=deadline)
+            hs.challenge()
             try:
-                given = bytes.fromhex(mac)
-            except ValueError:
-                given = b""
-            if not hmac.compare_digest(given, auth_digest(self._secret, nonce, worker, attempt)):
-                self._auth_failed(conn, "wrong HMAC", self.wrong_secret_reply)
+                worker, attempt = hs.read_auth()
+            except AuthenticationError as exc:
+                self._auth_failed(conn, str(exc), self.wrong_secret_reply, hs)
                 return False
-            if not 0 <= worker < self._num_workers:
-                self._auth_failed(conn, f"worker index {worker} out of range",
-                                  f"authentication failed: worker index {worker} is out of range, "
-                                  f"expected 0 <= worker < {self._num_workers}")
+            refusal = self._refuse_worker(worker, attempt)
+            if refusal is not None:
+                self._auth_failed(conn, refusal, refusal, hs)
                 return False
-            self._count(frame.nbytes, 0)
-            conn.worker, conn.attempt = worker, attempt
-            self._send(conn, encode(Msg.OK, self._welcome(conn)))
+            with self._lock:
+                if self._stopping:
+                    busy: str | None = f"the {self.label} is stopping"
+                elif len(self._conns) >= self._max_connections:
+                    busy = f"server busy: {len(self._conns)} workers connected (max_connections={self._max_connections})"
+                else:
+                    busy = None
+                    self._pending.pop(conn, None)
+                    self._conns.add(conn)
+                    conn.worker, conn.attempt = worker, attempt
+            if busy is not None:
+                self._log.warning("%s: refused worker %d at %s: %s", self.label, worker, conn.peer, busy)
+                self._note("connection_refused", peer=conn.peer, worker=worker, reason=busy)
+                hs.refuse(busy, busy=not self._stopping)
+                return False
+            conn.channel = hs.accept(self._welcome(conn))
             self._log.debug("%s: %s authenticated as worker %d attempt %d", self.label, conn.peer, worker, attempt)
             return True
         except (ConnectionClosed, TransportTimeout, ProtocolError, OSError) as exc:
-            if not self._stopping:
-                kind = "timed out" if isinstance(exc, TransportTimeout) else "failed"
-                self._auth_failed(conn, f"handshake {kind}: {exc}", f"handshake {kind}: {exc}")
+            if not self._stopping and not conn.evicted:
+                kind = "timed out" if isinstance(exc, (TransportTimeout, TimeoutError)) else "failed"
+                self._auth_failed(conn, f"handshake {kind}: {exc}", f"handshake {kind}: {exc}", hs)
             return False
+        finally:
+            if hs is not None:
+                self._count(hs.bytes_in, hs.bytes_out)
 
-    def _auth_failed(self, conn: Connection, why: str, reply: str) -> None:
+    def _auth_failed(self, conn: Connection, why: str, reply: str, hs: ServerHandshake | None) -> None:
         self._log.warning("%s: rejected unauthenticated peer %s: %s", self.label, conn.peer, why)
         self._note("auth_failed", peer=conn.peer, reason=why)
-        self._try_error(conn, reply)
+        if hs is not None:
+            hs.refuse(reply)
 
     def _problem(self, conn: Connection, kind: str, text: str, level: int = logging.WARNING) -> None:
         self._log.log(level, "%s: worker %s at %s: %s", self.label, conn.worker, conn.peer, text)
@@ -403,7 +488,8 @@ class AuthenticatedServer:
             self._bytes_out += n_out
 
     def _send(self, conn: Connection, buffers: list) -> int:
-        n = send_buffers(conn.sock, buffers)
+        assert conn.channel is not None
+        n = conn.channel.send(buffers)
         self._count(0, n)
         return n
 
@@ -417,138 +503,17 @@ class AuthenticatedServer:
     def _unexpected(self, conn: Connection, frame: Frame) -> None:
         self._reply_error(conn, f"unexpected {frame.msg.name} request; expected {self.requests}")
 
-    @staticmethod
-    def _try_error(conn: Connection, text: str) -> None:
-        """Best effort: tell a peer we are about to drop why."""
+    def _try_error(self, conn: Connection, text: str) -> None:
+        """Best effort: tell an authenticated peer (with a sealed frame) why we are about to drop it."""
         try:
             conn.sock.settimeout(1.0)
-            write_frame(conn.sock, Msg.ERROR, {"error": text})
+            self._send(conn, encode(Msg.ERROR, {"error": text[:4000]}))
         except (TransportError, OSError):
             pass
 
 
-class AuthenticatedClient:
-    """One worker's connection to an :class:`AuthenticatedServer` (not thread-safe).
-
-    Subclasses name the service in messages and choose the exceptions:
-    ``_refused`` (an ERROR reply) and ``_lost`` (the connection broke; the
-    client is closed by then).
-    """
-
-    #: Who the client talks to, in messages ("the parameter server").
-    service = "the server"
-    #: Advice when the server cannot be reached.
-    reach_hint = "Fix: check that executors can reach the driver at this address (spark.driver.host, firewall)."
-
-    def __init__(self, host: str, port: int, secret: bytes, worker: int, attempt: int = 0,
-                 timeout: float = 600.0, max_body: int | None = None) -> None:  # fmt: skip
-        if type(worker) is not int or worker < 0:
-            raise ValueError(f"worker must be an int >= 0, received {worker!r}")
-        if type(attempt) is not int or attempt < 0:
-            raise ValueError(f"attempt must be an int >= 0, received {attempt!r}")
-        self.host, self.port = host, int(port)
-        self.worker, self.attempt = worker, attempt
-        self.timeout = float(timeout)
-        self.max_body = max_body  # None: trust the authenticated server's frame sizes
-        self._secret = check_secret(secret)
-        self._sock: socket.socket | None = None
-        self.bytes_sent = 0
-        self.bytes_received = 0
-
-    @property
-    def connected(self) -> bool:
-        return self._sock is not None
-
-    def connect(self):
-        """Open the connection and authenticate; returns self."""
-        if self._sock is not None:
-            return self
-        where = f"{self.host}:{self.port}"
-        try:
-            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
-        except OSError as exc:
-            raise ConnectionClosed(f"cannot connect to {self.service} at {where}: {exc}. {self.reach_hint}") from exc
-        try:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            challenge = self._read(sock, PREAUTH_MAX_BODY, PREAUTH_MAX_META)
-            if challenge.msg == Msg.ERROR:
-                raise self._refused(f"{self.service} at {where}: {challenge.meta.get('error', 'unknown error')}")
-            if challenge.msg != Msg.CHALLENGE:
-                raise ProtocolError(f"expected a CHALLENGE from {where}, received {challenge.msg.name}")
-            try:
-                nonce = bytes.fromhex(challenge.meta["nonce"])
-            except (KeyError, TypeError, ValueError):
-                raise ProtocolError(f"the CHALLENGE from {where} carries no valid hex 'nonce'") from None
-            mac = auth_digest(self._secret, nonce, self.worker, self.attempt)
-            self.bytes_sent += write_frame(sock, Msg.AUTH, {"worker": self.worker, "attempt": self.attempt,
-                                                            "mac": mac.hex()})
-            answer = self._read(sock, PREAUTH_MAX_BODY, PREAUTH_MAX_META)
-            if answer.msg == Msg.ERROR:
-                raise AuthenticationError(f"{self.service} at {where} rejected worker {self.worker}: "
-                                          f"{answer.meta.get('error', 'unknown error')}")
-            if answer.msg != Msg.OK:
-                raise ProtocolError(f"expected OK after AUTH from {where}, received {answer.msg.name}")
-        except BaseException:
-            sock.close()
-            raise
-        self._sock = sock
-        self._welcomed(answer.meta)
-        return self
-
-    def close(self) -> None:
-        """Say BYE and close (idempotent, never raises)."""
-        sock, self._sock = self._sock, None
-        if sock is None:
-            return
-        try:
-            sock.settimeout(min(self.timeout, 5.0))
-            self.bytes_sent += write_frame(sock, Msg.BYE, {})
-        except (TransportError, OSError):
-            pass
-        finally:
-            sock.close()
-
-    def __enter__(self):
-        return self.connect()
-
-    def __exit__(self, *exc: Any) -> None:
-        self.close()
-
-    # -- hooks ------------------------------------------------------------------------
-
-    def _welcomed(self, meta: dict[str, Any]) -> None:
-        """The server accepted the handshake with this meta."""
-
-    def _refused(self, text: str, msg: Msg | None = None) -> TransportError:
-        """The exception for an ERROR reply (`msg`: the request it answers; None during the handshake)."""
-        return TransportError(text)
-
-    def _lost(self, msg: Msg, exc: TransportError) -> TransportError:
-        return exc
-
-    # -- requests ---------------------------------------------------------------------
-
-    def _read(self, sock: socket.socket, max_body: int | None, max_meta: int = MAX_META) -> Frame:
-        frame = read_frame(sock, max_body, max_meta=max_meta)
-        self.bytes_received += frame.nbytes
-        return frame
-
-    def _request(self, msg: Msg, meta: dict[str, Any], arrays: Sequence[np.ndarray] = ()) -> Frame:
-        """Send one request (meta gets this worker's index) and return the OK reply."""
-        sock = self._sock
-        if sock is None:
-            raise TransportError(f"{type(self).__name__} for worker {self.worker} is not connected. Fix: call connect() "
-                          "first (a client is closed after a connection error).")
-        buffers = encode(msg, {**meta, "worker": self.worker}, arrays)  # a bad argument raises before sending
-        try:
-            self.bytes_sent += send_buffers(sock, buffers)
-            frame = self._read(sock, self.max_body)
-        except (ConnectionClosed, TransportTimeout, ProtocolError) as exc:
-            self._sock = None
-            sock.close()
-            raise self._lost(msg, exc) from None
-        if frame.msg == Msg.ERROR:
-            raise self._refused(str(frame.meta.get("error", f"{self.service} reported an unknown error")), msg)
-        if frame.msg != Msg.OK:
-            raise ProtocolError(f"expected OK or ERROR in reply to {msg.name}, received {frame.msg.name}")
-        return frame
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

@@ -24,23 +24,21 @@ they are writable when the body is a ``bytearray`` (as with ``read_frame``) and
 read-only when it is ``bytes``. They share one buffer, so copy an array if it
 must outlive or be isolated from the others.
 
-Authentication is an HMAC-SHA256 challenge/response: the server sends
-CHALLENGE with meta ``{"nonce": 32 random bytes as hex, "protocol",
-"num_workers"}``; the client answers AUTH with meta ``{"worker", "attempt",
-"mac"}`` where ``mac`` is the hex of ``auth_digest(secret, nonce, worker,
-attempt)``; the server answers OK, or ERROR and closes. Until then frames
-are limited to ``PREAUTH_MAX_BODY`` / ``PREAUTH_MAX_META`` bytes.
+Authentication and integrity live one level up: :mod:`trainer.transport.handshake`
+(mutual challenge/response, session keys) and :mod:`trainer.transport.session`
+(a sequence number and a MAC after every frame once the handshake is done).
+Until a peer has authenticated, frames are limited to ``PREAUTH_MAX_BODY`` /
+``PREAUTH_MAX_META`` bytes.
 """
 
 from __future__ import annotations
 
 import enum
-import hashlib
-import hmac
 import json
 import math
 import secrets
 import socket
+import ssl
 import struct
 import time
 from dataclasses import dataclass, field
@@ -58,8 +56,9 @@ PREAUTH_MAX_BODY = 4096
 PREAUTH_MAX_META = 4096
 MAX_NDIM = 8
 NONCE_SIZE = 32
-#: Protocol revision, sent in the CHALLENGE so mismatched peers fail clearly.
-PROTOCOL_VERSION = 1
+#: Protocol revision, sent in the CHALLENGE so mismatched peers fail clearly
+#: (2: mutual authentication and a MAC on every frame).
+PROTOCOL_VERSION = 2
 
 ALLOWED_DTYPES: dict[str, np.dtype] = {
     name: np.dtype(name).newbyteorder("<")
@@ -93,12 +92,22 @@ class TransportTimeout(TransportError):
 
 
 class AuthenticationError(TransportError):
-    """The handshake was rejected (wrong secret, or a worker index the server refuses)."""
+    """The handshake failed: a wrong secret on either side, a worker index or attempt the server
+    refuses, or a TLS certificate that is not the pinned one."""
+
+
+class IntegrityError(TransportError):
+    """A frame after the handshake failed its MAC or sequence check (altered, injected, replayed or
+    dropped in transit); the connection is closed."""
+
+
+class ServerBusy(TransportError):
+    """The server has no free connection slot right now (the client retries for a while)."""
 
 
 class Msg(enum.IntEnum):
-    CHALLENGE = 1  # server -> client: nonce
-    AUTH = 2  # client -> server: worker, attempt, HMAC
+    CHALLENGE = 1  # server -> client: protocol, nonce, MAC algorithm
+    AUTH = 2  # client -> server: worker, attempt, nonce, proof of the secret
     OK = 3  # reply to a successful request (meta and arrays depend on the request)
     ERROR = 4  # reply to a failed request: meta {"error": "..."}
     HELLO = 5  # client -> server: first request, returns center and start epoch
@@ -355,8 +364,8 @@ def send_buffers(sock: socket.socket, buffers: Sequence) -> int:
     views = [v for v in views if len(v)]
     total = sum(len(v) for v in views)
     try:
-        if not hasattr(sock, "sendmsg"):
-            for v in views:
+        if isinstance(sock, ssl.SSLSocket) or not hasattr(sock, "sendmsg"):  # TLS has no sendmsg
+            for v in _coalesce(views):
                 sock.sendall(v)
             return total
         while views:
@@ -372,6 +381,23 @@ def send_buffers(sock: socket.socket, buffers: Sequence) -> int:
     except OSError as exc:
         raise ConnectionClosed(f"connection lost while sending a frame: {exc}") from None
     return total
+
+
+def _coalesce(views: list[memoryview], small: int = 1 << 16) -> list:
+    """Join runs of small buffers, so that a TLS socket sends one record for them, not one each."""
+    out: list = []
+    run: list[memoryview] = []
+    for v in views:
+        if len(v) < small:
+            run.append(v)
+            continue
+        if run:
+            out.append(b"".join(run))
+            run = []
+        out.append(v)
+    if run:
+        out.append(b"".join(run))
+    return out
 
 
 def write_frame(
@@ -396,12 +422,6 @@ def new_secret() -> bytes:
 
 def new_nonce() -> bytes:
     return secrets.token_bytes(NONCE_SIZE)
-
-
-def auth_digest(secret: bytes, nonce: bytes, worker: int, attempt: int) -> bytes:
-    """HMAC-SHA256 over the server's nonce and the worker's identity."""
-    message = nonce + f"worker:{int(worker)}:attempt:{int(attempt)}".encode("ascii")
-    return hmac.new(secret, message, hashlib.sha256).digest()
 
 
 def check_secret(secret: Any) -> bytes:

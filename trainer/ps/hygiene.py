@@ -1,0 +1,109 @@
+"""Update hygiene: what a COMMIT payload must be before the server folds it into the center (numpy only).
+
+A payload must have one array per model weight (then, for rules that keep it
+on the server, the optimizer state), each with the weight's shape and the
+model's dtype, and every float value finite. The center that an update rule
+returns must be finite too. The checks name the array by the model's weight
+name (e.g. ``dense_1/kernel``) so that a refusal says where a worker went
+wrong. A finite check costs one ``sum`` per array; only when that sum is not
+finite are the NaN and inf values counted. `freeze` makes the server's private
+read-only copies of a center; `refusal` and `stale_attempt` word the ERROR
+replies.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+import numpy as np
+
+from trainer.transport.wire import ALLOWED_DTYPES
+
+DIVERGED_HINT = ("Training diverged on that worker. Fix: lower the learning rate, clip the gradients (e.g. "
+                 "keras.optimizers.Adam(clipnorm=1.0)), or look for extreme values in its rows")
+
+
+def freeze(arrays: Sequence[Any], what: str = "center") -> list[np.ndarray]:
+    """Private read-only copies; raises ValueError for a dtype the wire cannot carry."""
+    out = []
+    for i, a in enumerate(arrays):
+        c = np.array(a, copy=True)
+        if c.dtype.name not in ALLOWED_DTYPES:
+            raise ValueError(
+                f"{what} array #{i} has dtype {c.dtype}, which the wire format cannot carry; "
+                f"expected one of {sorted(ALLOWED_DTYPES)}"
+            )
+        c.setflags(write=False)
+        out.append(c)
+    return out
+
+
+def array_name(index: int, names: Sequence[str] | None) -> str:
+    """``"#3 'dense_1/kernel'"``, or ``"#5 (optimizer state)"`` past the model's weights."""
+    if names and index < len(names):
+        return f"#{index} {names[index]!r}"
+    if names:
+        return f"#{index} (optimizer state)"
+    return f"#{index}"
+
+
+def non_finite(a: np.ndarray) -> tuple[int, int] | None:
+    """(NaN count, inf count) of a float array that has any, else None."""
+    if a.dtype.kind != "f" or a.size == 0:
+        return None
+    with np.errstate(all="ignore"):
+        if np.isfinite(a.sum()):  # the exact count only when the fast check fails (NaN, inf or overflow)
+            return None
+    nan, inf = int(np.count_nonzero(np.isnan(a))), int(np.count_nonzero(np.isinf(a)))
+    return (nan, inf) if nan or inf else None
+
+
+def check_commit(arrays: Sequence[np.ndarray], center: Sequence[np.ndarray], num_weights: int,
+                 names: Sequence[str] | None, with_optimizer: bool) -> tuple[str, bool] | None:  # fmt: skip
+    """Why `arrays` may not be committed against `center`, or None.
+
+    Returns ``(problem, diverged)``: `diverged` is True for non-finite values
+    (the worker's training blew up), False for a payload of another model.
+    """
+    if with_optimizer:
+        if len(arrays) < num_weights:
+            return (f"it has {len(arrays)} arrays, expected at least {num_weights} (the model weights, then "
+                    "optimizer state); the worker's model differs from the one the server was started with"), False
+    elif len(arrays) != num_weights:
+        return (f"it has {len(arrays)} arrays, expected {num_weights} (one per model weight); the worker's model "
+                "differs from the one the server was started with"), False
+    for i, a in enumerate(arrays):
+        if i < len(center):
+            expected = center[i]
+            if a.shape != expected.shape:
+                return (f"array {array_name(i, names)} has shape {a.shape}, expected {expected.shape}; the worker's "
+                        "model differs from the one the server was started with"), False
+            if a.dtype != expected.dtype:
+                return (f"array {array_name(i, names)} has dtype {a.dtype}, expected the model's {expected.dtype}. "
+                        "Fix: send the model's own dtype (no casting to float64 or to integers on the worker)"), False
+        bad = non_finite(a)
+        if bad is not None:
+            return f"array {array_name(i, names)} holds {bad[0]} NaN and {bad[1]} inf values", True
+    return None
+
+
+def check_center(center: Sequence[np.ndarray], names: Sequence[str] | None) -> str | None:
+    """Why a center an update rule returned may not replace the current one (non-finite values), or None."""
+    for i, a in enumerate(center):
+        bad = non_finite(a)
+        if bad is not None:
+            return (f"applying it would put {bad[0]} NaN and {bad[1]} inf values into center array "
+                    f"{array_name(i, names)}")
+    return None
+
+
+def refusal(worker: int | None, step: object, epoch: object, problem: str, diverged: bool) -> str:
+    """The ERROR a worker gets for a refused COMMIT (and the trainer's TrainingFailedError)."""
+    return (f"refused the COMMIT of worker {worker} at step {step!r:.20} (epoch {epoch!r:.20}): {problem}. "
+            f"The center is unchanged.{' ' + DIVERGED_HINT + '.' if diverged else ''}")
+
+
+def stale_attempt(attempt: int, current: int) -> str:
+    """The refusal of a request (or a connection) from an older attempt than the current one."""
+    return (f"stale attempt: this task belongs to attempt {attempt} but the driver runs attempt {current} now "
+            "(a leftover task of a failed attempt); its requests are refused")
