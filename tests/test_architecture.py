@@ -14,20 +14,21 @@ PACKAGE = REPO / "trainer"
 ALLOWED = {
     "errors": set(),
     "verbosity": set(),
+    "versions": {"errors"},
     "algorithms": set(),
     "transport": set(),
     "lr_schedules": set(),
     "progress": set(),
     "ps": {"transport"},
     "runtime": {"algorithms", "ps", "data", "verbosity"},
-    "spark": {"errors", "verbosity"},
+    "spark": {"errors", "verbosity", "versions"},
     "data": {"errors"},
     "checkpoint": {"errors", "ps"},
     "fitted": {"data", "runtime"},
     "estimator": {"algorithms", "checkpoint", "data", "errors", "fitted", "lr_schedules", "progress", "ps",
                   "runtime", "spark", "transport"},
     "selection": {"data", "errors", "checkpoint", "fitted", "runtime", "spark", "transport"},
-    "cli": {"spark", "errors", "verbosity"},
+    "cli": {"algorithms", "errors", "estimator", "spark", "verbosity"},
     "__main__": {"cli"},
 }
 

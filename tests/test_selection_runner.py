@@ -264,6 +264,7 @@ def accuracy_run(digits):
 
 
 @pytest.mark.spark
+@pytest.mark.core
 @pytest.mark.timeout(900)
 def test_every_model_trains_every_shard_once_per_epoch(accuracy_run):
     ids = [c.id for c in accuracy_run.configs]
@@ -281,6 +282,7 @@ def test_every_model_trains_every_shard_once_per_epoch(accuracy_run):
 
 
 @pytest.mark.spark
+@pytest.mark.core
 @pytest.mark.timeout(900)
 def test_leaderboard_and_best_model_for_accuracy(accuracy_run, digits, tmp_path):
     board = accuracy_run.leaderboard

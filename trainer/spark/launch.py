@@ -29,6 +29,7 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame, SparkSession
 
 from trainer.errors import ClusterCapacityError, TrainingFailedError
+from trainer.versions import check_spark
 
 log = logging.getLogger("trainer.spark")
 
@@ -41,7 +42,9 @@ def available_slots(spark: SparkSession) -> int:
 
 
 def wait_for_slots(spark: SparkSession, needed: int, timeout: float) -> int:
-    """Wait up to `timeout` s for `needed` concurrent task slots; raise ClusterCapacityError."""
+    """Wait up to `timeout` s for `needed` concurrent task slots; raise ClusterCapacityError
+    (or UnsupportedVersionError when the session's Spark is older than the supported floor)."""
+    check_spark(spark)
     deadline = time.monotonic() + timeout
     while True:
         slots = available_slots(spark)
