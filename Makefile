@@ -45,10 +45,10 @@ lock: venv ## regenerate constraints.txt and requirements/matrix-*.txt from pypr
 	{ echo "# Exact pins for Linux x86_64, Python 3.11 (dev, CI, the image): \`make lock\` writes this file"; \
 	  echo "# from pyproject.toml (uv pip compile --all-extras) and requirements/extra-pins.in. Install with -c."; \
 	  cat $(CONSTRAINTS).tmp; grep -v '^#' requirements/extra-pins.in; } >$(CONSTRAINTS); rm $(CONSTRAINTS).tmp
-	for cell in $(MATRIX_CELLS); do \
-	    $(VENV)/bin/uv pip compile --quiet pyproject.toml --extra tf --extra data --extra test \
-	        -c requirements/matrix-$$cell.in --python-version 3.11 --python-platform x86_64-unknown-linux-gnu \
-	        --no-header --output-file requirements/matrix-$$cell.txt; done
+	for in in requirements/matrix-*.in; do py=$$(sed -n 's/^# python: *//p' $$in); \
+	    $(VENV)/bin/uv pip compile --quiet pyproject.toml --extra tf --extra data --extra test -c $$in \
+	        --python-version $${py:-3.11} --python-platform x86_64-unknown-linux-gnu --no-header \
+	        --output-file $${in%.in}.txt; done
 
 dist: venv ## build the wheel and the sdist into dist/
 	rm -rf dist build

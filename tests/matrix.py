@@ -43,6 +43,21 @@ def run(cmd: list[str], **kwargs) -> None:
     subprocess.run(cmd, check=True, **kwargs)
 
 
+def cell_python(cell: str) -> str | None:
+    """The interpreter a cell asks for with a ``# python: X.Y`` line in its .in file (None: any)."""
+    source = ROOT / "requirements" / f"matrix-{cell}.in"
+    wanted = next((line.split(":", 1)[1].strip() for line in source.read_text().splitlines()
+                   if line.startswith("# python:")), None) if source.is_file() else None
+    if wanted is None:
+        return None
+    found = shutil.which(f"python{wanted}") or next(
+        (str(p) for p in sorted(Path.home().glob(f".pyenv/versions/{wanted}*/bin/python{wanted}"))), None)
+    if found is None:
+        raise SystemExit(f"Matrix cell {cell!r} needs Python {wanted}: none found on PATH or under ~/.pyenv. "
+                         "Install it, or pass --python.")
+    return found
+
+
 def cell_venv(cell: str, cache: Path, python: str) -> Path:
     """The cached venv of `cell`, built from its pin file when missing or stale."""
     pins = ROOT / "requirements" / f"matrix-{cell}.txt"
@@ -74,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--cell", required=True, help="the cell: requirements/matrix-CELL.txt, e.g. low")
     parser.add_argument("--cache", type=Path, required=True, help="folder of the cached cell venvs")
-    parser.add_argument("--python", default=sys.executable, help="interpreter the cell venv is made with")
+    parser.add_argument("--python", default=None,
+                        help="interpreter of the cell venv (default: the cell's `# python:` line, else this one)")
     parser.add_argument("--marker", default="core", help="pytest marker expression to run (default: core)")
     parser.add_argument("--venv-only", action="store_true", help="build (or find) the cell's venv, run nothing")
     parser.add_argument("pytest_args", nargs="*", help="more pytest arguments (after --)")
@@ -82,7 +98,8 @@ def main(argv: list[str] | None = None) -> int:
 
     times: dict[str, float] = {}
     t0 = time.monotonic()
-    venv = cell_venv(args.cell, args.cache.expanduser(), args.python)
+    python = args.python or cell_python(args.cell) or sys.executable
+    venv = cell_venv(args.cell, args.cache.expanduser(), python)
     times["venv_s"] = round(time.monotonic() - t0, 1)
     if args.venv_only:
         print(f"matrix cell {args.cell}: venv {venv} ready in {times['venv_s']} s", flush=True)
