@@ -50,8 +50,11 @@ def cell_python(cell: str) -> str | None:
                    if line.startswith("# python:")), None) if source.is_file() else None
     if wanted is None:
         return None
-    found = shutil.which(f"python{wanted}") or next(
-        (str(p) for p in sorted(Path.home().glob(f".pyenv/versions/{wanted}*/bin/python{wanted}"))), None)
+    candidates = [shutil.which(f"python{wanted}"),
+                  *map(str, sorted(Path.home().glob(f".pyenv/versions/{wanted}*/bin/python{wanted}")))]
+    # a pyenv shim is on PATH even when that version is not selected, and then fails: try each one
+    found = next((c for c in candidates if c and subprocess.run([c, "-c", ""], capture_output=True).returncode == 0),
+                 None)
     if found is None:
         raise SystemExit(f"Matrix cell {cell!r} needs Python {wanted}: none found on PATH or under ~/.pyenv. "
                          "Install it, or pass --python.")
