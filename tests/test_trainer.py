@@ -23,11 +23,11 @@ pytestmark = pytest.mark.spark
 # (0.86-0.97); at 0.005, 8 of 8 runs ended at 0.95-0.97.
 ALGORITHMS = [
     pytest.param(DOWNPOUR(window=4), 2, 0.005, id="downpour"),
-    pytest.param(ADAG(window=4), 2, 0.01, id="adag"),
+    pytest.param(ADAG(window=4), 2, 0.01, id="adag", marks=pytest.mark.core),
     pytest.param(DynSGD(window=4), 2, 0.01, id="dynsgd"),
     pytest.param(AEASGD(window=4, rho=2.0, lr=0.1), 2, 0.01, id="aeasgd"),
     pytest.param(EASGD(window=4), 2, 0.01, id="easgd"),
-    pytest.param(SyncAveraging(every=4), 2, 0.01, id="sync-every-4"),
+    pytest.param(SyncAveraging(every=4), 2, 0.01, id="sync-every-4", marks=pytest.mark.core),
     pytest.param(SyncAveraging(average_optimizer_state=True), 2, 0.01, id="sync-epoch-optimizer-state"),
     pytest.param(SingleWorker(), 1, 0.01, id="single"),
 ]
@@ -51,6 +51,7 @@ def test_algorithm_trains_digits(digits, algorithm, workers, lr):
     assert history.timings["data_delivery_s"] > 0
 
 
+@pytest.mark.core
 @pytest.mark.timeout(300)
 def test_transform_evaluate_and_second_fit(digits, spark):
     train, test = digits

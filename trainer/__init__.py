@@ -8,7 +8,7 @@ Public API (imported lazily, so ``python -m trainer`` and the executors stay lig
     LocalCluster                              -- trainer.spark.local_cluster
     spark_session                             -- trainer.spark.session
     DataValidationError, ClusterCapacityError, TrainingFailedError, CheckpointError,
-    ClusterError, JavaError, MasterUnreachableError
+    ClusterError, JavaError, MasterUnreachableError, UnsupportedVersionError
                                               -- trainer.errors
 
 ``docs/architecture.md`` shows the rooms of the package and the path of a fit.
@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import importlib
 
-from trainer import verbosity
+from trainer import verbosity, versions
 
 # Quiet by default: TensorFlow reads its log level when it starts, so set it before anything imports it.
 verbosity.apply_quiet_env()
+# Below a supported version, fail here, naming the version needed, rather than deep inside a Spark job.
+versions.check_installed()
 
 _EXPORTS = {
     "trainer.algorithms": [
@@ -30,7 +32,7 @@ _EXPORTS = {
     ],
     "trainer.errors": [
         "CheckpointError", "ClusterCapacityError", "ClusterError", "DataValidationError", "JavaError",
-        "MasterUnreachableError", "TrainingFailedError",
+        "MasterUnreachableError", "TrainingFailedError", "UnsupportedVersionError",
     ],
     "trainer.estimator": ["Trainer"],
     "trainer.fitted": ["FittedModel", "TrainingHistory"],

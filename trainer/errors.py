@@ -43,6 +43,10 @@ class JavaError(ClusterError):
     """No usable Java runtime (missing, or older than 17)."""
 
 
+class UnsupportedVersionError(ImportError):
+    """A library (or the Spark the session runs) is older than this package supports."""
+
+
 class MasterUnreachableError(ConnectionError):
     """The Spark master URL names no reachable master."""
 

@@ -19,7 +19,7 @@ PYPROJECT = REPO / "pyproject.toml"
 
 @pytest.fixture(scope="module")
 def install_deps():
-    """images/install-deps.py: the image installs exactly the pins of pyproject.toml."""
+    """images/install-deps.py: the image installs pyproject.toml's requirements under constraints.txt."""
     spec = importlib.util.spec_from_file_location("install_deps", REPO / "images" / "install-deps.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
@@ -31,18 +31,22 @@ def project() -> dict:
     return tomllib.loads(PYPROJECT.read_text())["project"]
 
 
-def test_cpu_variant_is_the_dependencies_plus_extras(install_deps, project):
+def test_cpu_variant_is_the_dependencies_plus_extras_and_tensorflow_cpu(install_deps, project):
     reqs = install_deps.resolve(PYPROJECT, ["lab", "data"], "cpu")
     extras = project["optional-dependencies"]
-    assert set(reqs) == set(project["dependencies"]) | set(extras["lab"]) | set(extras["data"])
-    assert all("==" in r for r in reqs), f"every requirement must be pinned: {reqs}"
+    assert set(reqs) == set(project["dependencies"]) | set(extras["tf"]) | set(extras["lab"]) | set(extras["data"])
 
 
-def test_gpu_variant_swaps_tensorflow_cpu_for_the_gpu_extra(install_deps, project):
+def test_gpu_variant_takes_the_cuda_extra_and_never_tensorflow_cpu(install_deps, project):
     reqs = install_deps.resolve(PYPROJECT, ["lab", "data"], "gpu")
-    names = {install_deps.requirement_name(r) for r in reqs}
-    assert "tensorflow-cpu" not in names, "tensorflow-cpu and tensorflow must never be installed together"
-    assert set(project["optional-dependencies"]["gpu"]) <= set(reqs)
+    assert not any(r.startswith("tensorflow-cpu") for r in reqs), "tensorflow-cpu and tensorflow never together"
+    assert set(project["optional-dependencies"]["tf-gpu"]) <= set(reqs)
+
+
+def test_the_image_installs_with_the_one_constraints_file():
+    dockerfile = (REPO / "images" / "Dockerfile").read_text()
+    assert "--constraints /opt/trainer/src/constraints.txt" in dockerfile
+    assert "==" not in dockerfile, "exact pins live in constraints.txt only"
 
 
 @pytest.mark.parametrize(

@@ -63,6 +63,18 @@ def _default_parallelism(spark: "SparkSession") -> int:
         return max(1, int(spark.conf.get("spark.default.parallelism", "2")))
 
 
+def _frame_from_arrow(spark: "SparkSession", table, schema=None) -> "DataFrame":
+    """``spark.createDataFrame(table)`` for a ``pyarrow.Table``: pyspark 4 takes the table itself; pyspark
+    3.5 only pandas, whose Arrow path (on by default in our sessions) still makes no per-row Python objects."""
+    import pyspark
+
+    if int(pyspark.__version__.split(".")[0]) >= 4:
+        return spark.createDataFrame(table, schema=schema)
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    return spark.createDataFrame(table.to_pandas(), schema=schema or from_arrow_schema(table.schema))
+
+
 def _require_columns(df: "DataFrame", cols: Iterable[str], what: str) -> None:
     missing = [c for c in cols if c not in df.columns]
     if missing:
@@ -150,7 +162,7 @@ def images_to_dataframe(
         offsets = pa.array((offsets_all[start : stop + 1] - offsets_all[start]).astype(np.int32))
         feats = pa.ListArray.from_arrays(offsets, pa.array(flat[start:stop].reshape(-1)))
         batches.append(pa.RecordBatch.from_arrays([feats, pa.array(labels[start:stop])], names=["features", "label"]))
-    df = spark.createDataFrame(pa.Table.from_batches(batches))
+    df = _frame_from_arrow(spark, pa.Table.from_batches(batches))
     # Above spark.sql.execution.arrow.localRelationThreshold (48 MiB) every batch
     # is one partition; below it Spark makes a local relation sliced into the
     # default parallelism. Coalescing would put several batches in one task
@@ -206,7 +218,7 @@ def timeseries_to_dataframe(
         else:
             spark_type = from_arrow_type(arrow_field.type)
         fields.append(T.StructField(name, spark_type, True))
-    df = spark.createDataFrame(table, schema=T.StructType(fields))
+    df = _frame_from_arrow(spark, table, schema=T.StructType(fields))
     return df.repartition(int(num_partitions)) if num_partitions else df
 
 

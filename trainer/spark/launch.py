@@ -34,6 +34,7 @@ from pyspark.sql import DataFrame, SparkSession
 from trainer.errors import ClusterCapacityError, TrainingFailedError
 from trainer.spark.connect import client_address, is_connect, probe_slots
 from trainer.spark.resources import GPU
+from trainer.versions import check_spark
 
 log = logging.getLogger("trainer.spark")
 
@@ -54,8 +55,10 @@ def available_slots(spark: SparkSession, profile: Any = None) -> int | None:
 def wait_for_slots(spark: SparkSession, needed: int, timeout: float, profile: Any = None) -> int | None:
     """Wait up to `timeout` s for `needed` concurrent task slots of `profile`; raise ClusterCapacityError.
 
-    Returns the slots counted (None on Spark Connect, where a barrier probe only says yes or no).
+    Returns the slots counted (None on Spark Connect, where a barrier probe only says yes or no). Raises
+    UnsupportedVersionError first when the session's Spark is older than the supported floor.
     """
+    check_spark(spark)
     if is_connect(spark):
         if not probe_slots(spark, needed, profile, timeout):
             raise ClusterCapacityError(_capacity_message(spark, needed, None, timeout, profile))

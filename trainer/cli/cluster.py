@@ -1,10 +1,4 @@
-"""The ``python -m trainer`` command line.
-
-    python -m trainer cluster up --workers 3     an embedded Spark cluster until Ctrl-C
-
-Each subcommand wraps what the package already offers; ``--help`` on each
-lists its options.
-"""
+"""``cluster up``: an embedded Spark standalone cluster (``LocalCluster``) until Ctrl-C or SIGTERM."""
 
 from __future__ import annotations
 
@@ -13,7 +7,7 @@ import logging
 import signal
 import sys
 import threading
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from trainer.errors import ClusterError
 from trainer.spark.local_cluster import LocalCluster
@@ -22,7 +16,7 @@ from trainer.verbosity import configure_logging
 log = logging.getLogger("trainer.cli")
 
 
-def _cluster_parser(sub) -> None:
+def add_parser(sub) -> None:
     cluster = sub.add_parser("cluster", help="run an embedded Spark standalone cluster",
                              description="Run a Spark standalone cluster (master + workers) from the installed "
                                          "pyspark on this machine.")
@@ -102,25 +96,3 @@ def cluster_up(args: argparse.Namespace) -> int:
         cluster.stop()
     print("cluster stopped", flush=True)
     return exit_code
-
-
-SUBCOMMANDS: list[Callable[[Any], None]] = [_cluster_parser]
-
-
-def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m trainer",
-                                description="Distributed training of Keras models on Apache Spark.")
-    sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    for add in SUBCOMMANDS:
-        add(sub)
-    return p
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m trainer``; returns the exit code."""
-    args = parser().parse_args(argv)
-    return args.run(args)
-
-
-if __name__ == "__main__":
-    sys.exit(main())
