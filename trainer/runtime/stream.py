@@ -108,6 +108,17 @@ class StreamFeed:
             for start in range(0, len(x), batch_size):
                 yield x[start:start + batch_size].copy(), y[start:start + batch_size].copy()
 
+    def _stacks(self, batch_size: int) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """The buffers of the next pass as (minibatches, batch_size, ...) arrays; a last, smaller
+        minibatch as a stack of one."""
+        for x, y in self.windows(batch_size):
+            whole = len(x) // batch_size * batch_size
+            if whole:
+                yield (np.ascontiguousarray(x[:whole]).reshape(-1, batch_size, *x.shape[1:]),
+                       np.ascontiguousarray(y[:whole]).reshape(-1, batch_size, *y.shape[1:]))
+            if whole < len(x):
+                yield np.ascontiguousarray(x[whole:])[None], np.ascontiguousarray(y[whole:])[None]
+
     def fit_kwargs(self, batch_size: int) -> dict[str, Any]:
         """Inputs for ``model.fit`` in minibatches of `batch_size` rows: a new pass each time."""
         import keras  # deferred: TensorFlow starts only when a model is needed
@@ -122,10 +133,11 @@ class StreamFeed:
     def _dataset(self, batch_size: int):
         import tensorflow as tf  # deferred, as keras
 
-        x_spec = tf.TensorSpec((None, *self.spill.input_shape), tf.float32)
-        y_spec = tf.TensorSpec((None, *((self.spill.label_size,) if self.spill.label_size else ())), tf.float32)
-        buffers = tf.data.Dataset.from_generator(lambda: self.windows(batch_size), output_signature=(x_spec, y_spec))
-        dataset = buffers.flat_map(lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)).batch(batch_size))
+        x_spec = tf.TensorSpec((None, None, *self.spill.input_shape), tf.float32)
+        y_spec = tf.TensorSpec((None, None, *((self.spill.label_size,) if self.spill.label_size else ())), tf.float32)
+        # Each buffer goes in as a stack of minibatches, so that tf.data only slices it.
+        buffers = tf.data.Dataset.from_generator(lambda: self._stacks(batch_size), output_signature=(x_spec, y_spec))
+        dataset = buffers.flat_map(lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)))
         dataset = dataset.apply(tf.data.experimental.assert_cardinality(self.batches_per_pass(batch_size)))
         options = tf.data.Options()
         options.threading.private_threadpool_size = 1
