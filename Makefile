@@ -20,7 +20,7 @@ SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select clean lock dist
+.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core clean lock dist
 
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -72,6 +72,9 @@ matrix-venv: venv ## build (or find in MATRIX_DIR) the venv of each cell of MATR
 
 bench: venv ## run the MNIST and forecasting benchmarks; results under $(OUT)/
 	$(PY) jobs/bench.py --out $(OUT)
+
+bench-out-of-core: venv ## MNIST on one worker, shard in memory vs streamed from a spill file, up to 16x MNIST; results under $(OUT)/out_of_core
+	$(PY) jobs/bench_out_of_core.py --out $(OUT)/out_of_core
 
 bench-select: venv ## model selection: MOP vs task parallelism vs sequential on MNIST and forecasting; results under $(OUT)/
 	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist

@@ -79,9 +79,20 @@ worker, mean of 4 runs); at 3e-3 eight workers diverged (12.6 %).
 ``--algorithm adag --learning-rate 1e-3 --lr-schedule constant
 --lr-scaling none`` repeats that set-up.
 
+Time to accuracy: every distributed run records ``time_to_target_s``, the
+training time until the center's test MAPE (scored on the driver at every
+epoch end, ``trainer_jobs.support.target``) first reaches the 1-worker run's
+MAPE at --epochs, of the same model and seed (or --target-mape), with the
+epochs and sequential steps it took. The 1-worker run trains --epochs and
+sets the target; the others may train up to --max-epochs (the rate planned
+over --epochs stays at its final value after them). The goal: N workers
+reach the 1-worker MAPE with a time-to-target speed-up of at least 0.5 N.
+``metric_value`` stays the MAPE after --epochs.
+
 Results (JSON, CSV, markdown, PNG) go to --out.
 
     python jobs/forecast.py --workers 1,2 --epochs 4 --out results/forecast
+    python jobs/forecast.py --workers 1,2,4,8 --max-epochs 8  # time to the 1-worker MAPE
     python jobs/forecast.py --workers 1,2,4,8     # 4 and 8 time-shared on 2 cores: MAPE only
     python jobs/forecast.py --master spark://master:7077 --data nyc.csv --models gru
 """
@@ -121,6 +132,7 @@ from trainer_jobs.support.scaling import (
     timing_valid,
     with_ratios,
 )
+from trainer_jobs.support.target import EpochSnapshots, score_epochs, time_to_target, with_target_speedup
 from trainer_jobs.support.tracking import add_mlflow_arg, log_results
 
 log = logging.getLogger("trainer_jobs.forecast")
@@ -191,6 +203,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                                               "(default dynsgd)")
     parser.add_argument("--window", type=positive_int, default=5, help="batches between exchanges (default 5)")
     parser.add_argument("--epochs", type=positive_int, default=4, help="epochs per run (default 4)")
+    parser.add_argument("--max-epochs", type=positive_int, default=None,
+                        help="epochs a run on N > 1 workers may train to reach the target MAPE; the rate is "
+                             "planned over --epochs and stays at its final value after them (default: --epochs)")
+    parser.add_argument("--target-mape", type=positive_float, default=None,
+                        help="test MAPE (%%) whose time to reach is measured (default: the 1-worker run's MAPE "
+                             "after --epochs, per model and seed)")
     parser.add_argument("--learning-rate", type=positive_float, default=LEARNING_RATE,
                         help=f"Adam's learning rate (default {LEARNING_RATE:g})")
     parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="cosine",
@@ -224,6 +242,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
     check_checkpoint_args(parser, args)
+    args.max_epochs = args.max_epochs or args.epochs
+    if args.max_epochs < args.epochs:
+        parser.error(f"--max-epochs must be at least --epochs ({args.epochs}); received {args.max_epochs}.")
     try:
         args.worker_counts = parse_workers(args.workers)
         args.model_names = parse_models(args.models)
@@ -258,12 +279,13 @@ def load_series(args: argparse.Namespace):
 
 
 def prepare(spark, pdf, folder: str):
-    """Spark-side preparation: returns (train, test, scaler), the window DataFrames cached.
+    """Spark-side preparation: returns (train, test, scaler, Parquet files read), the window DataFrames cached.
 
     The scaler is fitted on the raw hours before the test period only; the
     windows of the test period use the 24 hours before each test hour as input.
     """
     series = parquet_frame(spark, folder, "elecdemand", pdf)
+    files = series.inputFiles()
     raw_train, _ = train_test_split_last(series, "time", hours=TEST_HOURS)
     scaler = MinMax(FEATURES).fit(raw_train)
     windows = make_windows(scaler.transform(series), "time", FEATURES, TARGET, n_in=N_IN, n_out=1)
@@ -275,7 +297,7 @@ def prepare(spark, pdf, folder: str):
                 f"no complete {N_IN}-hour windows in the {part} part: the series has gaps "
                 "(load_elecdemand fills them in CSV files) or is too short."
             )
-    return train, test, scaler
+    return train, test, scaler, files
 
 
 def _flat(column) -> np.ndarray:
@@ -340,21 +362,39 @@ def baseline_run(name: str, args: argparse.Namespace, seed: int, arrays, scaler)
 
 
 def distributed_run(name: str, args: argparse.Namespace, seed: int, workers: int, train, test, scaler,
-                    rows: int) -> dict:
-    """``Trainer.fit`` on `workers` workers, the test hours predicted on the executors: its result row."""
+                    rows: int, test_arrays: tuple[np.ndarray, np.ndarray], target: float | None) -> dict:
+    """``Trainer.fit`` on `workers` workers, the test hours predicted on the executors: its result row.
+
+    With `target` None the 1-worker run trains --epochs and its MAPE there becomes the target (the row's
+    ``target``); every other run may train --max-epochs to reach `target`."""
     run_options, fit_options = trainer_options(args, name, workers, seed)
+    reference = target is None and workers == 1
+    epochs = args.epochs if reference else args.max_epochs
+    snapshots = EpochSnapshots()
     fitted = Trainer(
         model_builder(name, args, rows, workers), algorithm=algorithm_from_args(args.algorithm, args.window),
-        num_workers=workers, batch_size=args.batch_size, epochs=args.epochs, **run_options,
+        num_workers=workers, batch_size=args.batch_size, epochs=epochs, on_epoch_end=snapshots, **run_options,
     ).fit(train, **fit_options)
-    value = predict_mape(fitted, test, scaler)
+    final = predict_mape(fitted, test, scaler)  # after every epoch trained
+    x_test, y_test = test_arrays
+    scores = score_epochs(snapshots, MODELS[name](),
+                          lambda m: mape_original_units(scaler, y_test, m.predict(x_test, verbose=0)))
+    value = final if epochs == args.epochs else scores.get(args.epochs - 1, float("nan"))
+    if reference:
+        target = scores.get(args.epochs - 1)
+    reached = time_to_target(fitted.history, scores, target, higher_is_better=False)
     valid = timing_valid(workers, args.cores_per_worker, args.master)
     row = fitted_row(name, fitted, workers=workers, rows=rows, epochs=args.epochs, metric="mape", value=value,
-                     valid=valid, window=args.window, seed=seed)
+                     valid=valid, window=args.window, seed=seed, epochs_trained=len(fitted.history.epochs),
+                     final_metric_value=final, target=target, metric_by_epoch=[scores[e] for e in sorted(scores)],
+                     **reached)
+    ttt = reached["time_to_target_s"]
     print(f"{name} {workers} worker(s){_seeded(args, seed)}: {row['epoch_time_s']:.1f} s/epoch"
           f"{'' if valid else ' (time-shared: timing not valid)'}, test MAPE {value:.2f} %, "
-          f"{fitted.history.num_updates} updates, data delivery {fitted.history.timings['data_delivery_s']:.1f} s",
-          flush=True)
+          f"{fitted.history.num_updates} updates, data delivery {fitted.history.timings['data_delivery_s']:.1f} s, "
+          + ("no target MAPE" if target is None else
+             f"MAPE {target:.2f} % reached in {ttt:.1f} s (epoch {reached['target_epochs']})" if ttt is not None else
+             f"MAPE {target:.2f} % not reached in {len(fitted.history.epochs)} epochs"), flush=True)
     return row
 
 
@@ -367,7 +407,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = []
     with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "forecast") as spark:
         _wait_for_workers(spark, max(args.worker_counts), args.master)
-        train, test, scaler = prepare(spark, pdf, data_dir(args.data_dir))
+        train, test, scaler, data_files = prepare(spark, pdf, data_dir(args.data_dir))
         x_train, y_train = to_numpy(train)
         x_test, y_test = to_numpy(test)
         log.info("%d training and %d test windows of %d hours", len(x_train), len(x_test), N_IN)
@@ -375,19 +415,23 @@ def main(argv: list[str] | None = None) -> int:
             for seed in range(args.seed, args.seed + args.repeats):
                 if not args.no_baseline:
                     rows.append(baseline_run(name, args, seed, (x_train, y_train, x_test, y_test), scaler))
-                for n in args.worker_counts:
-                    rows.append(distributed_run(name, args, seed, n, train, test, scaler, len(x_train)))
-    rows = with_ratios(rows)
+                target = args.target_mape
+                for n in args.worker_counts:  # ascending: the 1-worker run sets the target of the others
+                    rows.append(distributed_run(name, args, seed, n, train, test, scaler, len(x_train),
+                                                (x_test, y_test), target))
+                    target = rows[-1]["target"]
+    rows = with_target_speedup(with_ratios(rows))
     if args.mlflow:
         log_results('forecast', args, rows)
     out = Path(args.out)
     metadata = {"job": "forecast", **vars(args), "n_in": N_IN, "test_hours": TEST_HOURS, "units": UNITS,
                 "features": FEATURES, "hourly_rows": len(pdf),
-                "training_windows": len(x_train), "test_windows": len(x_test)}
+                "training_windows": len(x_train), "test_windows": len(x_test), "data_files": data_files}
     paths = write_results(rows, out, "forecast", metadata=metadata)
     plot_speedup(rows, out / "forecast.png", "mape", title="Energy-demand forecasting (LSTM, GRU)")
     print(markdown_table(rows, ["model", "mode", "workers", "seed", "algorithm", "epoch_time_s", "time_s",
-                                "speedup", "efficiency", "throughput_vs_keras", "metric_value", "updates", "bytes",
+                                "speedup", "efficiency", "throughput_vs_keras", "metric_value", "time_to_target_s",
+                                "target_speedup", "target_epochs", "target_steps", "updates", "bytes",
                                 "timing_valid"]))
     print(metric_pivot(rows, "MAPE (%)"))
     print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'forecast.png'}")

@@ -168,9 +168,11 @@ def _executor_pids(cluster, app_id: str) -> list[int]:
 
 @pytest.mark.core
 @pytest.mark.timeout(900)
-def test_training_survives_a_killed_executor(local_cluster_2, spark, digits):
+@pytest.mark.parametrize("feed", ["memory", "stream"])
+def test_training_survives_a_killed_executor(local_cluster_2, spark, digits, feed):
     """Kill one executor JVM mid-training: the stage is re-run on the restarted executor and
-    the workers resume from the server's weights, not from scratch."""
+    the workers resume from the server's weights, not from scratch; with the shard in memory
+    or streamed from a spill file (the out-of-core path)."""
     train, test = digits
     executors = _executor_pids(local_cluster_2, spark.sparkContext.applicationId)
     assert len(executors) == 2
@@ -193,12 +195,13 @@ def test_training_survives_a_killed_executor(local_cluster_2, spark, digits):
     killer = threading.Thread(target=kill_one, daemon=True)
     killer.start()
     fitted = Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=12, verbose=False,
-                     max_retries=2, on_update=updates.append).fit(train)
+                     max_retries=2, on_update=updates.append, feed=feed).fit(train)
     killer.join()
     failures = [e for e in fitted.history.events if e.get("event") == "attempt_failed"]
     assert failures and failures[0]["retry"], fitted.history.events
     retried = [w for w in fitted.history.workers if w["attempt"] == 1]
     assert len(retried) == 2 and all(w["start_epoch"] >= 1 for w in retried), "resumed, not restarted"
+    assert {w["feed"] for w in fitted.history.workers} == {feed}
     assert fitted.evaluate(test)["accuracy"] >= 0.88
 
 

@@ -10,6 +10,12 @@ LocalCluster for this module only. One forecast run (the ``--resume`` one) uses
 no ``--master`` at all: the job starts its own embedded cluster, as ``make
 bench`` does.
 
+The job runs log at ``TRAINER_LOG=info``, where the driver JVM's WARN lines
+show: the jobs read Parquet with ``spark.read.parquet``, so Spark never warns
+of "a task of very large size" (it did when the jobs shipped their arrays in
+task closures; `test_a_large_task_is_reported_at_info_level` shows the
+warning does reach the output when it happens).
+
 Flag checks, the bench plan and the BENCH.md summary need no Spark.
 """
 
@@ -34,6 +40,7 @@ from trainer_jobs.support.report import write_results
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
 JOB_TIMEOUT_S = 1500  # the machine running the tests may be heavily loaded
 TEST_TIMEOUT_S = 1800
+LARGE_TASK = "task of very large size"  # Spark's TaskSetManager warning, logged by the driver JVM
 
 
 def _rate(optimizer) -> float:
@@ -70,17 +77,20 @@ def jobs_cluster():
 
 
 def run_job(name: str, args: list[str], out: Path) -> dict:
-    """Run jobs/<name>.py with `args` and ``--out out``; return its JSON results (metadata, rows)."""
+    """Run jobs/<name>.py with `args` and ``--out out`` at TRAINER_LOG=info; return its JSON results (metadata,
+    rows) after checking that Spark never warned of a large task."""
     log_path = out.parent / f"{out.name}.log"
     with open(log_path, "w") as log:
         proc = subprocess.run(
             [sys.executable, str(JOBS / f"{name}.py"), *args, "--out", str(out)],
             stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "TRAINER_DATA_DIR": str(out.parent / "data")},
+            env={**os.environ, "PYTHONUNBUFFERED": "1", "TRAINER_DATA_DIR": str(out.parent / "data"),
+                 "TRAINER_LOG": "info"},
             timeout=JOB_TIMEOUT_S, cwd=JOBS.parent,
         )
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0, f"{name} exited with {proc.returncode}; last output:\n{text[-6000:]}"
+    assert LARGE_TASK not in text, [line for line in text.splitlines() if LARGE_TASK in line]
     for suffix in ("json", "csv", "md", "png"):
         path = out / f"{name}.{suffix}"
         assert path.is_file() and path.stat().st_size > 0, f"{path} was not written"
@@ -95,6 +105,8 @@ def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
         if r["mode"] != "distributed":
             continue
         assert r["updates"] > 0 and r["bytes"] > 0
+        assert {"time_to_target_s", "target_epochs", "target_steps", "target_speedup", "target"} <= set(r)
+        assert len(r["metric_by_epoch"]) == r["epochs_trained"] >= r["epochs"]
         assert r["epoch_time_s"] > 0 and r["time_s"] > 0
         assert r["algorithm"]
         if r["workers"] == 1:
@@ -120,6 +132,8 @@ def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
     (["--loss", "huber"], "invalid choice"),
     (["--repeats", "0"], "positive integer"),
     (["--resume"], "--resume needs --checkpoint-dir"),
+    (["--epochs", "3", "--max-epochs", "2"], "--max-epochs must be at least --epochs (3)"),
+    (["--target-mape", "0"], "positive number"),
 ])
 def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -152,6 +166,20 @@ def test_forecast_flags_and_defaults(forecast_job):
     assert trainer_options(forecast_job.parse_args(["--seed", "3"]), "gru", 2)[0]["seed"] == 3
     assert trainer_options(forecast_job.parse_args(["--fixed-epochs"]), "gru", 2)[0]["share_epochs"] is False
     assert args.repeats == 1 and forecast_job.parse_args(["--repeats", "3"]).repeats == 3
+    assert (args.max_epochs, args.target_mape) == (4, None)
+    assert forecast_job.parse_args(["--max-epochs", "8"]).max_epochs == 8
+
+
+def test_mnist_time_to_target_flags(capsys):
+    mnist_job = _load_job("mnist")
+    args = mnist_job.parse_args([])
+    assert (args.max_epochs, args.target_accuracy) == (6, 0.99)
+    assert mnist_job.parse_args(["--epochs", "2", "--max-epochs", "5"]).max_epochs == 5
+    for argv, message in ((["--max-epochs", "3"], "--max-epochs must be at least --epochs (6)"),
+                          (["--target-accuracy", "99"], "--target-accuracy must be in (0, 1]")):
+        with pytest.raises(SystemExit):
+            mnist_job.parse_args(argv)
+        assert message in capsys.readouterr().err
 
 
 def test_repeated_runs_get_their_own_seed_and_checkpoint_folder(forecast_job, tmp_path):
@@ -269,6 +297,7 @@ def test_bench_plan(bench_job, tmp_path):
     assert forecast.argv[forecast.argv.index("--out") + 1] == str(tmp_path / "forecast")
     assert "--limit" not in mnist.argv + forecast.argv
     assert forecast.argv[forecast.argv.index("--repeats") + 1] == "3" and "--repeats" not in mnist.argv
+    assert forecast.argv[forecast.argv.index("--max-epochs") + 1] == "8"  # N workers may need more epochs
     quick = bench_job.plan(tmp_path, quick=True, skip_mnist=True, cores=2)
     assert [s.job for s in quick] == ["forecast"] and quick[0].workers == [1, 2, 4]
     assert "--limit" in quick[0].argv and "--epochs" in quick[0].argv and "--repeats" not in quick[0].argv
@@ -288,9 +317,11 @@ def test_bench_summary(bench_job, tmp_path):
         {"model": "gru", "mode": "plain keras (1 thread)", "workers": 0, "epoch_time_s": 10.0,
          "metric_name": "mape", "metric_value": 3.3, "updates": 0, "timing_valid": True},
         {"model": "gru", "mode": "distributed", "workers": 1, "epoch_time_s": 10.0, "metric_name": "mape",
-         "metric_value": 3.4, "updates": 100, "timing_valid": True},
+         "metric_value": 3.4, "updates": 100, "timing_valid": True, "target": 3.4, "time_to_target_s": 40.0,
+         "target_speedup": 1.0, "target_epochs": 4, "target_steps": 1080},
         {"model": "gru", "mode": "distributed", "workers": 8, "epoch_time_s": 9.0, "metric_name": "mape",
-         "metric_value": 4.8, "updates": 800, "timing_valid": False},
+         "metric_value": 4.8, "updates": 800, "timing_valid": False, "target": 3.4, "time_to_target_s": 70.0,
+         "target_speedup": 0.57, "target_epochs": 7, "target_steps": 237},
     ]
     write_results(rows, forecast.out, "forecast", metadata={"epochs": 4, "batch_size": 32, "algorithm": "adag",
                                                              "window": 5, "training_windows": 8616})
@@ -303,6 +334,8 @@ def test_bench_summary(bench_job, tmp_path):
     assert "[forecast.md](forecast/forecast.md)" in text
     assert "| 4.80 * |" in text and "time-shared" in text  # the MAPE pivot marks the 8-worker run
     assert "8616" in text
+    assert "Time to target (MAPE (%) of the 1-worker run after --epochs" in text
+    assert "| gru | 8 * | 3.40 | 1 of 1 |" in text and "| 237" in text  # epochs and steps, not the time
 
 
 # ------------------------------------------------------- end to end (real Spark)
@@ -313,11 +346,19 @@ def test_bench_summary(bench_job, tmp_path):
 def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
     out = tmp_path / "mnist"
     result = run_job("mnist", ["--master", jobs_cluster.master_url, "--workers", "1,2", "--limit", "2000",
-                               "--epochs", "1", "--fixed-epochs"], out)
+                               "--epochs", "1", "--max-epochs", "2", "--target-accuracy", "0.5", "--fixed-epochs"],
+                     out)
     rows = result["rows"]
     assert result["metadata"]["job"] == "mnist" and result["metadata"]["master"] == jobs_cluster.master_url
     assert result["metadata"]["fixed_epochs"] is True
+    files = result["metadata"]["data_files"]  # Spark reads the images from Parquet
+    assert files["train"] and files["test"] and all(f.endswith(".parquet") for f in files["train"] + files["test"])
     _check_distributed_rows(rows, [1, 2])
+    for r in (r for r in rows if r["mode"] == "distributed"):
+        # 2,000 images for 2 epochs: 50 % test accuracy comes within the first epoch
+        assert r["target"] == 0.5 and r["target_epochs"] == 1 and r["epochs_trained"] == 2
+        assert 0 < r["time_to_target_s"] < r["time_s"] and r["target_steps"] == pytest.approx(63 / r["workers"], abs=2)
+        assert r["target_speedup"] > 0 and r["final_metric_value"] > 0.5
     assert [r["workers"] for r in rows if r["mode"] != "distributed"] == [0]  # the plain Keras baseline
     for r in rows:
         assert r["metric_name"] == "accuracy" and 0.1 < r["metric_value"] <= 1.0
@@ -330,15 +371,24 @@ def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
 def test_forecast_job_on_a_standalone_master(jobs_cluster, tmp_path):
     out, checkpoints = tmp_path / "forecast", tmp_path / "checkpoints"
     result = run_job("forecast", ["--master", jobs_cluster.master_url, "--workers", "1,2", "--limit", "600",
-                                  "--epochs", "1", "--models", "lstm,gru", "--checkpoint-dir", str(checkpoints)],
-                     out)
+                                  "--epochs", "1", "--max-epochs", "2", "--models", "lstm,gru",
+                                  "--checkpoint-dir", str(checkpoints)], out)
     meta, rows = result["metadata"], result["rows"]
     assert meta["job"] == "forecast" and meta["hourly_rows"] == 600
+    assert meta["data_files"] and all(f.endswith(".parquet") for f in meta["data_files"])
     assert meta["training_windows"] == 600 - 24 - 120 and meta["test_windows"] == 120
     for model in ("lstm", "gru"):
         mine = [r for r in rows if r["model"] == model]
         assert sorted(r["workers"] for r in mine) == [0, 1, 2]
         _check_distributed_rows(mine, [1, 2])
+        one, two = sorted((r for r in mine if r["workers"] > 0), key=lambda r: r["workers"])
+        # The 1-worker run trains --epochs and sets the target: its own MAPE there, reached by then.
+        assert one["epochs_trained"] == 1 and one["target"] == pytest.approx(one["metric_by_epoch"][0])
+        assert one["target_epochs"] == 1 and one["time_to_target_s"] > 0 and one["target_speedup"] == 1.0
+        # The 2-worker run may train --max-epochs for it; reached or not, the fields say which.
+        assert two["epochs_trained"] == 2 and two["target"] == one["target"]
+        reached = [e for e, v in enumerate(two["metric_by_epoch"]) if v <= one["target"]]
+        assert two["target_epochs"] == (reached[0] + 1 if reached else None)
     for r in rows:
         assert r["metric_name"] == "mape" and math.isfinite(r["metric_value"])
         assert 0 < r["metric_value"] < 100  # percent, in original units (scaled values would blow up)
@@ -357,3 +407,18 @@ def test_forecast_job_on_a_standalone_master(jobs_cluster, tmp_path):
     assert all(0 < r["metric_value"] < 100 for r in resumed)
     assert load_checkpoint(checkpoints / "gru-2w").completed_epochs == 2
     assert load_checkpoint(checkpoints / "gru-2w-seed1").completed_epochs == 2
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_a_large_task_is_reported_at_info_level(tmp_path):
+    """The control for the jobs' check: a DataFrame built from a local list ships its rows in the task,
+    and at TRAINER_LOG=info Spark's warning reaches the driver's output."""
+    script = ("from trainer import spark_session\n"
+              "spark = spark_session('local[1]', 'large-task')\n"
+              "print(spark.createDataFrame([(i, [0.5] * 100) for i in range(3000)], 'id int, x array<double>').count())\n"
+              "spark.stop()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=500,
+                          env={**os.environ, "TRAINER_LOG": "info"}, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "3000" in done.stdout and LARGE_TASK in done.stdout + done.stderr

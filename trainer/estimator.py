@@ -57,13 +57,16 @@ from trainer.errors import CheckpointError, TrainingFailedError
 from trainer.fitted import FittedModel, TrainingHistory
 from trainer.lr_schedules import planned_steps
 from trainer.progress import TrainingProgress
+from trainer.ps.epoch_end import EpochEndHook, EpochEnds
 from trainer.ps.server import ParameterServer, uniform_progress
+from trainer.ps.records import DEFAULT_HISTORY_SIZE
+from trainer.runtime.shard import FEEDS
 from trainer.runtime.shipping import ModelSource, pack_model, ship_by_value
 from trainer.runtime.worker import RESULT_DDL, WorkerConfig, train_partition
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.spark.memory import task_memory_bytes
 from trainer.spark.resources import check_gpus_per_worker, stage_profile
 from trainer.tracking import RunLogger, epoch_logger, fit_params
-from trainer.ps.records import DEFAULT_HISTORY_SIZE
 from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret
 
@@ -164,6 +167,20 @@ class Trainer:
             parameter server (on by default; its cost is in docs/security.md).
         history_size: Integer. Parameter-server updates kept in
             ``history.update_log`` (the totals count every update).
+        feed: String. How each worker holds its shard: ``"memory"`` (numpy
+            arrays), ``"stream"`` (an Arrow spill file in the executor's local
+            directory, read one block at a time through a bounded shuffle
+            buffer: the worker's memory does not grow with the shard) or
+            ``"auto"`` (in memory unless the shard's Arrow size exceeds
+            `shard_budget_mb`); see ``trainer.runtime.shard``.
+        shard_budget_mb: Float or None. The largest shard (Arrow MB) that
+            ``feed="auto"`` holds in memory; default a quarter of
+            ``spark.executor.pyspark.memory`` per task when set, else a quarter
+            of ``spark.executor.memory`` per task slot.
+        on_epoch_end: Callable or None. Called on the driver once per epoch
+            that every worker finished, with ``(epoch, center arrays, time)``;
+            it runs on the parameter server's thread, so keep it fast (see
+            ``trainer.ps.epoch_end``).
     """
 
     def __init__(
@@ -198,6 +215,9 @@ class Trainer:
         tls: bool = False,
         frame_mac: bool = True,
         history_size: int = DEFAULT_HISTORY_SIZE,
+        feed: str = "auto",
+        shard_budget_mb: float | None = None,
+        on_epoch_end: EpochEndHook | None = None,
     ) -> None:
         self.algorithm = get_algorithm(algorithm)
         self.num_workers = _positive_int("num_workers", num_workers)
@@ -238,6 +258,15 @@ class Trainer:
         self.tls = bool(tls)
         self.frame_mac = bool(frame_mac)
         self.history_size = _positive_int("history_size", history_size)
+        if feed not in FEEDS:
+            raise ValueError(f"`feed` must be one of {', '.join(map(repr, FEEDS))}. Received: feed={feed!r}")
+        self.feed = feed
+        if shard_budget_mb is not None and (isinstance(shard_budget_mb, bool) or
+                                            not isinstance(shard_budget_mb, (int, float)) or shard_budget_mb <= 0):
+            raise ValueError(f"`shard_budget_mb` must be a number > 0 or None. Received: "
+                             f"shard_budget_mb={shard_budget_mb!r}")
+        self.shard_budget_mb = shard_budget_mb
+        self.on_epoch_end = on_epoch_end
 
     # -- planning ---------------------------------------------------------------
     def _driver_model(self):
@@ -339,11 +368,14 @@ class Trainer:
         checkpointer: Checkpointer | None = None
         hooks: list[Callable] = [progress.update, epoch_callbacks.on_update] + ([self.on_update] if self.on_update
                                                                                 else [])
+        epoch_ends = EpochEnds(self.on_epoch_end) if self.on_epoch_end is not None else None
 
         def on_epoch_done(worker: int, epoch: int) -> None:
             if checkpointer is not None:
                 checkpointer.on_epoch_done(worker, epoch)
             epoch_callbacks.on_epoch_done(worker, epoch)
+            if epoch_ends is not None:
+                epoch_ends.on_epoch_done(worker, epoch)
 
         server = ParameterServer(
             self.algorithm, plan.center, self.num_workers, secret, host=bind, port=port,
@@ -353,6 +385,10 @@ class Trainer:
             weight_names=[w.path for w in plan.model.weights], frame_mac=self.frame_mac, tls=identity or False,
             history_size=self.history_size,
         )
+        if epoch_ends is not None:
+            epoch_ends.bind(server)
+        shard_budget = None if self.shard_budget_mb is None else int(self.shard_budget_mb * 1024 * 1024)
+        task_memory = task_memory_bytes(spark)
         checkpoint_dir = self.checkpoint_dir if self.checkpoint_dir is not None else resume_from
         if checkpoint_dir is not None:
             checkpointer = Checkpointer(checkpoint_dir, server, self.checkpoint_every, {
@@ -373,7 +409,7 @@ class Trainer:
                 num_workers=workers, batch_size=self.batch_size, epochs=self.epochs,
                 input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=attempt,
                 seed=self.seed, io_timeout=self.io_timeout, keras_backend=keras.backend.backend(),
-                share_epochs=self.share_epochs,
+                share_epochs=self.share_epochs, feed=self.feed, shard_budget=shard_budget, task_memory=task_memory,
             ))
 
         def on_retry(workers: int) -> None:

@@ -1,7 +1,8 @@
 """Arrow record batches (the two-column layout of ``trainer.data.validate``) to numpy arrays.
 
 `split_shard` also takes apart a shard whose rows carry the validation flag of
-``trainer.data.validation`` (training and model-selection tasks alike).
+``trainer.data.validation`` (model-selection tasks); `ValidationRows` does the same
+batch by batch for the training task, whose training rows may stream to a spill file.
 """
 
 from __future__ import annotations
@@ -54,6 +55,37 @@ def split_shard(batches: Iterator[pa.RecordBatch], input_shape: tuple[int, ...],
     val = table.filter(flag).drop_columns([VALIDATION_FLAG])
     return (arrow_to_numpy(iter(train.to_batches()), input_shape, label_size),
             arrow_to_numpy(iter(val.to_batches()), input_shape, label_size))
+
+
+class ValidationRows:
+    """Passes the training rows of a stream of record batches on, batch by batch, and keeps the
+    validation rows (the flag column set) aside: the validation set is held in memory (it is the
+    small part), the training rows can go to a spill file (``trainer.runtime.shard``)."""
+
+    def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
+        self._batches = batches
+        self._kept: list[pa.RecordBatch] = []
+
+    def __iter__(self) -> Iterator[pa.RecordBatch]:
+        for batch in self._batches:
+            if VALIDATION_FLAG not in batch.schema.names:
+                yield batch
+                continue
+            flag = batch.column(VALIDATION_FLAG)
+            keep = [i for i, name in enumerate(batch.schema.names) if name != VALIDATION_FLAG]
+            names = [batch.schema.names[i] for i in keep]
+            for mask, into_validation in ((pc.invert(flag), False), (flag, True)):
+                part = batch.filter(mask)
+                if part.num_rows:
+                    part = pa.RecordBatch.from_arrays([part.column(i) for i in keep], names=names)
+                    if into_validation:
+                        self._kept.append(part)
+                    else:
+                        yield part
+
+    def arrays(self, input_shape: tuple[int, ...], label_size: int | None) -> Arrays:
+        """(x, y) of the validation rows seen so far (empty arrays when there were none)."""
+        return arrow_to_numpy(iter(self._kept), input_shape, label_size)
 
 
 def _flat_values(column: pa.ChunkedArray) -> np.ndarray:

@@ -1,9 +1,11 @@
 """The task-side training loop: one long-lived Spark barrier task per worker.
 
 `train_partition` runs inside a Python worker of an executor. It receives its
-shard as Arrow record batches, builds the Keras model once, pulls the center
-weights from the parameter server, and trains with plain ``model.fit`` on a
-single-threaded input pipeline (`trainer.runtime.feed`). The `ParameterServerSync`
+shard as Arrow record batches and holds it in memory, or streams a large one
+through a local spill file (`trainer.runtime.shard`), builds the Keras model
+once, pulls the center weights from the parameter server, and trains with
+plain ``model.fit`` on a single-threaded input pipeline (`trainer.runtime.feed`
+or `trainer.runtime.stream`). The `ParameterServerSync`
 Keras callback does the exchange every ``window`` batches (or at every epoch
 end) through the algorithm's pure worker rules.
 It yields one Arrow record with the worker's history.
@@ -43,10 +45,11 @@ from pyspark import BarrierTaskContext
 
 from trainer.algorithms import Algorithm
 from trainer.ps.client import PSClient
-from trainer.runtime.arrow import pad_shard, split_shard
-from trainer.runtime.feed import ShardFeed
+from trainer.runtime.arrow import ValidationRows
 from trainer.runtime.inference import validation_logs
+from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
 from trainer.runtime.process import setup_barrier_task
+from trainer.runtime.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource
 from trainer.runtime.state import load_state, model_state
 
@@ -75,6 +78,9 @@ class WorkerConfig:
     env: dict[str, str] = field(default_factory=dict)
     share_epochs: bool = True
     validation_batch_size: int = 256
+    feed: str = "auto"  # how the shard is held: trainer.runtime.shard
+    shard_budget: int | None = None  # bytes; None: derived from task_memory or the worker's limit
+    task_memory: int | None = None  # spark.executor.memory per task slot, in bytes, if known
 
 
 def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> int:
@@ -192,16 +198,22 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()
     devices = setup_barrier_task(ctx, config.keras_backend, config.env)
+    reset_peak_rss()
 
-    (x, y), validation = split_shard(batches, config.input_shape, config.label_size)
+    # In memory, or streamed from a local spill file when the shard is large (trainer.runtime.shard);
+    # validation rows (if any) are kept aside in memory.
+    rows = ValidationRows(batches)
+    shard = receive_shard(iter(rows), config.input_shape, config.label_size, feed=config.feed,
+                          budget=shard_budget(config.shard_budget, config.task_memory))
+    validation = rows.arrays(config.input_shape, config.label_size)
     data_ready = time.time()
-    sizes = [int(s) for s in ctx.allGather(str(len(x)))]
+    sizes = [int(s) for s in ctx.allGather(str(shard.rows))]
     if min(sizes) == 0:
         raise RuntimeError(
             f"Worker shards have sizes {sizes}: at least one worker received no rows. "
             "Use fewer workers or more rows."
         )
-    x, y = pad_shard(x, y, max(sizes), seed=config.seed + worker)
+    shard.pad_to(max(sizes), seed=config.seed + worker)
 
     import keras  # after setup_barrier_task: TensorFlow reads its settings when it starts
 
@@ -210,9 +222,9 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
     model = config.model.build()
     built = time.time()
     record: dict[str, Any] = {
-        "worker": worker, "attempt": config.attempt, "rows": sizes[worker], "padded_rows": len(x),
+        "worker": worker, "attempt": config.attempt, "rows": sizes[worker], "padded_rows": shard.padded_rows,
         "task_start": task_start, "data_ready": data_ready, "model_built": built,
-        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(), **devices,
+        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(), **devices, **shard.info(),
     }
     client = PSClient(
         config.ps_host, config.ps_port, config.secret, worker=worker,
@@ -225,12 +237,12 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         load_state(model, list(center), with_optimizer=config.algorithm.exchanges_optimizer_state, strict=False)
         record["start_epoch"] = start_epoch
         shared = config.share_epochs and not config.algorithm.synchronous and config.algorithm.window is not None
-        budget = epoch_batches_budget(len(x), config.batch_size, len(sizes)) if shared else None
+        budget = epoch_batches_budget(shard.padded_rows, config.batch_size, len(sizes)) if shared else None
         record["shared_epochs"] = shared
         callback = make_sync_callback(client, config.algorithm, worker, record, budget,
                                       validation if len(validation[0]) else None, config.validation_batch_size)
         callback.begin(model)
-        feed = ShardFeed(x, y, seed=config.seed + 1000 * config.attempt + worker)
+        feed = shard.feed(seed=config.seed + 1000 * config.attempt + worker)
         train_start = time.time()
         for epoch in range(start_epoch, config.epochs):
             callback.start_epoch(epoch)
@@ -249,8 +261,9 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         callback.finish()
         record.update(
             train_s=time.time() - train_start, end=time.time(), steps=callback.step,
-            bytes_sent=client.bytes_sent, bytes_received=client.bytes_received,
+            bytes_sent=client.bytes_sent, bytes_received=client.bytes_received, peak_rss_bytes=peak_rss_bytes(),
         )
+    shard.close()  # deletes a spill file now (after a failure, when the shard is garbage-collected)
     yield pa.RecordBatch.from_pydict(
         {"worker": [worker], "history": [json.dumps(record)]}, schema=RESULT_SCHEMA
     )
