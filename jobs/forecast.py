@@ -101,7 +101,7 @@ from trainer.data.prep import MinMax, make_windows, train_test_split_last
 from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
 from trainer.spark.launch import wait_for_slots
 from trainer_jobs.support.cli import (
-    add_trainer_args, add_verbose_arg, algorithm_from_args, check_checkpoint_args, parse_workers, positive_float,
+    add_trainer_args, add_verbose_arg, algorithm_from_args, check_trainer_args, parse_workers, positive_float,
     positive_int, start_logging, trainer_options,
 )
 from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
@@ -209,7 +209,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="results/forecast", help="results directory (default results/forecast)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
-    check_checkpoint_args(parser, args)
+    check_trainer_args(parser, args)
     try:
         args.worker_counts = parse_workers(args.workers)
         args.model_names = parse_models(args.models)

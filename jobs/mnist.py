@@ -26,7 +26,7 @@ from trainer import Trainer
 from trainer.data.prep import scale_pixels
 from trainer.lr_schedules import planned_steps, worker_learning_rate
 from trainer_jobs.support.cli import (
-    add_trainer_args, add_verbose_arg, algorithm_from_args, check_checkpoint_args, parse_workers, positive_int,
+    add_trainer_args, add_verbose_arg, algorithm_from_args, check_trainer_args, parse_workers, positive_int,
     start_logging, trainer_options,
 )
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
@@ -94,7 +94,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="results/mnist", help="results directory (default results/mnist)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
-    check_checkpoint_args(parser, args)
+    check_trainer_args(parser, args)
     args.worker_counts = parse_workers(args.workers)
     algorithm_from_args(args.algorithm, args.window)  # fail on a bad name before loading anything
     return args

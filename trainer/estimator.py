@@ -32,7 +32,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from trainer.algorithms import Algorithm, get_algorithm
+from trainer.algorithms import Algorithm, get_algorithm, with_compression
 from trainer.checkpoint import Checkpoint, Checkpointer, load_checkpoint
 from trainer.data.validate import DataSpec, prepare_frame
 from trainer.errors import CheckpointError
@@ -123,6 +123,10 @@ class Trainer:
             slower one on fewer, and nobody waits for a straggler. False makes
             every worker pass exactly once over its own shard per epoch (as
             synchronous algorithms always do).
+        compression: String or None. Lossy encoding of the deltas workers
+            commit (DOWNPOUR, ADAG, DynSGD): ``"fp16"``, ``"bf16"`` (half the
+            bytes) or ``"topk:F"`` (the largest fraction F of each tensor),
+            with error feedback; None or ``"none"`` sends them exactly.
     """
 
     def __init__(
@@ -151,8 +155,9 @@ class Trainer:
         verbose: bool = True,
         check_data: bool = True,
         share_epochs: bool = True,
+        compression: str | None = None,
     ) -> None:
-        self.algorithm = get_algorithm(algorithm)
+        self.algorithm = with_compression(get_algorithm(algorithm), compression)
         self.num_workers = _positive_int("num_workers", num_workers)
         self.algorithm.check_workers(self.num_workers)
         self.batch_size = _positive_int("batch_size", batch_size)

@@ -430,6 +430,9 @@ class ParameterServer(AuthenticatedServer):
         self._reply(conn, {})
 
     def _check_payload(self, arrays: Sequence[np.ndarray]) -> str | None:
+        check = getattr(self._algorithm, "check_payload", None)  # a compressed rule knows its own layout
+        if check is not None:
+            return check(arrays, self._shapes)
         n = len(self._shapes)
         if self._with_optimizer:
             if len(arrays) < n:

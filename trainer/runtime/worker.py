@@ -98,6 +98,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             self.epoch_over = False
             self.logs: dict[str, float] = {}
             self.anchor: list[np.ndarray] = []
+            self.residual: list[np.ndarray] | None = None  # what a lossy codec left for the next commit
 
         def begin(self, model) -> None:
             self.set_model(model)
@@ -132,17 +133,24 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
         def exchange(self, logs) -> None:
             started = time.perf_counter()
             weights = model_state(self.model, self.with_optimizer)
-            payload = algorithm.worker_payload(weights, self.anchor)
+            got_state = time.perf_counter()
+            payload, self.residual = algorithm.worker_commit(weights, self.anchor, self.residual)
+            encoded = time.perf_counter()
             loss = float((logs or {}).get("loss", float("nan")))
             meta = {"worker": worker, "epoch": self.epoch, "step": self.step, "loss": loss}
             if budget is not None:
                 meta["batches"] = self.since
             reply, reply_meta = client.commit(payload, meta)
+            replied = time.perf_counter()
             new_weights, self.anchor = algorithm.worker_apply(weights, self.anchor, reply)
             load_state(self.model, new_weights, with_optimizer=self.with_optimizer, strict=False)
             self.since = 0
             record["commits"] += 1
-            record["comm_s"] += time.perf_counter() - started
+            done = time.perf_counter()
+            record["comm_s"] += done - started
+            for part, seconds in (("state", got_state - started), ("payload", encoded - got_state),
+                                  ("round_trip", replied - encoded), ("load", done - replied)):
+                record["exchange_s"][part] += seconds
             if budget is not None and reply_meta.get("epoch_batches", budget) >= budget:
                 self.epoch_over = True
                 self.model.stop_training = True
@@ -176,7 +184,8 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
     record: dict[str, Any] = {
         "worker": worker, "attempt": config.attempt, "rows": sizes[worker], "padded_rows": len(x),
         "task_start": task_start, "data_ready": data_ready, "model_built": built,
-        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(),
+        "commits": 0, "comm_s": 0.0, "epochs": [],
+        "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0}, "executor_pid": os.getpid(),
     }
     client = PSClient(
         config.ps_host, config.ps_port, config.secret, worker=worker,
