@@ -10,12 +10,13 @@ EXTRAS      ?= test,data
 WORKERS     ?= 2
 OUT         ?= results
 PYTEST_ARGS ?=
+BENCH_PS_ARGS ?=
 
 SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-unit test-spark test-lab bench bench-select clean
+.PHONY: help venv demo test test-unit test-spark test-lab bench bench-select bench-ps clean
 
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -48,6 +49,9 @@ bench: venv ## run the MNIST and forecasting benchmarks; results under $(OUT)/
 bench-select: venv ## model selection: MOP vs task parallelism vs sequential on MNIST and forecasting; results under $(OUT)/
 	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist
 	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
+
+bench-ps: venv ## parameter server vs raw loopback: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters; results under $(OUT)/bench_ps
+	$(PY) jobs/bench_ps.py --out $(OUT)/bench_ps $(BENCH_PS_ARGS)
 
 clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./data)
 	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info
