@@ -15,7 +15,9 @@ the same K), ``vs_raw_1`` (PS / raw with 1 client), ``vs_1_client`` (PS at K
 with 1 client) and ``rule_ms`` (the update rule alone, one thread). Targets
 of issue 17: ``vs_raw`` >= 0.8 with 1 client; ``vs_1_client`` >= 0.8 at 4.
 
-Results: ``bench_ps.json``, ``bench_ps.csv`` and ``bench_ps.md`` under --out.
+It imports only the package's public API and none of the jobs' helpers, so
+it also runs against older trees (the "before" numbers were taken on main's
+``trainer/`` before issue 17). Results: ``bench_ps.json``, ``bench_ps.csv`` and ``bench_ps.md`` under --out.
 
     python jobs/bench_ps.py --out results/bench_ps
     python jobs/bench_ps.py --seconds 2 --params 1M --clients 1,2 --compression none,bf16
@@ -30,7 +32,6 @@ import sys
 from pathlib import Path
 
 import trainer.algorithms as algorithms
-from trainer_jobs.support.cli import add_verbose_arg, parse_workers, positive_float, start_logging
 from trainer_jobs.support.ps_bench import frame_bytes, measure_ps, measure_raw, model_layout, rule_seconds
 from trainer_jobs.support.report import markdown_table, run_metadata
 
@@ -52,6 +53,17 @@ def parse_params(text: str) -> list[int]:
             raise argparse.ArgumentTypeError(f"--params expects sizes of at least 10k like 1M,10M; received {text!r}")
         out.append(value)
     return out
+
+
+def parse_clients(text: str) -> list[int]:
+    """'1,2,4' -> [1, 2, 4]."""
+    try:
+        counts = sorted({int(t) for t in text.split(",") if t.strip()})
+    except ValueError:
+        counts = []
+    if not counts or counts[0] < 1:
+        raise argparse.ArgumentTypeError(f"--clients expects positive integers like 1,2,4,8; received {text!r}")
+    return counts
 
 
 def parse_codecs(text: str) -> list[str]:
@@ -110,15 +122,15 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--params", type=parse_params, default=[1_000_000, 10_000_000],
                         help="model sizes in float32 parameters (default 1M,10M)")
-    parser.add_argument("--clients", type=parse_workers, default=[1, 2, 4, 8],
+    parser.add_argument("--clients", type=parse_clients, default=[1, 2, 4, 8],
                         help="numbers of client processes (default 1,2,4,8)")
-    parser.add_argument("--seconds", type=positive_float, default=5.0, help="seconds per measurement (default 5)")
+    parser.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement (default 5)")
     parser.add_argument("--compression", type=parse_codecs, default=["none"],
                         help="comma-separated codecs to measure: none, fp16, bf16, topk:F (default none)")
     parser.add_argument("--out", default="results/bench_ps", help="results directory (default results/bench_ps)")
-    add_verbose_arg(parser)
     args = parser.parse_args(argv)
-    start_logging(args)
+    if not args.seconds > 0:
+        parser.error(f"--seconds must be a positive number, received {args.seconds}")
     print("| " + " | ".join(COLUMNS) + " |", flush=True)
     rows = run(args.params, args.clients, args.seconds, args.compression)
     paths = write(rows, Path(args.out), {"job": "bench_ps", "seconds": args.seconds, "params": args.params,
