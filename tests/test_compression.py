@@ -194,3 +194,17 @@ def test_topk_commits_through_a_real_parameter_server_and_bad_payloads_get_a_cle
             with pytest.raises(RemoteError, match="expected 4"):
                 c.commit(weights, {})  # dense, uncompressed: refused, and the connection stays
             assert c.pull()[1] == 1
+
+
+def test_trainer_option_wraps_the_rule_or_names_the_problem():
+    from trainer import Trainer
+
+    def model():  # never called: the options are checked first
+        raise AssertionError
+
+    assert isinstance(Trainer(model, algorithm="downpour", compression="bf16").algorithm, Compressed)
+    assert Trainer(model, algorithm="adag").algorithm == ADAG()
+    with pytest.raises(AlgorithmConfigError, match="commit deltas"):
+        Trainer(model, algorithm="easgd", compression="fp16")
+    with pytest.raises(AlgorithmConfigError, match="Unknown compression"):
+        Trainer(model, algorithm="adag", compression="zstd")
