@@ -58,6 +58,10 @@ def _measured_inputs(args) -> None:
         if "plain" in rows:
             batches = -(-data["metadata"]["limit"] // data["metadata"]["batch_size"])
             args.batch_ms = 1000.0 * rows["plain"]["epoch_s"] / batches
+            for n in (1, 2):
+                if f"workers={n}" in rows and rows[f"workers={n}"].get("vs_plain"):
+                    args.measured.append((f"here, 2 cores ({Path(args.overhead).name}, same run as the inputs)",
+                                          n, "plain", n * rows[f"workers={n}"]["vs_plain"]))
 
 
 def scenarios(base: Workload, server_ms_phase2: float) -> dict[str, tuple[Workload, int]]:
@@ -73,7 +77,7 @@ def scenarios(base: Workload, server_ms_phase2: float) -> dict[str, tuple[Worklo
     }
 
 
-def plot(base: Workload, variants, png: Path) -> None:
+def plot(base: Workload, variants, png: Path, measured) -> None:
     import matplotlib  # deferred: only the plot needs it
 
     matplotlib.use("Agg")
@@ -94,11 +98,13 @@ def plot(base: Workload, variants, png: Path) -> None:
     here = Cluster(link_gbit=None, cores=2)
     ns = [1, 2, 3, 4]
     ax.plot(ns, [predict(base, here, n)["speedup"] for n in ns], marker="o", label="model: 2 cores, loopback")
-    for where, n, against, value in MEASURED:
+    styles = {"lab": ("x", "black"), "issue": ("s", "tab:red")}
+    for where, n, against, value in measured:
         scale = predict(base, here, 1)["speedup"] if against == "1 worker" else 1.0
-        ax.scatter([n], [value * scale], marker="x" if "lab" in where else "s", color="black" if "lab" in where
-                   else "tab:red", zorder=3)
-    ax.scatter([], [], marker="s", color="tab:red", label="measured here (issue 17)")
+        marker, color = next((v for k, v in styles.items() if k in where), ("^", "tab:green"))
+        ax.scatter([n], [value * scale], marker=marker, color=color, zorder=3)
+    ax.scatter([], [], marker="s", color="tab:red", label="measured here (issue 17, a quieter day)")
+    ax.scatter([], [], marker="^", color="tab:green", label="measured here (the inputs' run)")
     ax.scatter([], [], marker="x", color="black", label="measured in the lab (x 1-worker model)")
     ax.set(title="validation: this 2-core machine", xlabel="workers", ylabel="speed-up vs plain Keras",
            xticks=ns)
@@ -124,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--png", default="docs/scale_model.png", help="plot path (default docs/scale_model.png)")
     parser.add_argument("--out", default="results/scale_model", help="results directory")
     args = parser.parse_args(argv)
+    args.measured = list(MEASURED)
     _measured_inputs(args)
     base = Workload(PARAMS, args.batch_ms / 1000, args.window, args.worker_ms / 1000, args.server_ms / 1000)
     variants = scenarios(base, args.phase2_server_ms)
@@ -140,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     here = Cluster(link_gbit=None, cores=2)
     one = predict(base, here, 1)["speedup"]
     checks = []
-    for where, n, against, value in MEASURED:
+    for where, n, against, value in args.measured:
         model = predict(base, here, n)["speedup"] / (one if against == "1 worker" else 1.0)
         checks.append({"run": where, "workers": n, "against": against, "measured": value, "model": model,
                        "model_vs_measured": model / value})
@@ -154,7 +161,7 @@ def main(argv: list[str] | None = None) -> int:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    plot(base, variants, Path(args.png))
+    plot(base, variants, Path(args.png), args.measured)
     print("inputs:", ", ".join(f"{k} {v:.4g}" for k, v in inputs.items()))
     print(markdown_table(knees, list(knees[0])))
     print()
