@@ -110,15 +110,25 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             self.epoch, self.epoch_over = epoch, False
             record["epochs"].append({"epoch": epoch, "start": time.time(), "batches": 0})
 
-        def on_train_batch_end(self, batch, logs=None):
+        # The exchange runs when the next batch begins or the pass ends, never in a batch-END
+        # hook: with one, Keras turns every batch's logs into Python floats on the training
+        # thread; without, it does so on its own thread, as for plain Keras.
+        def on_train_batch_begin(self, batch, logs=None):
+            if algorithm.window is not None and self.since >= algorithm.window:
+                self.exchange(None)
             self.step += 1
             self.since += 1
             record["epochs"][-1]["batches"] += 1
-            if algorithm.window is not None and self.since >= algorithm.window:
-                self.exchange(logs)
 
         def on_epoch_end(self, epoch, logs=None):
             self.logs = {k: float(v) for k, v in (logs or {}).items()}
+            if algorithm.window is not None and self.since >= algorithm.window:
+                self.exchange(self.logs)
+
+        def running_loss(self) -> float:
+            """The epoch's mean training loss so far (Keras's loss tracker), without waiting for batch logs."""
+            tracker = next((m for m in self.model.metrics if m.name == "loss"), None)
+            return float("nan") if tracker is None else float(tracker.result())
 
         def finish_epoch(self) -> None:
             if algorithm.window is None:
@@ -136,7 +146,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             got_state = time.perf_counter()
             payload, self.residual = algorithm.worker_commit(weights, self.anchor, self.residual)
             encoded = time.perf_counter()
-            loss = float((logs or {}).get("loss", float("nan")))
+            loss = float(logs["loss"]) if logs and "loss" in logs else self.running_loss()
             meta = {"worker": worker, "epoch": self.epoch, "step": self.step, "loss": loss}
             if budget is not None:
                 meta["batches"] = self.since
