@@ -101,14 +101,27 @@ from trainer.data.prep import MinMax, make_windows, train_test_split_last
 from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
 from trainer.spark.launch import wait_for_slots
 from trainer_jobs.support.cli import (
-    add_trainer_args, add_verbose_arg, algorithm_from_args, check_trainer_args, parse_workers, positive_float,
-    positive_int, start_logging, trainer_options,
+    add_trainer_args,
+    add_verbose_arg,
+    algorithm_from_args,
+    check_trainer_args,
+    parse_workers,
+    positive_float,
+    positive_int,
+    start_logging,
+    trainer_options,
 )
 from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
 from trainer_jobs.support.report import mape, markdown_table, metric_pivot, plot_speedup, write_results
 from trainer_jobs.support.scaling import (
-    baseline_row, cluster_session, fitted_row, plain_keras_fit, timing_valid, with_ratios,
+    baseline_row,
+    cluster_session,
+    fitted_row,
+    plain_keras_fit,
+    timing_valid,
+    with_ratios,
 )
+from trainer_jobs.support.tracking import add_mlflow_arg, log_results
 
 log = logging.getLogger("trainer_jobs.forecast")
 
@@ -206,6 +219,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default 1)")
     parser.add_argument("--models", default="lstm,gru", help="comma-separated models: lstm, gru (default both)")
     add_trainer_args(parser)
+    add_mlflow_arg(parser)
     parser.add_argument("--out", default="results/forecast", help="results directory (default results/forecast)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
@@ -364,6 +378,8 @@ def main(argv: list[str] | None = None) -> int:
                 for n in args.worker_counts:
                     rows.append(distributed_run(name, args, seed, n, train, test, scaler, len(x_train)))
     rows = with_ratios(rows)
+    if args.mlflow:
+        log_results('forecast', args, rows)
     out = Path(args.out)
     metadata = {"job": "forecast", **vars(args), "n_in": N_IN, "test_hours": TEST_HOURS, "units": UNITS,
                 "features": FEATURES, "hourly_rows": len(pdf),

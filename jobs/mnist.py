@@ -26,14 +26,26 @@ from trainer import Trainer
 from trainer.data.prep import scale_pixels
 from trainer.lr_schedules import planned_steps, worker_learning_rate
 from trainer_jobs.support.cli import (
-    add_trainer_args, add_verbose_arg, algorithm_from_args, check_trainer_args, parse_workers, positive_int,
-    start_logging, trainer_options,
+    add_trainer_args,
+    add_verbose_arg,
+    algorithm_from_args,
+    check_trainer_args,
+    parse_workers,
+    positive_int,
+    start_logging,
+    trainer_options,
 )
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.report import markdown_table, plot_speedup, write_results
 from trainer_jobs.support.scaling import (
-    baseline_row, cluster_session, fitted_row, plain_keras_fit, timing_valid, with_ratios,
+    baseline_row,
+    cluster_session,
+    fitted_row,
+    plain_keras_fit,
+    timing_valid,
+    with_ratios,
 )
+from trainer_jobs.support.tracking import add_mlflow_arg, log_results
 
 LEARNING_RATE = 1e-3
 
@@ -91,6 +103,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--no-dropout", action="store_true",
                         help="the seed's CNN exactly, without the two dropout layers added by default")
     add_trainer_args(parser)
+    add_mlflow_arg(parser)
     parser.add_argument("--out", default="results/mnist", help="results directory (default results/mnist)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
@@ -140,6 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                   f"{fitted.history.num_updates} updates, data delivery "
                   f"{fitted.history.timings['data_delivery_s']:.1f} s", flush=True)
     rows = with_ratios(rows)
+    if args.mlflow:
+        log_results('mnist', args, rows)
     out = Path(args.out)
     paths = write_results(rows, out, "mnist", metadata={"job": "mnist", **{k: v for k, v in vars(args).items()}})
     plot_speedup(rows, out / "mnist.png", "accuracy", title="MNIST CNN")

@@ -25,6 +25,12 @@ class TrainingFailedError(RuntimeError):
     """A worker task failed; the message carries the root cause from the executor."""
 
 
+class TaskFailedError(RuntimeError):
+    """A deterministic error in the user's model or code inside a Spark task (a custom class that
+    cannot be found, a shape error in the model): raised at once with the executor's message,
+    without Spark's task retries."""
+
+
 class CheckpointError(ValueError):
     """A checkpoint is missing, unreadable, damaged, or does not match the run."""
 
@@ -43,3 +49,7 @@ class MasterUnreachableError(ConnectionError):
 
 class SelectionError(ValueError):
     """A model-selection run was configured in a way it cannot work with."""
+
+
+class ConnectUnsupportedError(NotImplementedError):
+    """A Spark Connect session lacks something this operation needs (the message says what and why)."""

@@ -20,6 +20,13 @@ slots, then continues on the slots left, down to `min_workers`; retried workers
 resume from the server's current weights at the first epoch not every worker
 finished). The workers' records come back once and become the
 `TrainingHistory`. The server always stops (also on error or Ctrl-C).
+
+``fit(df, validation=val_df or a fraction)`` deals the validation rows into
+the same stage: every worker validates the center model on its share at the
+end of each epoch. ``fit(df, callbacks=[...])`` runs Keras callbacks on the
+driver on the center model at every epoch end (``trainer.callbacks``: which run
+where, how EarlyStopping stops the workers). ``mlflow=True`` logs the fit
+(``trainer.tracking``).
 """
 
 from __future__ import annotations
@@ -33,16 +40,20 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from trainer.algorithms import Algorithm, get_algorithm, with_compression
+from trainer.callbacks import EpochCallbacks, check_callbacks
 from trainer.checkpoint import Checkpoint, Checkpointer, load_checkpoint
 from trainer.data.validate import DataSpec, prepare_frame
+from trainer.data.validation import split_validation, tag_validation, validation_frame
 from trainer.errors import CheckpointError
 from trainer.fitted import FittedModel, TrainingHistory
 from trainer.lr_schedules import planned_steps
 from trainer.progress import TrainingProgress
 from trainer.ps.server import ParameterServer, uniform_progress
-from trainer.runtime.shipping import ModelSource, model_to_bytes, ship_by_value
+from trainer.runtime.shipping import ModelSource, pack_model, ship_by_value
 from trainer.runtime.worker import RESULT_DDL, WorkerConfig, train_partition
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.spark.resources import check_gpus_per_worker, stage_profile
+from trainer.tracking import RunLogger, epoch_logger, fit_params
 from trainer.transport.wire import new_secret
 
 log = logging.getLogger("trainer")
@@ -70,6 +81,8 @@ class _Plan:
     version: int
     epochs_done: dict
     resumed: Checkpoint | None
+    profile: Any = None  # the stage's ResourceProfile (GPUs per task), None for the session's defaults
+    validation_rows: int = 0
 
 
 class Trainer:
@@ -114,6 +127,11 @@ class Trainer:
         on_update: Callable or None. Called on the driver with every
             parameter-server update (a `trainer.ps.UpdateRecord`: time, worker,
             version, staleness, bytes, epoch, step, loss); keep it fast.
+        gpus_per_worker: Integer. GPUs each worker task gets (a stage-level Spark
+            ResourceProfile; the task sees only the devices Spark assigned it
+            through CUDA_VISIBLE_DEVICES). 0 keeps the session's defaults. The
+            session needs spark.executor.resource.gpu.amount, or fit fails
+            before any Spark job with the settings to add (docs/clusters.md).
         verbose: Bool. Progress bar and INFO logs on the driver.
         check_data: Bool. Scan the data once for nulls/NaN/inf and label ranges.
         share_epochs: Bool. With an asynchronous algorithm and a window, an
@@ -127,6 +145,9 @@ class Trainer:
             commit (DOWNPOUR, ADAG, DynSGD): ``"fp16"``, ``"bf16"`` (half the
             bytes) or ``"topk:F"`` (the largest fraction F of each tensor),
             with error feedback; None or ``"none"`` sends them exactly.
+        mlflow: Bool. Log the fit to MLflow (the active run, or a new one
+            under the current tracking URI): parameters, per-epoch metrics and
+            the final model with its signature; see ``trainer.tracking``.
     """
 
     def __init__(
@@ -152,10 +173,12 @@ class Trainer:
         checkpoint_dir: str | os.PathLike | None = None,
         checkpoint_every: int = 100,
         on_update: Callable[[Any], None] | None = None,
+        gpus_per_worker: int = 0,
         verbose: bool = True,
         check_data: bool = True,
         share_epochs: bool = True,
         compression: str | None = None,
+        mlflow: bool = False,
     ) -> None:
         self.algorithm = with_compression(get_algorithm(algorithm), compression)
         self.num_workers = _positive_int("num_workers", num_workers)
@@ -187,17 +210,19 @@ class Trainer:
         self.checkpoint_dir = checkpoint_dir
         self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every)
         self.on_update = on_update
+        self.gpus_per_worker = check_gpus_per_worker(gpus_per_worker)
         self.verbose = bool(verbose)
         self.check_data = bool(check_data)
         self.share_epochs = bool(share_epochs)
+        self.mlflow = bool(mlflow)
 
     # -- planning ---------------------------------------------------------------
     def _driver_model(self):
         import keras  # deferred: TensorFlow starts only when a fit does
 
         if isinstance(self.model, keras.Model):
-            ship_by_value(*(self.custom_objects or {}).values())
-            return self.model, ModelSource(keras_bytes=model_to_bytes(self.model), custom_objects=self.custom_objects)
+            package = pack_model(self.model, self.custom_objects)
+            return self.model, ModelSource(keras_bytes=package.data, custom_objects=package.custom_objects)
         model = self.model()
         if not isinstance(model, keras.Model):
             raise TypeError(f"The model function must return a keras.Model. Received: {type(model)}")
@@ -218,9 +243,10 @@ class Trainer:
         # Any worker count may resume: rows are dealt anew, the epochs everybody finished carry over.
         return center, checkpoint.version, uniform_progress(checkpoint.completed_epochs, self.num_workers)
 
-    def _plan(self, df, resume_from) -> _Plan:
+    def _plan(self, df, resume_from, validation=None) -> _Plan:
         """Every check before cluster work: the model, the checkpoint, the data, the free slots."""
         started = time.time()
+        df, validation = split_validation(df, validation, self.seed)
         model, source = self._driver_model()
         resumed = load_checkpoint(resume_from) if resume_from is not None else None
         center, version, epochs_done = model.get_weights(), 0, {}
@@ -229,31 +255,57 @@ class Trainer:
         frame, spec = prepare_frame(
             df, self.features_col, self.label_col, model, min_rows=self.num_workers, check_values=self.check_data,
         )
-        wait_for_slots(df.sparkSession, self.num_workers, self.slot_timeout)
+        vframe, vrows = validation_frame(validation, self.features_col, self.label_col, model, spec,
+                                         check_values=self.check_data)
+        if vframe is not None:
+            frame = tag_validation(frame, vframe)
+        profile = stage_profile(df.sparkSession, self.gpus_per_worker)
+        wait_for_slots(df.sparkSession, self.num_workers, self.slot_timeout, profile)
         log.info(
             "Training %s on %d rows with %d workers, %s, batch %d, %d epochs (checks took %.1f s)",
             model.name, spec.num_rows, self.num_workers, self.algorithm.describe(), self.batch_size,
             self.epochs, time.time() - started,
         )
-        if spec.num_rows < 1000 * self.num_workers:
+        if spec.num_rows + vrows < 1000 * self.num_workers:
             # Round-robin from a single partition deals rows evenly; from many tiny
             # partitions it can leave a worker without any row. The identity map
             # keeps the optimizer from collapsing coalesce(1) into the repartition.
             frame = frame.coalesce(1).mapInArrow(_identity, frame.schema)
-        return _Plan(model, source, frame, spec, center, version, epochs_done, resumed)
+        return _Plan(model, source, frame, spec, center, version, epochs_done, resumed, profile, vrows)
 
     # -- fit -------------------------------------------------------------------
-    def fit(self, df, resume_from: str | os.PathLike | None = None) -> FittedModel:
+    def fit(self, df, resume_from: str | os.PathLike | None = None, *, validation: Any = None,
+            callbacks: list | None = None) -> FittedModel:
         """Train on `df` and return a `FittedModel` (see the class docstring).
 
-        `resume_from` is the `checkpoint_dir` of an interrupted run with the same
-        model and algorithm: training continues from its weights at the first
-        epoch not every worker finished (and keeps checkpointing there unless
-        another `checkpoint_dir` is set).
+        Args:
+            df: Spark DataFrame with the feature and label columns.
+            resume_from: the `checkpoint_dir` of an interrupted run with the same
+                model and algorithm: training continues from its weights at the
+                first epoch not every worker finished (and keeps checkpointing
+                there unless another `checkpoint_dir` is set).
+            validation: a DataFrame with the same columns, a fraction in (0, 1)
+                of `df` to hold out (``randomSplit`` with `seed`), or None. The
+                center model is validated on the executors at every epoch end;
+                ``history.epochs`` gets ``val_loss`` and the other metrics.
+            callbacks: Keras callbacks run on the driver on the center model at
+                every epoch end (EarlyStopping, ModelCheckpoint, ReduceLROnPlateau,
+                CSVLogger, TensorBoard, ...); see ``trainer.callbacks``.
         """
+        if not self.mlflow:
+            return self._fit(df, resume_from, validation, callbacks, None)
+        with RunLogger(run_name=f"trainer {self.algorithm.name} x{self.num_workers}") as run:
+            return self._fit(df, resume_from, validation, callbacks, run)
+
+    def _fit(self, df, resume_from, validation, callbacks, run: RunLogger | None) -> FittedModel:
         import keras  # deferred: TensorFlow starts only when a fit does
 
-        plan = self._plan(df, resume_from)
+        plan = self._plan(df, resume_from, validation)
+        callbacks = check_callbacks(callbacks, plan.model, plan.validation_rows > 0)
+        if run is not None:
+            run.log_params(fit_params(self, plan.model, plan.spec.num_rows, plan.validation_rows))
+            callbacks.append(epoch_logger(run))
+        epoch_callbacks = EpochCallbacks(plan.model, callbacks, self.num_workers, self.epochs)
         spark = df.sparkSession
         host, bind, port = driver_addresses(spark, self.ps_host, self.ps_bind_host, self.ps_port)
         steps = planned_steps(plan.spec.num_rows, self.num_workers, self.batch_size)
@@ -261,13 +313,19 @@ class Trainer:
                                     enabled=self.verbose)
         secret = new_secret()
         checkpointer: Checkpointer | None = None
-        callbacks: list[Callable] = [progress.update] + ([self.on_update] if self.on_update else [])
+        hooks: list[Callable] = [progress.update, epoch_callbacks.on_update] + ([self.on_update] if self.on_update
+                                                                                else [])
+
+        def on_epoch_done(worker: int, epoch: int) -> None:
+            if checkpointer is not None:
+                checkpointer.on_epoch_done(worker, epoch)
+            epoch_callbacks.on_epoch_done(worker, epoch)
+
         server = ParameterServer(
             self.algorithm, plan.center, self.num_workers, secret, host=bind, port=port,
             io_timeout=self.io_timeout, round_timeout=self.io_timeout,
-            on_update=lambda record: [cb(record) for cb in callbacks],
-            on_epoch_done=lambda worker, epoch: checkpointer and checkpointer.on_epoch_done(worker, epoch),
-            version=plan.version, epochs_done=plan.epochs_done,
+            on_update=lambda record: [hook(record) for hook in hooks],
+            on_epoch_done=on_epoch_done, version=plan.version, epochs_done=plan.epochs_done,
         )
         checkpoint_dir = self.checkpoint_dir if self.checkpoint_dir is not None else resume_from
         if checkpoint_dir is not None:
@@ -275,7 +333,7 @@ class Trainer:
                 "num_workers": self.num_workers, "algorithm": self.algorithm.describe(), "epochs": self.epochs,
                 "model": plan.model.name, "num_weights": len(plan.model.weights),
             })
-            callbacks.append(checkpointer.on_update)
+            hooks.append(checkpointer.on_update)
         events: list[dict] = []
         if plan.resumed is not None:
             events.append({"time": time.time(), "event": "resumed", "from": str(resume_from),
@@ -293,29 +351,44 @@ class Trainer:
         def on_retry(workers: int) -> None:
             server.resize(workers)
             progress.restart(workers)
+            epoch_callbacks.restart(workers)
 
         try:
             _, bound_port = server.start()
+            epoch_callbacks.start(server)
             job_start = time.time()
             stage = run_stage_with_retries(
                 plan.frame, self.num_workers, make_task, RESULT_DDL,
                 policy=RetryPolicy(self.max_retries, self.retry_timeout, self.min_workers),
                 description=f"trainer: {plan.model.name} {self.algorithm.describe()}",
-                on_retry=on_retry, events=events,
+                on_retry=on_retry, events=events, profile=plan.profile,
             )
             job_end = time.time()
         finally:
             server.stop()
             progress.close()
+            epoch_callbacks.close()
             if checkpointer is not None:
                 checkpointer.save()
-        plan.model.set_weights(server.center()[: len(plan.model.weights)])
+        epoch_callbacks.finish(server.center())  # the final weights, then on_train_end (restore_best_weights)
+        if epoch_callbacks.stopped_epoch is not None:
+            events.append({"time": time.time(), "event": "stopped_by_callback", "epoch": epoch_callbacks.stopped_epoch})
         results = [json.loads(r.history) for r in stage.rows]
         history = TrainingHistory.build(self.algorithm.describe(), self.num_workers, server, results, job_start,
                                         job_end, events)
+        if epoch_callbacks.stopped_epoch is not None:  # epochs some workers ended after the stop are not reported
+            history.epochs = [e for e in history.epochs if e["epoch"] <= epoch_callbacks.stopped_epoch]
+        reported = {e["epoch"]: e for e in epoch_callbacks.epochs}
+        for entry in history.epochs:
+            entry.update({k: v for k, v in reported.get(entry["epoch"], {}).items() if k not in entry})
         log.info(
             "Trained in %.1f s (%.1f s per epoch, data delivery %.1f s), %d updates, %.1f MB moved",
             history.timings["wall_s"], history.timings["epoch_s"], history.timings["data_delivery_s"],
             history.num_updates, history.bytes_moved / 1e6,
         )
-        return FittedModel(plan.model, history, self.features_col, self.label_col, plan.spec, self.custom_objects)
+        fitted = FittedModel(plan.model, history, self.features_col, self.label_col, plan.spec, self.custom_objects)
+        if run is not None:
+            run.log_metrics({"wall_s": history.timings["wall_s"], "total_updates": history.num_updates,
+                             "total_bytes": history.bytes_moved})
+            run.log_model(plan.model, plan.spec.input_shape, fitted._shipped().custom_objects)
+        return fitted

@@ -1,25 +1,32 @@
 """What ``Trainer.fit`` returns: the trained model, its history, and inference on DataFrames.
 
 `FittedModel.transform` and `evaluate` run on the executors: the model travels
-once as ``.keras`` bytes and is loaded once per Python worker
-(``trainer.runtime.shipping.cached_model``). `TrainingHistory` records what
-happened during ``fit`` (server updates, workers, epochs, events, timings).
+once as ``.keras`` bytes with the custom objects it needs (shipped by value,
+``trainer.runtime.shipping.pack_model``) and is loaded once per Python worker
+(``trainer.runtime.shipping.cached_model``); an error there is raised at once
+(``trainer.runtime.inference``). `TrainingHistory` records what happened
+during ``fit`` (server updates, workers, epochs, events, timings).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import pickle
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
+from pyspark import cloudpickle
 
 from trainer.data.validate import DataSpec, feature_column, model_io, prepare_frame, resolve_input_shape
-from trainer.runtime.arrow import arrow_to_numpy
-from trainer.runtime.process import setup_task
-from trainer.runtime.shipping import cached_model, model_to_bytes
+from trainer.data.validation import weighted_metrics
+from trainer.errors import TaskFailedError
+from trainer.runtime.inference import OUTCOME_DDL, evaluate_task, predict_function, probe_model, weighted_outcomes
+from trainer.runtime.shipping import ModelPackage, pack_model
+
+CUSTOM_OBJECTS_FILE = "custom_objects.cloudpickle"
 
 
 @dataclass
@@ -33,7 +40,10 @@ class TrainingHistory:
             bytes_received, timings, per-epoch logs); retried tasks appear once
             per attempt.
         epochs: per epoch: wall time over all workers, batches trained by
-            all workers and the mean of the workers' Keras logs (loss, metrics).
+            all workers, the mean of the workers' Keras logs (loss, metrics)
+            and, with validation data, the validation metrics of the center
+            model (``val_loss``, ...; weighted by each worker's validation
+            rows, ``val_rows`` in all).
         events: notable events (retries, server-side rejections).
         timings: wall_s, data_delivery_s, model_build_s, train_s, epoch_s.
     """
@@ -79,8 +89,7 @@ class TrainingHistory:
             parts = [e for w in final for e in w["epochs"] if e["epoch"] == epoch and "end" in e]
             entry = {"epoch": epoch, "time_s": max(p["end"] for p in parts) - min(p["start"] for p in parts),
                      "batches": sum(p.get("batches", 0) for p in parts)}
-            for key in parts[0]["logs"]:
-                entry[key] = float(np.mean([p["logs"].get(key, np.nan) for p in parts]))
+            entry.update(weighted_metrics([p["logs"] for p in parts]))
             epochs.append(entry)
         first = [w for w in workers if w["attempt"] == 0] or workers
         timings = {
@@ -108,13 +117,15 @@ class FittedModel:
         self.label_col = label_col
         self.spec = spec
         self.custom_objects = custom_objects
-        self._bytes: bytes | None = None
+        self._package: ModelPackage | None = None
+        self._probed = False
         self._key = uuid.uuid4().hex
 
-    def _model_bytes(self) -> bytes:
-        if self._bytes is None:
-            self._bytes = model_to_bytes(self.keras_model)
-        return self._bytes
+    def _shipped(self) -> ModelPackage:
+        """The model's ``.keras`` bytes and every custom object they need, made once."""
+        if self._package is None:
+            self._package = pack_model(self.keras_model, self.custom_objects)
+        return self._package
 
     def transform(self, df, output_col: str = "prediction", batch_size: int = 1024):
         """Return `df` with `output_col` added: the model's outputs for every row.
@@ -128,20 +139,14 @@ class FittedModel:
 
         input_shape, units, _ = model_io(self.keras_model)
         shape = list(resolve_input_shape(input_shape, self.spec.feature_size))
-        data, key, objects, backend = self._model_bytes(), self._key, self.custom_objects, keras.backend.backend()
-        scalar = units == 1
-
-        def make_predict_fn():
-            setup_task(backend)
-            model = cached_model(key, data, objects)
-
-            def predict(x: np.ndarray) -> np.ndarray:
-                out = np.asarray(model.predict_on_batch(x.astype(np.float32, copy=False)))
-                return out.reshape(len(x)) if scalar else out.reshape(len(x), -1)
-
-            return predict
-
-        return_type = T.FloatType() if scalar else T.ArrayType(T.FloatType())
+        package, backend = self._shipped(), keras.backend.backend()
+        if not self._probed:  # a user error here surfaces now, not after Spark's task retries
+            error = probe_model(df.sparkSession, package, self._key, backend, tuple(shape))
+            if error is not None:
+                raise TaskFailedError(f"The model cannot run on the executors: {error}")
+            self._probed = True
+        make_predict_fn = predict_function(package, self._key, backend, scalar=units == 1)
+        return_type = T.FloatType() if units == 1 else T.ArrayType(T.FloatType())
         udf = predict_batch_udf(make_predict_fn, return_type=return_type, batch_size=batch_size,
                                 input_tensor_shapes=[shape])
         return df.withColumn(output_col, udf(feature_column(df, self.features_col)))
@@ -154,34 +159,24 @@ class FittedModel:
         other per-sample mean, and approximate for metrics such as AUC.
         """
         import keras  # deferred: TensorFlow starts only when a model is needed
-        import pyarrow as pa
 
         frame, spec = prepare_frame(df, self.features_col, self.label_col, self.keras_model)
-        data, key, objects, backend = self._model_bytes(), self._key, self.custom_objects, keras.backend.backend()
-        schema = pa.schema([("count", pa.int64()), ("metrics", pa.string())])
-
-        def evaluate_partition(batches):
-            x, y = arrow_to_numpy(batches, spec.input_shape, spec.label_size)
-            if len(x) == 0:
-                return
-            setup_task(backend)
-            model = cached_model(key, data, objects)
-            metrics = model.evaluate(x, y, batch_size=batch_size, verbose=0, return_dict=True)
-            yield pa.RecordBatch.from_pydict(
-                {"count": [len(x)], "metrics": [json.dumps({k: float(v) for k, v in metrics.items()})]},
-                schema=schema,
-            )
-
-        rows = frame.mapInArrow(evaluate_partition, "count long, metrics string").collect()
-        total = sum(r["count"] for r in rows)
-        parts = [(r["count"], json.loads(r["metrics"])) for r in rows]
-        return {k: sum(n * m[k] for n, m in parts) / total for k in parts[0][1]}
+        task = evaluate_task(self._shipped(), self._key, keras.backend.backend(), spec.input_shape, spec.label_size,
+                             batch_size)
+        metrics, error = weighted_outcomes(frame.mapInArrow(task, OUTCOME_DDL).collect())
+        if error is not None:
+            raise TaskFailedError(f"evaluate failed on an executor: {error}")
+        return metrics
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write ``model.keras``, ``history.json`` and ``fitted.json`` into directory `path`."""
+        """Write ``model.keras``, ``history.json`` and ``fitted.json`` into directory `path`, and the
+        model's custom objects (by value, cloudpickle) into ``custom_objects.cloudpickle``."""
         out = Path(path)
         out.mkdir(parents=True, exist_ok=True)
-        self.keras_model.save(out / "model.keras")
+        package = self._shipped()
+        (out / "model.keras").write_bytes(package.data)
+        if package.custom_objects:
+            (out / CUSTOM_OBJECTS_FILE).write_bytes(cloudpickle.dumps(package.custom_objects))
         (out / "history.json").write_text(json.dumps(self.history.to_dict(), default=float))
         meta = {"features_col": self.features_col, "label_col": self.label_col, "spec": asdict(self.spec)}
         (out / "fitted.json").write_text(json.dumps(meta))
@@ -189,12 +184,17 @@ class FittedModel:
 
     @classmethod
     def load(cls, path: str | os.PathLike, custom_objects=None) -> "FittedModel":
+        """Read a directory written by `save`. Its custom objects come back by value (so a model
+        whose layers were defined in a notebook loads anywhere): unpickling runs their code, so
+        load only directories you trust. `custom_objects` given here take precedence."""
         import keras  # deferred: TensorFlow starts only when a model is needed
 
         src = Path(path)
         meta = json.loads((src / "fitted.json").read_text())
         spec = meta["spec"]
         spec = DataSpec(spec["num_rows"], spec["feature_size"], tuple(spec["input_shape"]), spec["label_size"])
+        if (src / CUSTOM_OBJECTS_FILE).is_file():
+            custom_objects = {**pickle.loads((src / CUSTOM_OBJECTS_FILE).read_bytes()), **(custom_objects or {})}
         model = keras.saving.load_model(src / "model.keras", custom_objects=custom_objects)
         history = TrainingHistory(**json.loads((src / "history.json").read_text()))
         return cls(model, history, meta["features_col"], meta["label_col"], spec, custom_objects)

@@ -31,13 +31,17 @@ def cluster_session(master: str | None, workers: int, cores_per_worker: int = 1,
     """SparkSession on `master`, or on an embedded LocalCluster with `workers` workers."""
     if master:
         spark = spark_session(master, app_name, cores_per_worker=cores_per_worker)
+        print(f"Spark master {master}", flush=True)
         try:
             yield spark
         finally:
             spark.stop()
         return
     with LocalCluster(workers=workers, cores_per_worker=cores_per_worker) as cluster:
-        yield cluster.session(app_name)
+        spark = cluster.session(app_name)
+        print(f"embedded Spark cluster up: {workers} worker(s) x {cores_per_worker} core(s), UI {cluster.ui_url}",
+              flush=True)
+        yield spark
 
 
 def timing_valid(workers: int, cores_per_worker: int, master: str | None) -> bool:

@@ -68,9 +68,10 @@ class PSClient(AuthenticatedClient):
         frame = self._request(Msg.COMMIT, dict(meta or {}), payload)
         return frame.arrays, frame.meta
 
-    def epoch_done(self, epoch: int, logs: dict[str, Any] | None = None) -> None:
-        """Report that ``epoch`` is finished (lets a retried task resume after it)."""
-        self._request(Msg.EPOCH_DONE, {"epoch": int(epoch), "logs": dict(logs or {})})
+    def epoch_done(self, epoch: int, logs: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Report that ``epoch`` is finished (lets a retried task resume after it); returns the
+        reply's meta (the server's directives, e.g. ``{"stop": True}``)."""
+        return self._request(Msg.EPOCH_DONE, {"epoch": int(epoch), "logs": dict(logs or {})}).meta
 
     # -- hooks ------------------------------------------------------------------------
 

@@ -212,6 +212,7 @@ class ParameterServer(AuthenticatedServer):
         self._start_epochs: dict[int, int] = {}  # attempt -> epoch its workers start at
         self._epoch_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (attempt, epoch)
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
+        self._directives: dict[str, Any] = {}
 
     # -- lifecycle ------------------------------------------------------------
 
@@ -263,6 +264,17 @@ class ParameterServer(AuthenticatedServer):
             self._abort_round_locked(f"round aborted: the server now serves {num_workers} workers, not {previous}")
         log.warning("parameter server: now serving %d workers (was %d), %d epoch(s) completed",
                     num_workers, previous, completed)
+
+    def direct(self, **directives: Any) -> None:
+        """Send `directives` to the workers in every COMMIT, round and EPOCH_DONE reply from now on:
+        ``stop=True`` (the driver's callbacks stopped training; a pending round ends without an
+        update) or ``learning_rate=x`` (workers set their optimizer's rate)."""
+        with self._cond:
+            self._directives.update(directives)
+            self._events.append({"time": time.time(), "kind": "directive", **directives})
+            if directives.get("stop"):  # workers waiting in a round are released without an update
+                self._round = _Round(self._round.number + 1)
+            self._cond.notify_all()
 
     @property
     def max_body(self) -> int:
@@ -339,15 +351,8 @@ class ParameterServer(AuthenticatedServer):
             self._max_attempt = attempt
             if previous is None:
                 return
-            self._events.append(
-                {
-                    "time": time.time(),
-                    "kind": "new_attempt",
-                    "worker": conn.worker,
-                    "attempt": attempt,
-                    "peer": conn.peer,
-                }
-            )
+            self._events.append({"time": time.time(), "kind": "new_attempt", "worker": conn.worker,
+                                 "attempt": attempt, "peer": conn.peer})
             self._abort_round_locked(
                 f"round aborted: worker {conn.worker} started attempt {attempt} (a Spark retry restarted tasks)"
             )
@@ -427,7 +432,7 @@ class ParameterServer(AuthenticatedServer):
                     self._on_epoch_done(conn.worker, epoch)
                 except Exception:
                     log.exception("parameter server: on_epoch_done callback raised (ignored)")
-        self._reply(conn, {})
+        self._reply(conn, dict(self._directives))
 
     def _check_payload(self, arrays: Sequence[np.ndarray]) -> str | None:
         check = getattr(self._algorithm, "check_payload", None)  # a compressed rule knows its own layout
@@ -467,7 +472,7 @@ class ParameterServer(AuthenticatedServer):
             try:
                 new_center, reply = self._algorithm.server_commit(list(self._center), frame.arrays, staleness)
                 new_center = _freeze(new_center)
-                meta = {"version": version, "staleness": staleness}
+                meta = {"version": version, "staleness": staleness, **self._directives}
                 if counted:
                     meta["epoch_batches"] = self._epoch_batches[(conn.attempt, epoch)] + batches
                 buffers = encode(Msg.OK, meta, reply)
@@ -490,8 +495,11 @@ class ParameterServer(AuthenticatedServer):
         assert worker is not None
         with self._cond:
             rnd = self._round
+            stopped = False
             if self._stopping:
                 error: str | None = "round aborted: the parameter server is stopping"
+            elif self._directives.get("stop"):
+                error, stopped = None, True
             elif worker in rnd.payloads:
                 error = (
                     f"worker {worker} already committed to round {rnd.number}; each worker commits once per round "
@@ -505,7 +513,7 @@ class ParameterServer(AuthenticatedServer):
                     self._finish_round_locked(rnd)
                 else:
                     deadline = time.monotonic() + self._round_timeout
-                    while rnd.replies is None and rnd.error is None:
+                    while rnd.replies is None and rnd.error is None and not self._directives.get("stop"):
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
                             missing = sorted(set(range(self._num_workers)) - set(rnd.payloads))
@@ -516,12 +524,16 @@ class ParameterServer(AuthenticatedServer):
                             break
                         self._cond.wait(remaining)
                 error = rnd.error
+                stopped = error is None and rnd.replies is None
             record = None
-            if error is None:
+            if stopped:  # the driver stopped training: no update, the worker ends
+                buffers = encode(Msg.OK, {"version": self._version, **self._directives})
+            elif error is None:
                 assert rnd.replies is not None and rnd.version is not None
                 conn.last_version = rnd.version
                 try:
-                    buffers = encode(Msg.OK, {"version": rnd.version, "round": rnd.number}, rnd.replies[worker])
+                    buffers = encode(Msg.OK, {"version": rnd.version, "round": rnd.number, **self._directives},
+                                     rnd.replies[worker])
                 except ProtocolError as exc:
                     error = f"server_round returned a reply that cannot be sent: {exc}"
                     log.error("parameter server: %s", error)

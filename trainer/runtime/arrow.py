@@ -1,4 +1,8 @@
-"""Arrow record batches (the two-column layout of ``trainer.data.validate``) to numpy arrays."""
+"""Arrow record batches (the two-column layout of ``trainer.data.validate``) to numpy arrays.
+
+`split_shard` also takes apart a shard whose rows carry the validation flag of
+``trainer.data.validation`` (training and model-selection tasks alike).
+"""
 
 from __future__ import annotations
 
@@ -6,8 +10,12 @@ from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from trainer.data.validate import FEATURES, LABEL
+from trainer.data.validation import VALIDATION_FLAG
+
+Arrays = tuple[np.ndarray, np.ndarray | None]
 
 
 def arrow_to_numpy(
@@ -30,6 +38,22 @@ def arrow_to_numpy(
         else:
             y = _flat_values(labels).reshape((table.num_rows, label_size))
     return x, y
+
+
+def split_shard(batches: Iterator[pa.RecordBatch], input_shape: tuple[int, ...],
+                label_size: int | None) -> tuple[Arrays, Arrays]:
+    """((x, y) training rows, (x, y) validation rows) of a shard; without the flag column every
+    row is a training row."""
+    batches = [b for b in batches if b.num_rows]
+    if not batches or VALIDATION_FLAG not in batches[0].schema.names:
+        empty = arrow_to_numpy(iter(()), input_shape, label_size)
+        return arrow_to_numpy(iter(batches), input_shape, label_size), empty
+    table = pa.Table.from_batches(batches)
+    flag = table.column(VALIDATION_FLAG)
+    train = table.filter(pc.invert(flag)).drop_columns([VALIDATION_FLAG])
+    val = table.filter(flag).drop_columns([VALIDATION_FLAG])
+    return (arrow_to_numpy(iter(train.to_batches()), input_shape, label_size),
+            arrow_to_numpy(iter(val.to_batches()), input_shape, label_size))
 
 
 def _flat_values(column: pa.ChunkedArray) -> np.ndarray:

@@ -2,7 +2,12 @@
 
 TensorFlow and OpenMP read these variables when they start; a reused Python
 worker that already loaded TensorFlow keeps the pools of its first task,
-which had the same number of cores.
+which had the same number of cores. GPUs: the task sees only the devices
+Spark assigned it (``TaskContext.resources()["gpu"]``, requested with
+``gpus_per_worker``, see ``trainer.spark.resources``) through
+``CUDA_VISIBLE_DEVICES``; a Python worker that already started TensorFlow
+keeps the devices of its first task (Spark assigns an executor's tasks the
+same addresses again when it has only as many GPUs as task slots).
 """
 
 from __future__ import annotations
@@ -31,6 +36,14 @@ def task_resources(ctx) -> tuple[int, list[str] | None]:
     resources = ctx.resources()
     gpus = list(resources["gpu"].addresses) if "gpu" in resources else None
     return max(1, int(ctx.cpus())), gpus
+
+
+def setup_barrier_task(ctx, keras_backend: str, env: dict[str, str]) -> dict:
+    """`configure_process` for the barrier task of `ctx`; returns what it set, for the task's record:
+    ``{"cpus", "gpus"`` (the addresses Spark assigned, or None) ``, "visible_devices"}``."""
+    cpus, gpus = task_resources(ctx)
+    configure_process(cpus, gpus, keras_backend, env)
+    return {"cpus": cpus, "gpus": gpus, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 
 def setup_task(keras_backend: str, env: dict[str, str] | None = None) -> None:

@@ -8,6 +8,13 @@ Keras callback does the exchange every ``window`` batches (or at every epoch
 end) through the algorithm's pure worker rules.
 It yields one Arrow record with the worker's history.
 
+Validation. With validation rows in its shard (``trainer.data.validation``),
+a worker evaluates the CENTER model (pulled from the server) on them at the end
+of every epoch and reports the metrics with EPOCH_DONE; the driver weights
+them by each worker's validation rows. The server's directives in its
+replies are honoured: ``stop`` ends training at the next exchange (the
+driver's EarlyStopping), ``learning_rate`` sets the optimizer's rate.
+
 Epochs. Synchronous rules need every worker at every round, so each worker
 makes exactly one pass over its own shard per epoch. Asynchronous rules with a
 window *share* each epoch by default: the parameter server counts the batches
@@ -36,9 +43,10 @@ from pyspark import BarrierTaskContext
 
 from trainer.algorithms import Algorithm
 from trainer.ps.client import PSClient
-from trainer.runtime.arrow import arrow_to_numpy, pad_shard
+from trainer.runtime.arrow import pad_shard, split_shard
 from trainer.runtime.feed import ShardFeed
-from trainer.runtime.process import configure_process, task_resources
+from trainer.runtime.inference import validation_logs
+from trainer.runtime.process import setup_barrier_task
 from trainer.runtime.shipping import ModelSource
 from trainer.runtime.state import load_state, model_state
 
@@ -66,6 +74,7 @@ class WorkerConfig:
     keras_backend: str = "tensorflow"
     env: dict[str, str] = field(default_factory=dict)
     share_epochs: bool = True
+    validation_batch_size: int = 256
 
 
 def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> int:
@@ -73,11 +82,13 @@ def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> 
     return math.ceil(shard_rows / batch_size) * num_workers
 
 
-def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, budget: int | None):
+def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, budget: int | None,
+                       validation: tuple | None = None, validation_batch_size: int = 256):
     """Build the Keras callback (imported lazily: keras must load after configure_process).
 
     `budget` is the number of minibatches in one epoch over all workers when
-    the workers share each epoch (asynchronous rules with a window), else None.
+    the workers share each epoch (asynchronous rules with a window), else None;
+    `validation` is this worker's (x, y) validation rows, or None.
     """
     import keras  # deferred: TensorFlow starts only when a model is needed
 
@@ -96,6 +107,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             self.step = 0
             self.epoch = 0
             self.epoch_over = False
+            self.stopped = False  # the driver said stop
             self.logs: dict[str, float] = {}
             self.anchor: list[np.ndarray] = []
             self.residual: list[np.ndarray] | None = None  # what a lossy codec left for the next commit
@@ -114,7 +126,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
         # hook: with one, Keras turns every batch's logs into Python floats on the training
         # thread; without, it does so on its own thread, as for plain Keras.
         def on_train_batch_begin(self, batch, logs=None):
-            if algorithm.window is not None and self.since >= algorithm.window:
+            if algorithm.window is not None and self.since >= algorithm.window and not self.stopped:
                 self.exchange(None)
             self.step += 1
             self.since += 1
@@ -122,7 +134,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
 
         def on_epoch_end(self, epoch, logs=None):
             self.logs = {k: float(v) for k, v in (logs or {}).items()}
-            if algorithm.window is not None and self.since >= algorithm.window:
+            if algorithm.window is not None and self.since >= algorithm.window and not self.stopped:
                 self.exchange(self.logs)
 
         def running_loss(self) -> float:
@@ -131,13 +143,34 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             return float("nan") if tracker is None else float(tracker.result())
 
         def finish_epoch(self) -> None:
-            if algorithm.window is None:
+            if algorithm.window is None and not self.stopped:
                 self.exchange(self.logs)
+            if self.stopped:
+                return
+            if validation is not None:
+                self.logs.update(self.validate_center())
             record["epochs"][-1].update(end=time.time(), logs=self.logs)
-            client.epoch_done(self.epoch, self.logs)
+            self.follow(client.epoch_done(self.epoch, self.logs))
+
+        def validate_center(self) -> dict[str, float]:
+            """The center's metrics on this worker's validation rows (its own weights stay)."""
+            center, _ = client.pull()
+            own = self.model.get_weights()
+            self.model.set_weights(list(center[: len(own)]))
+            logs = validation_logs(self.model, *validation, validation_batch_size)
+            self.model.set_weights(own)
+            return {**logs, "rows": float(record["rows"]), "val_rows": float(len(validation[0]))}
+
+        def follow(self, meta: dict) -> None:
+            """Honour the server's directives: a new learning rate, or stop."""
+            rate = meta.get("learning_rate")
+            if rate is not None and float(self.model.optimizer.learning_rate) != rate:
+                self.model.optimizer.learning_rate = rate
+            if meta.get("stop"):
+                self.stopped = self.model.stop_training = True
 
         def finish(self) -> None:
-            if self.since:
+            if self.since and not self.stopped:
                 self.exchange(self.logs)
 
         def exchange(self, logs) -> None:
@@ -152,6 +185,9 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                 meta["batches"] = self.since
             reply, reply_meta = client.commit(payload, meta)
             replied = time.perf_counter()
+            self.follow(reply_meta)
+            if self.stopped and not reply:  # a synchronous round ended by the driver: nothing to apply
+                return
             new_weights, self.anchor = algorithm.worker_apply(weights, self.anchor, reply)
             load_state(self.model, new_weights, with_optimizer=self.with_optimizer, strict=False)
             self.since = 0
@@ -173,9 +209,9 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
     task_start = time.time()
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()
-    configure_process(*task_resources(ctx), config.keras_backend, config.env)
+    devices = setup_barrier_task(ctx, config.keras_backend, config.env)
 
-    x, y = arrow_to_numpy(batches, config.input_shape, config.label_size)
+    (x, y), validation = split_shard(batches, config.input_shape, config.label_size)
     data_ready = time.time()
     sizes = [int(s) for s in ctx.allGather(str(len(x)))]
     if min(sizes) == 0:
@@ -185,7 +221,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         )
     x, y = pad_shard(x, y, max(sizes), seed=config.seed + worker)
 
-    import keras  # after configure_process: TensorFlow reads its settings when it starts
+    import keras  # after setup_barrier_task: TensorFlow reads its settings when it starts
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed + 1000 * config.attempt + worker)
@@ -194,8 +230,8 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
     record: dict[str, Any] = {
         "worker": worker, "attempt": config.attempt, "rows": sizes[worker], "padded_rows": len(x),
         "task_start": task_start, "data_ready": data_ready, "model_built": built,
-        "commits": 0, "comm_s": 0.0, "epochs": [],
-        "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0}, "executor_pid": os.getpid(),
+        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(), **devices,
+        "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0},
     }
     client = PSClient(
         config.ps_host, config.ps_port, config.secret, worker=worker,
@@ -210,7 +246,8 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         shared = config.share_epochs and not config.algorithm.synchronous and config.algorithm.window is not None
         budget = epoch_batches_budget(len(x), config.batch_size, len(sizes)) if shared else None
         record["shared_epochs"] = shared
-        callback = make_sync_callback(client, config.algorithm, worker, record, budget)
+        callback = make_sync_callback(client, config.algorithm, worker, record, budget,
+                                      validation if len(validation[0]) else None, config.validation_batch_size)
         callback.begin(model)
         feed = ShardFeed(x, y, seed=config.seed + 1000 * config.attempt + worker)
         train_start = time.time()
@@ -222,9 +259,12 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
             while True:
                 model.fit(**feed.fit_kwargs(config.batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
                           callbacks=[callback])
-                if budget is None or callback.epoch_over:
+                if budget is None or callback.epoch_over or callback.stopped:
                     break
             callback.finish_epoch()
+            if callback.stopped:
+                record["stopped_at_epoch"] = epoch
+                break
         callback.finish()
         record.update(
             train_s=time.time() - train_start, end=time.time(), steps=callback.step,

@@ -26,3 +26,20 @@ class SelectionCallback:
     def on_search_end(self, result: Any) -> None:
         """The search is over (finished or stopped)."""
 
+
+
+class MlflowSelectionCallback(SelectionCallback):
+    """Logs every configuration's epochs into its own MLflow child run (``mlflow=True``).
+
+    `runs` is a ``trainer.tracking.SearchLogger``; a child run starts at the
+    configuration's first reported epoch, with its parameters.
+    """
+
+    def __init__(self, runs: Any, params: dict[str, dict[str, Any]]) -> None:
+        self.runs = runs
+        self.params = params
+
+    def on_epoch_end(self, config_id: str, epoch: int, logs: dict[str, float]) -> None:
+        if config_id not in self.runs.children:
+            self.runs.child(config_id, self.params.get(config_id, {}))
+        self.runs.epoch(config_id, epoch, logs)

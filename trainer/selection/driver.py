@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import math
 import threading
 import time
 from collections import deque
@@ -22,6 +21,7 @@ from typing import Any, Iterable, Sequence
 
 import numpy as np
 
+from trainer.data.validation import weighted_mean
 from trainer.errors import SelectionError
 from trainer.selection.baseline import TaskParallelScheduler
 from trainer.selection.callbacks import SelectionCallback
@@ -43,18 +43,8 @@ def derive_seed(*parts: Any) -> int:
 
 
 def _weighted(parts: Sequence[dict[str, Any]], key: str, weight: str) -> dict[str, float]:
-    total = sum(p[weight] for p in parts if p[key])
-    if not total:
-        return {}
-    names: list[str] = []
-    for p in parts:
-        names += [k for k in p[key] if k not in names]
-    out = {}
-    for k in names:
-        num = sum(p[weight] * p[key][k] for p in parts if k in p[key])
-        den = sum(p[weight] for p in parts if k in p[key])
-        out[k] = float(num / den) if den else math.nan
-    return out
+    """The shards' `key` metrics weighted by their `weight` rows (the trainer's weighting)."""
+    return weighted_mean([p[key] for p in parts], [p[weight] for p in parts])
 
 
 @dataclass

@@ -34,21 +34,24 @@ import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from pyspark.sql import functions as F
 
 from trainer.data.validate import model_io, prepare_frame, resolve_input_shape
-from trainer.errors import DataValidationError, SelectionError
+from trainer.data.validation import split_validation, tag_validation, validation_frame
+from trainer.errors import SelectionError
 from trainer.runtime.arrow import arrow_to_numpy
 from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
-from trainer.selection.callbacks import SelectionCallback
+from trainer.selection.callbacks import MlflowSelectionCallback, SelectionCallback
 from trainer.selection.checkpoint import CheckpointStore
 from trainer.selection.driver import derive_seed, make_driver
 from trainer.selection.hopper import HopperServer
 from trainer.selection.result import SelectionResult, build_result
 from trainer.selection.search import Config, Search
-from trainer.selection.task import RESULT_DDL, SPLIT_COL, TaskConfig, TaskSpec, canonical_order, selection_task
+from trainer.selection.task import RESULT_DDL, TaskConfig, TaskSpec, canonical_order, selection_task
+from trainer.spark.connect import share_with_tasks
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.spark.resources import check_gpus_per_worker, stage_profile
+from trainer.tracking import RunLogger, SearchLogger
 from trainer.transport.wire import new_secret
 
 log = logging.getLogger("trainer.selection")
@@ -87,7 +90,13 @@ class ModelSelector:
         max_retries: Integer. Re-runs of the stage after lost executors; a re-run
             continues from the driver's newest states (only units in flight are redone).
         check_data: Bool. Scan the data for nulls/NaN/inf and label ranges first.
+        gpus_per_worker: Integer. GPUs each task gets, as for ``trainer.Trainer``
+            (a stage-level ResourceProfile; 0 keeps the session's defaults).
         verbose: Bool. Log every completed epoch at INFO level.
+        mlflow: Bool. Log the search to MLflow: a parent run (the search, the
+            best configuration and its model) with one child run per
+            configuration (its parameters and per-epoch metrics); see
+            ``trainer.tracking``.
     """
 
     def __init__(self, model_fn: Callable[[dict[str, Any]], Any], search: Search, *, strategy: str = "mop",
@@ -96,7 +105,8 @@ class ModelSelector:
                  custom_objects: dict[str, Any] | None = None, eval_batch_size: int = 256,
                  ps_host: str | None = None, ps_port: int | None = None, ps_bind_host: str | None = None,
                  io_timeout: float = 3600.0, slot_timeout: float = 10.0, max_retries: int = 2,
-                 check_data: bool = True, verbose: bool = True) -> None:  # fmt: skip
+                 check_data: bool = True, gpus_per_worker: int = 0, verbose: bool = True,
+                 mlflow: bool = False) -> None:  # fmt: skip
         if not callable(model_fn):
             raise SelectionError(
                 f"model_fn must be a function params -> compiled keras.Model. Received {type(model_fn).__name__}. "
@@ -136,7 +146,9 @@ class ModelSelector:
         self.slot_timeout = float(slot_timeout)
         self.max_retries = max_retries
         self.check_data = bool(check_data)
+        self.gpus_per_worker = check_gpus_per_worker(gpus_per_worker)
         self.verbose = bool(verbose)
+        self.mlflow = bool(mlflow)
         #: Set to True (e.g. from a SelectionCallback) to stop the running search gracefully.
         self.stop_search = False
         self._used = False
@@ -176,6 +188,28 @@ class ModelSelector:
                 ``schedule``, or the path of a ``selection.json``); model hopper only.
             callbacks: :class:`SelectionCallback` objects.
         """
+        if not self.mlflow:
+            return self._fit(df, validation, resume, replay, callbacks)
+        with RunLogger(run_name=f"model selection ({self.strategy})") as run:
+            configs = self.search.configs()
+            run.log_params({"strategy": self.strategy, "num_workers": self.num_workers, "seed": self.seed,
+                            "search": type(self.search).__name__, "metric": self.search.metric.name,
+                            "configs": len(configs)})
+            runs = SearchLogger(run)
+            logger = MlflowSelectionCallback(runs, {c.id: {**c.params, "batch_size": c.batch_size} for c in configs})
+            try:
+                result = self._fit(df, validation, resume, replay, [*callbacks, logger])
+            finally:
+                runs.close()
+            if result.best_config is not None:
+                best = result.best_model
+                run.log_params({"best_config": result.best_config.id})
+                run.log_metrics({f"best_{self.search.metric.name}": result.best_value,
+                                 "wall_s": result.timings["wall_s"]})
+                run.log_model(best.keras_model, best.spec.input_shape, best._shipped().custom_objects)
+            return result
+
+    def _fit(self, df, validation, resume, replay, callbacks) -> SelectionResult:
         import keras  # deferred: TensorFlow starts only when a search does
 
         self._check_fit_args(resume, replay)
@@ -187,6 +221,7 @@ class ModelSelector:
         spark = df.sparkSession
         n = self.num_workers
         df, validation = self._split_validation(df, validation)
+        profile = stage_profile(spark, self.gpus_per_worker)  # fails here when the cluster offers no GPUs
 
         # -- plan: models, data and checks, before any Spark job -------------------------
         built = {c.id: self._build(c) for c in configs}
@@ -195,7 +230,8 @@ class ModelSelector:
         frame, spec = prepare_frame(df, self.features_col, self.label_col, first,
                                     min_rows=n if self.strategy == "mop" else 1, check_values=self.check_data)
         input_shapes = {cid: resolve_input_shape(model_io(m)[0], spec.feature_size) for cid, m in built.items()}
-        vframe, vrows = self._validation_frame(validation, first, spec)
+        vframe, vrows = validation_frame(validation, self.features_col, self.label_col, first, spec,
+                                         check_values=self.check_data)
         self._check_metric_name(first, input_shapes[configs[0].id], spec, validation is not None)
         layouts = {cid: state_layout(m) for cid, m in built.items()}
         states = {cid: model_state(m) for cid, m in built.items()}
@@ -229,14 +265,14 @@ class ModelSelector:
         try:
             run.start()
             if not run.finished:
-                wait_for_slots(spark, n, self.slot_timeout)
+                wait_for_slots(spark, n, self.slot_timeout, profile)
                 _, bound_port = server.start()
                 job_start = run.t0 = time.time()
                 stage = run_stage_with_retries(
                     stage_frame, n, make_task, RESULT_DDL,
                     policy=RetryPolicy(self.max_retries, max(self.slot_timeout, 60.0)),
                     description=f"trainer: model selection ({self.strategy}, {len(configs)} configs)",
-                    fatal=lambda: run.error,
+                    fatal=lambda: run.error, profile=profile,
                 )
                 task_records = [json.loads(r.record) for r in stage.rows]
                 job_end = time.time()
@@ -269,19 +305,8 @@ class ModelSelector:
             raise SelectionError("resume=True needs checkpoint_dir. Fix: pass the directory of the interrupted search.")
 
     def _split_validation(self, df, validation: Any):
-        """(training rows, validation DataFrame or None): a fraction is split off `df` with the seed."""
-        if isinstance(validation, (int, float)) and not isinstance(validation, bool):
-            if not 0 < validation < 1:
-                raise SelectionError(
-                    f"validation as a fraction must be in (0, 1). Received validation={validation!r}. "
-                    "Fix: e.g. validation=0.2, or pass a DataFrame."
-                )
-            df, validation = df.randomSplit([1.0 - validation, float(validation)], seed=self.seed)
-        elif validation is not None and not hasattr(validation, "sparkSession"):
-            raise SelectionError(
-                f"validation must be a Spark DataFrame, a fraction in (0, 1) or None. "
-                f"Received {type(validation).__name__}."
-            )
+        """(training rows, validation DataFrame or None): the trainer's path (``trainer.data.validation``)."""
+        df, validation = split_validation(df, validation, self.seed)
         metric = self.search.metric
         if metric.name.startswith("val_") and validation is None:
             raise SelectionError(
@@ -290,34 +315,20 @@ class ModelSelector:
             )
         return df, validation
 
-    def _validation_frame(self, validation, model, spec):
-        """(validation rows in the two-column layout checked like the training rows, their count); (None, 0)."""
-        if validation is None:
-            return None, 0
-        vframe, vspec = prepare_frame(validation, self.features_col, self.label_col, model,
-                                      check_values=self.check_data)
-        if (vspec.feature_size, vspec.label_size) != (spec.feature_size, spec.label_size):
-            raise DataValidationError(
-                f"The validation rows have {vspec.feature_size} features and label size {vspec.label_size}; "
-                f"the training rows have {spec.feature_size} and {spec.label_size}. Fix: prepare both the same way."
-            )
-        return vframe, vspec.num_rows
-
     def _stage_data(self, spark, frame, spec, vframe, vrows: int):
         """(the stage's input frame, a broadcast full copy or None).
 
         Model hopper: training and validation rows tagged by a flag column and
         dealt into the shards. Baselines: every task reads a full copy of the
-        data from a Spark broadcast; the stage's frame only has one row per task.
+        data from a Spark broadcast (in the task closure on Spark Connect,
+        ``trainer.spark.connect.share_with_tasks``); the stage's frame only has one row per task.
         """
         if self.strategy != "mop":
             arrays = _collect_numpy(frame, spec) + (_collect_numpy(vframe, spec) if vframe is not None
                                                     else arrow_to_numpy(iter(()), (spec.feature_size,),
                                                                         spec.label_size))
-            return spark.range(self.num_workers), spark.sparkContext.broadcast(arrays)
-        stage_frame = frame.withColumn(SPLIT_COL, F.lit(False))
-        if vframe is not None:
-            stage_frame = stage_frame.unionByName(vframe.withColumn(SPLIT_COL, F.lit(True)))
+            return spark.range(self.num_workers), share_with_tasks(spark, arrays, f"strategy={self.strategy!r}")
+        stage_frame = tag_validation(frame, vframe)
         if spec.num_rows + vrows < 1000 * self.num_workers:
             # Round-robin from one partition deals rows evenly; from many tiny ones a shard may stay empty.
             stage_frame = stage_frame.coalesce(1)

@@ -43,20 +43,21 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark import BarrierTaskContext
 
-from trainer.runtime.arrow import arrow_to_numpy
+from trainer.data.validation import VALIDATION_FLAG
+from trainer.runtime.arrow import split_shard
 from trainer.runtime.feed import ShardFeed
-from trainer.runtime.process import configure_process, task_resources
+from trainer.runtime.inference import validation_logs
+from trainer.runtime.process import setup_barrier_task
 from trainer.runtime.state import load_state, model_state, optimizer_of
 from trainer.selection.hopper import HopperClient
 
 __all__ = ["TaskConfig", "TaskSpec", "ModelCache", "compiled_signature", "canonical_order", "selection_task",
            "RESULT_DDL", "SPLIT_COL"]
 
-#: Name of the boolean column that marks validation rows in the model-hopper frame.
-SPLIT_COL = "_is_validation"
+#: The boolean column that marks validation rows in the model-hopper frame (shared with the trainer).
+SPLIT_COL = VALIDATION_FLAG
 RESULT_DDL = "worker int, record string"
 _RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("record", pa.string())])
 
@@ -181,19 +182,6 @@ class ModelCache:
 
 
 # ------------------------------------------------------------------------------ data
-def _split_shard(batches: Iterator[pa.RecordBatch], feature_size: int, label_size: int | None):
-    batches = [b for b in batches if b.num_rows]
-    if not batches:
-        empty = arrow_to_numpy(iter(()), (feature_size,), label_size)
-        return empty, empty
-    table = pa.Table.from_batches(batches)
-    flag = table.column(SPLIT_COL)
-    train = table.filter(pc.invert(flag)).drop_columns([SPLIT_COL])
-    val = table.filter(flag).drop_columns([SPLIT_COL])
-    return (arrow_to_numpy(iter(train.to_batches()), (feature_size,), label_size),
-            arrow_to_numpy(iter(val.to_batches()), (feature_size,), label_size))
-
-
 def canonical_order(x: np.ndarray, y: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The rows sorted by a 64-bit hash of their bytes (features, then label).
 
@@ -239,10 +227,10 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     task_start = time.time()
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()
-    configure_process(*task_resources(ctx), spec.keras_backend, spec.env)
+    devices = setup_barrier_task(ctx, spec.keras_backend, spec.env)
 
     if spec.full_copy is None:
-        (x, y), (xv, yv) = _split_shard(batches, spec.feature_size, spec.label_size)
+        (x, y), (xv, yv) = split_shard(batches, (spec.feature_size,), spec.label_size)
         (x, y), (xv, yv) = canonical_order(x, y), canonical_order(xv, yv)
     else:
         for _ in batches:  # the baselines read their full copy (already in canonical order) from the broadcast
@@ -252,7 +240,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     checksum = _checksum(x, y, xv, yv)
     data_ready = time.time()
 
-    import keras  # after configure_process: TensorFlow reads its settings when it starts
+    import keras  # after setup_barrier_task: TensorFlow reads its settings when it starts
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here
@@ -261,7 +249,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     record: dict[str, Any] = {
         "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
         "data_checksum": checksum, "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0, "train_s": 0.0,
-        "val_s": 0.0, "executor_pid": os.getpid(),
+        "val_s": 0.0, "executor_pid": os.getpid(), **devices,
     }
     with HopperClient(spec.host, spec.port, spec.secret, worker, spec.attempt, spec.io_timeout) as client:
         client.hello({"attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
@@ -291,10 +279,8 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
             train_s = time.time() - started
             val_logs: dict[str, float] = {}
             if len(xv):
-                result = model.evaluate(xv.reshape((len(xv), *cfg.input_shape)), yv,
-                                        batch_size=max(spec.eval_batch_size, cfg.batch_size), verbose=0,
-                                        return_dict=True)
-                val_logs = _logs(result, "val_")
+                val_logs = validation_logs(model, xv.reshape((len(xv), *cfg.input_shape)), yv,
+                                           max(spec.eval_batch_size, cfg.batch_size))
             val_s = time.time() - started - train_s
             record["units"] += 1
             record["train_s"] += train_s

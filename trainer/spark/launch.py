@@ -3,8 +3,9 @@
 * `wait_for_slots` fails fast with a clear message when the cluster cannot run
   N tasks at once (a barrier stage would otherwise wait for slots forever).
 * `run_barrier_job` runs ``frame.repartition(N).mapInArrow(fn, barrier=True)``
-  in a Spark job group from a helper thread, so that the calling thread can
-  show progress and a Ctrl-C cancels the job at once.
+  (with a ResourceProfile when tasks need GPUs) under a job tag from a helper
+  thread, so that the calling thread can show progress and a Ctrl-C cancels
+  the job at once.
 * `run_stage_with_retries` re-runs a failed barrier stage after lost executors
   (Spark does not retry a failed barrier result stage), waiting for the lost
   slots and continuing on fewer workers when the policy allows it. The trainer
@@ -13,7 +14,9 @@
 * `error_summary` turns a Py4J error with its Java and Python traces into the
   one line a user needs.
 
-It knows nothing about update rules or Keras.
+Every call here works on classic and Spark Connect sessions (``spark.conf``,
+job tags); where they differ, ``trainer.spark.connect`` decides. It knows
+nothing about update rules or Keras.
 """
 
 from __future__ import annotations
@@ -29,38 +32,60 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame, SparkSession
 
 from trainer.errors import ClusterCapacityError, TrainingFailedError
+from trainer.spark.connect import client_address, is_connect, probe_slots
+from trainer.spark.resources import GPU
 
 log = logging.getLogger("trainer.spark")
 
 
-def available_slots(spark: SparkSession) -> int:
-    """Number of tasks the cluster can run concurrently right now (all executors)."""
+def available_slots(spark: SparkSession, profile: Any = None) -> int | None:
+    """Tasks of `profile` (default: the session's default resources) the cluster can run at once; None on
+    Spark Connect, whose clients cannot ask the scheduler (`wait_for_slots` probes there)."""
+    if is_connect(spark):
+        return None
     jsc = spark.sparkContext._jsc.sc()
-    profile = jsc.resourceProfileManager().defaultResourceProfile()
-    return int(jsc.maxNumConcurrentTasks(profile))
+    manager = jsc.resourceProfileManager()
+    if profile is None:
+        return int(jsc.maxNumConcurrentTasks(manager.defaultResourceProfile()))
+    manager.addResourceProfile(profile._java_resource_profile)  # idempotent; the scheduler must know it
+    return int(jsc.maxNumConcurrentTasks(profile._java_resource_profile))
 
 
-def wait_for_slots(spark: SparkSession, needed: int, timeout: float) -> int:
-    """Wait up to `timeout` s for `needed` concurrent task slots; raise ClusterCapacityError."""
+def wait_for_slots(spark: SparkSession, needed: int, timeout: float, profile: Any = None) -> int | None:
+    """Wait up to `timeout` s for `needed` concurrent task slots of `profile`; raise ClusterCapacityError.
+
+    Returns the slots counted (None on Spark Connect, where a barrier probe only says yes or no).
+    """
+    if is_connect(spark):
+        if not probe_slots(spark, needed, profile, timeout):
+            raise ClusterCapacityError(_capacity_message(spark, needed, None, timeout, profile))
+        return None
     deadline = time.monotonic() + timeout
     while True:
-        slots = available_slots(spark)
+        slots = available_slots(spark, profile)
         if slots >= needed or time.monotonic() >= deadline:
             break
         time.sleep(0.2)
     if slots < needed:
-        sc = spark.sparkContext
-        cores = sc.getConf().get("spark.executor.cores", "?")
-        task_cpus = sc.getConf().get("spark.task.cpus", "1")
-        raise ClusterCapacityError(
-            f"num_workers={needed} needs {needed} task slots at the same time, but the cluster at "
-            f"{sc.master} offers {slots} (spark.executor.cores={cores}, spark.task.cpus={task_cpus}) "
-            f"after waiting {timeout:.0f} s. Use num_workers<={max(slots, 1)}, add workers or cores "
-            "(e.g. LocalCluster(workers=N) or `make up WORKERS=N`), or raise slot_timeout if executors "
-            "are still starting.",
-            slots=slots,
-        )
+        raise ClusterCapacityError(_capacity_message(spark, needed, slots, timeout, profile), slots=slots)
     return slots
+
+
+def _capacity_message(spark: SparkSession, needed: int, slots: int | None, timeout: float, profile: Any) -> str:
+    conf = spark.conf
+    offered = "could not start them" if slots is None else f"offers {slots}"
+    settings = (f"spark.executor.cores={conf.get('spark.executor.cores', '?')}, "
+                f"spark.task.cpus={conf.get('spark.task.cpus', '1')}")
+    gpus = (profile.taskResources.get(GPU).amount if profile is not None and GPU in profile.taskResources else 0)
+    if gpus:
+        settings += (f", {gpus:g} GPU(s) per task, spark.executor.resource.gpu.amount="
+                     f"{conf.get('spark.executor.resource.gpu.amount', 'unset')}")
+    return (
+        f"num_workers={needed} needs {needed} task slots at the same time, but the cluster at "
+        f"{conf.get('spark.master', '?')} {offered} ({settings}) after waiting {timeout:.0f} s. Use "
+        f"num_workers<={max(slots or 1, 1)}, add workers, cores{' or GPUs' if gpus else ''} (e.g. "
+        "LocalCluster(workers=N) or `make up WORKERS=N`), or raise slot_timeout if executors are still starting."
+    )
 
 
 _PY_ERROR = re.compile(r"^([A-Za-z_][\w.]*(?:Error|Exception|Interrupt|Exit)\b:?.*)$", re.MULTILINE)
@@ -103,23 +128,29 @@ def run_barrier_job(
     description: str,
     on_wait: Callable[[], None] | None = None,
     poll_s: float = 0.5,
+    profile: Any = None,
 ) -> list:
-    """Collect ``frame.repartition(N).mapInArrow(task, schema, barrier=True)``; Ctrl-C cancels it."""
+    """Collect ``frame.repartition(N).mapInArrow(task, schema, barrier=True, profile=profile)``; Ctrl-C
+    cancels it (job tags)."""
     from pyspark import InheritableThread
 
-    sc = frame.sparkSession.sparkContext
-    group = f"trainer-{uuid.uuid4().hex[:12]}"
+    spark = frame.sparkSession
+    tag = f"trainer-{uuid.uuid4().hex[:12]}"
     outcome: dict[str, Any] = {}
+    options = {} if profile is None else {"profile": profile}  # pyspark 3.5 has no `profile`
 
     def target() -> None:
+        _tag_jobs(spark, tag, description)
         try:
-            sc.setJobGroup(group, description, interruptOnCancel=True)
-            stage = frame.repartition(num_workers).mapInArrow(task, schema, barrier=True)
+            stage = frame.repartition(num_workers).mapInArrow(task, schema, barrier=True, **options)
             outcome["rows"] = stage.collect()
         except BaseException as exc:  # handed to the calling thread
             outcome["error"] = exc
+        finally:
+            _untag_jobs(spark, tag)
 
-    thread = InheritableThread(target=target, name=group, daemon=True)
+    thread = InheritableThread(target=target, name=tag, daemon=True,
+                               **({"session": spark} if is_connect(spark) else {}))
     thread.start()
     try:
         while thread.is_alive():
@@ -127,14 +158,44 @@ def run_barrier_job(
             if on_wait is not None:
                 on_wait()
     except BaseException:
-        log.warning("Interrupted: cancelling Spark job group %s", group)
-        sc.cancelJobGroup(group)
+        log.warning("Interrupted: cancelling the Spark jobs tagged %s", tag)
+        _cancel_tagged(spark, tag)
         thread.join(timeout=30)
         raise
     if "error" in outcome:
         error = outcome["error"]
         raise TrainingFailedError(f"Training failed on a worker: {error_summary(error)}") from error
     return outcome["rows"]
+
+
+def _job_tags(spark: SparkSession) -> bool:
+    # Job tags work on Spark Connect and, from pyspark 4.0 on, on classic sessions; pyspark 3.5's
+    # classic sessions only have job groups.
+    import pyspark
+
+    return is_connect(spark) or int(pyspark.__version__.split(".")[0]) >= 4
+
+
+def _tag_jobs(spark: SparkSession, tag: str, description: str) -> None:
+    """Tag the jobs this thread starts (a job group on pyspark 3.5's classic sessions)."""
+    if not _job_tags(spark):
+        spark.sparkContext.setJobGroup(tag, description, interruptOnCancel=True)
+        return
+    spark.addTag(tag)
+    if not is_connect(spark):
+        spark.sparkContext.setJobDescription(description)
+
+
+def _untag_jobs(spark: SparkSession, tag: str) -> None:
+    if _job_tags(spark):
+        spark.removeTag(tag)
+
+
+def _cancel_tagged(spark: SparkSession, tag: str) -> None:
+    if _job_tags(spark):
+        spark.interruptTag(tag)
+    else:
+        spark.sparkContext.cancelJobGroup(tag)
 
 
 @dataclass(frozen=True)
@@ -176,6 +237,7 @@ def run_stage_with_retries(
     on_retry: Callable[[int], None] | None = None,
     fatal: Callable[[], BaseException | None] | None = None,
     events: list[dict] | None = None,
+    profile: Any = None,
 ) -> StageRun:
     """Run one barrier stage of `num_workers` tasks, re-running it after lost executors.
 
@@ -191,7 +253,7 @@ def run_stage_with_retries(
     for attempt in range(policy.max_retries + 1):
         try:
             rows = run_barrier_job(frame, workers, make_task(attempt, workers), schema,
-                                   description=f"{description} attempt {attempt}")
+                                   description=f"{description} attempt {attempt}", profile=profile)
         except TrainingFailedError as exc:
             problem = fatal() if fatal is not None else None
             if problem is not None:
@@ -202,7 +264,7 @@ def run_stage_with_retries(
             if not retry:
                 raise
             log.warning("Attempt %d failed (%s); re-running the stage", attempt, exc)
-            slots = _slots_for_retry(frame.sparkSession, num_workers, policy)
+            slots = _slots_for_retry(frame.sparkSession, num_workers, policy, profile)
             if slots != workers:
                 log.warning("Continuing on %d workers (was %d)", slots, workers)
                 events.append({"time": time.time(), "event": "workers_changed", "from": workers, "to": slots})
@@ -214,15 +276,22 @@ def run_stage_with_retries(
     raise AssertionError("unreachable: the last attempt either returns or raises")
 
 
-def _slots_for_retry(spark: SparkSession, num_workers: int, policy: RetryPolicy) -> int:
+def _slots_for_retry(spark: SparkSession, num_workers: int, policy: RetryPolicy, profile: Any) -> int:
     """Wait for `num_workers` slots; after `retry_timeout` continue on what is left (>= min_workers)."""
     try:
-        wait_for_slots(spark, num_workers, policy.retry_timeout)
+        wait_for_slots(spark, num_workers, policy.retry_timeout, profile)
         return num_workers
     except ClusterCapacityError as error:
         if policy.min_workers is None:
             raise
-        slots = error.slots if error.slots is not None else available_slots(spark)
+        slots = error.slots if error.slots is not None else available_slots(spark, profile)
+        if slots is None:
+            raise ClusterCapacityError(
+                f"After losing executors the {num_workers} task slot(s) did not come back within retry_timeout="
+                f"{policy.retry_timeout:.0f} s, and a Spark Connect client cannot count the slots left to go on "
+                "with fewer workers (min_workers): training stops. Resume with fit(df, resume_from=...) from "
+                "checkpoint_dir once the cluster is back, or use a classic SparkSession to shrink instead.",
+            ) from None
         if slots < policy.min_workers:
             raise ClusterCapacityError(
                 f"After losing executors only {slots} task slot(s) came back within retry_timeout="
@@ -238,11 +307,14 @@ def driver_addresses(spark: SparkSession, host: str | None = None, bind: str | N
                      port: int | None = None) -> tuple[str, str, int]:
     """(address executors use to reach a server in this driver, address it listens on, port).
 
-    Defaults: ``$TRAINER_PS_HOST`` or ``spark.driver.host``; ``$TRAINER_PS_BIND``
+    Defaults: ``$TRAINER_PS_HOST`` or ``spark.driver.host`` (on Spark Connect: this client's
+    address on the route to the server, see `trainer.spark.connect`); ``$TRAINER_PS_BIND``
     or that host (never all interfaces unless asked); ``$TRAINER_PS_PORT`` or 0
     (a free port).
     """
-    host = host or os.environ.get("TRAINER_PS_HOST") or spark.conf.get("spark.driver.host", None) or "127.0.0.1"
+    # On Spark Connect the driver is the server; the servers run in this client process.
+    default = client_address(spark) if is_connect(spark) else spark.conf.get("spark.driver.host", None)
+    host = host or os.environ.get("TRAINER_PS_HOST") or default or "127.0.0.1"
     bind = bind or os.environ.get("TRAINER_PS_BIND") or host
     port = port if port is not None else int(os.environ.get("TRAINER_PS_PORT", "0"))
     return host, bind, port

@@ -43,12 +43,14 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import ClusterError
+from trainer.spark.connect_server import ConnectServer
 from trainer.spark.java import check_java, find_spark_home, parse_memory_mb
 from trainer.spark.procs import (
     MARKER_ENV, Daemon, ensure_port_free, free_port, kill_daemons, kill_marked, marked_pids, pdeathsig_prefix,
     tail, wait_groups_reaped,
 )
-from trainer.spark.session import executor_env_defaults, spark_session
+from trainer.spark.resources import check_worker_resources, worker_resource_opts
+from trainer.spark.session import executor_env_defaults, session_conf, spark_session
 
 log = logging.getLogger("trainer.spark")
 
@@ -92,6 +94,11 @@ class LocalCluster:
     ``master_port`` / ``ui_port`` default to free ports.  Logs of the daemons go
     to ``log_dir`` (a temporary directory by default, removed by ``stop()``
     unless ``keep_logs``); executor logs are in ``<log_dir>/work/worker-*/``.
+    ``worker_resources`` (e.g. ``{"gpu": 1}``) makes every worker announce that
+    many addresses of each custom resource through a discovery script, the
+    addresses of worker ``i`` following those of worker ``i - 1`` ("0", "1", ...),
+    as distinct GPUs of one machine would be split between its workers; nothing
+    checks that the devices exist (``trainer.spark.resources``).
     """
 
     def __init__(
@@ -105,6 +112,7 @@ class LocalCluster:
         start_timeout: float = 90.0,
         log_dir: str | os.PathLike | None = None,
         keep_logs: bool = False,
+        worker_resources: dict[str, int] | None = None,
     ):
         if int(workers) < 1:
             raise ValueError(f"expected workers >= 1, got {workers!r}")
@@ -121,6 +129,7 @@ class LocalCluster:
                 raise ValueError(f"expected {name} in 1..65535 or None (pick a free one), got {port!r}")
         if start_timeout <= 0:
             raise ValueError(f"expected start_timeout > 0 seconds, got {start_timeout!r}")
+        self.worker_resources = check_worker_resources(worker_resources)
         self.workers = int(workers)
         self.cores_per_worker = int(cores_per_worker)
         self.worker_memory = str(worker_memory)
@@ -143,6 +152,7 @@ class LocalCluster:
         self._ui_port: int | None = None
         self._marker: str | None = None
         self._session = None
+        self._connect_servers: list[ConnectServer] = []
         self._started = False
         self._atexit_registered = False
         self.start_seconds: float | None = None
@@ -376,13 +386,15 @@ class LocalCluster:
         for i in range(self.workers):
             work_dir = self._root / "work" / f"worker-{i}"
             work_dir.mkdir(parents=True, exist_ok=True)
+            opts = worker_resource_opts(self.worker_resources, i, self._root / "conf")
+            worker_env = dict(env, SPARK_WORKER_OPTS=f"{env.get('SPARK_WORKER_OPTS', '')} {opts}".strip())
             self._worker_daemons.append(
                 self._launch(
                     f"worker-{i}",
                     [_WORKER_CLASS, "--host", self.host, "--cores", str(self.cores_per_worker),
                      "--memory", f"{self.worker_memory_mb}m", "--work-dir", str(work_dir),
                      "--webui-port", "0", f"spark://{self.host}:{self._master_port}"],
-                    spark_home, env,
+                    spark_home, worker_env if opts else env,
                 )
             )
         alive: list[dict[str, Any]] = []
@@ -424,13 +436,7 @@ class LocalCluster:
         ``cluster.session("app", **{"spark.executor.memory": "1500m"})``.
         """
         self._require_started()
-        settings: dict[str, Any] = {
-            "spark.executor.memory": f"{self.executor_memory_mb()}m",
-            "spark.cores.max": str(self.workers * self.cores_per_worker),
-            "spark.driver.host": self.host,
-            "spark.driver.bindAddress": self.host,
-        }
-        settings.update(conf)
+        settings = self._session_settings(conf)
         expected = self._expected_executors(settings)
         # Executor JVMs start after the driver's; on a loaded machine that takes a while.
         timeout = max(self.start_timeout, 180.0) if executor_timeout is None else executor_timeout
@@ -444,6 +450,29 @@ class LocalCluster:
         )
         self._session = spark
         return spark
+
+    def _session_settings(self, conf: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "spark.executor.memory": f"{self.executor_memory_mb()}m",
+            "spark.cores.max": str(self.workers * self.cores_per_worker),
+            "spark.driver.host": self.host,
+            "spark.driver.bindAddress": self.host,
+            **conf,
+        }
+
+    def connect_server(self, port: int | None = None, **conf: Any) -> ConnectServer:
+        """A started Spark Connect server (a driver) on this cluster, with the settings `session` would use.
+
+        Clients connect with ``SparkSession.builder.remote(server.url)``; ``stop()``
+        stops the server (this cluster's ``stop()`` does too).
+        """
+        self._require_started()
+        settings = session_conf(self.master_url, "trainer-connect", self.cores_per_worker,
+                                **self._session_settings(conf))
+        server = ConnectServer(self.master_url, settings, host=self.host, port=port, log_dir=self._root,
+                               start_timeout=max(self.start_timeout, 180.0))
+        self._connect_servers.append(server)
+        return server.start()
 
     def _expected_executors(self, settings: dict[str, Any]) -> int:
         exec_cores = int(settings.get("spark.executor.cores") or self.cores_per_worker)
@@ -485,6 +514,8 @@ class LocalCluster:
         """
         with self._lock:
             self._stop_session()
+            for server in self._connect_servers:
+                server.stop()
             kill_daemons(self._worker_daemons)
             if self._master is not None:
                 kill_daemons([self._master])

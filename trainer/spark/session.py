@@ -25,10 +25,11 @@ from typing import Any
 
 from trainer import verbosity
 from trainer.errors import MasterUnreachableError
+from trainer.spark.connect import remote_session
 
 log = logging.getLogger("trainer.spark")
 
-__all__ = ["spark_session", "executor_env_defaults", "wait_for_executors", "registered_executors",
+__all__ = ["spark_session", "session_conf", "executor_env_defaults", "wait_for_executors", "registered_executors",
            "check_master_reachable"]
 
 
@@ -159,6 +160,17 @@ def check_master_reachable(master: str, timeout: float = 5.0) -> None:
     )
 
 
+def session_conf(master: str, app_name: str = "trainer", cores_per_worker: int = 1, **conf: Any) -> dict[str, str]:
+    """The Spark properties `spark_session` starts a driver with: the defaults, then `conf` (None removes one)."""
+    settings: dict[str, str] = _default_conf(master, app_name, cores_per_worker)
+    for key, value in conf.items():
+        if value is None:
+            settings.pop(key, None)
+        else:
+            settings[key] = value if isinstance(value, str) else _to_conf_string(value)
+    return settings
+
+
 def spark_session(
     master: str,
     app_name: str = "trainer",
@@ -179,6 +191,10 @@ def spark_session(
 
     Spark allows one SparkContext per process: if one is already running for a
     different master this raises ``RuntimeError``; stop it first.
+
+    ``sc://host:port`` connects to a Spark Connect server instead
+    (``trainer.spark.connect.remote_session``); the server's own settings
+    apply there, and the other arguments are not used.
     """
     from pyspark import SparkContext
     from pyspark.sql import SparkSession
@@ -188,13 +204,10 @@ def spark_session(
             f"expected a Spark master URL such as 'local[*]', 'spark://host:7077', 'yarn' or "
             f"'k8s://https://host:443', got {master!r}"
         )
+    if master.startswith("sc://"):
+        return remote_session(master)
     check_master_reachable(master)
-    settings: dict[str, Any] = _default_conf(master, app_name, cores_per_worker)
-    for key, value in conf.items():
-        if value is None:
-            settings.pop(key, None)
-        else:
-            settings[key] = value if isinstance(value, str) else _to_conf_string(value)
+    settings = session_conf(master, app_name, cores_per_worker, **conf)
 
     active = SparkContext._active_spark_context
     if active is not None and active._jsc is not None and active.master != master:

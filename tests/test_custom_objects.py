@@ -1,0 +1,56 @@
+"""Custom Keras objects defined in a script's ``__main__`` work everywhere (fit, evaluate, transform,
+save/load, model selection), and a user error on the executors fails at once."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import pytest
+
+from trainer.runtime.shipping import custom_objects_for, model_to_bytes
+
+SCRIPT = Path(__file__).with_name("custom_objects_script.py")
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_custom_objects_from_main_work_everywhere_and_errors_fail_fast(tmp_path):
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True,
+                          timeout=560, cwd=tmp_path, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    out = json.loads(lines[-1].removeprefix("RESULT "))
+    for key in ("evaluate", "loaded_evaluate", "builder_evaluate", "selection_evaluate"):
+        assert set(out[key]) == {"loss", "mae"}, out
+    assert out["loaded_evaluate"]["loss"] == pytest.approx(out["evaluate"]["loss"], rel=1e-4)
+    assert out["loaded_layer"] == "Scale" and out["same_predictions"]
+    for name in ("evaluate", "transform"):
+        error = out[f"{name}_error"]
+        assert error is not None and "Scale" in error, out  # Keras's own message from the executor
+        # Spark's 4 task attempts, each loading the model, take far longer; one attempt is a few seconds.
+        assert out[f"{name}_error_s"] < 30, out
+
+
+def test_custom_objects_are_found_wherever_they_are_defined():
+    @keras.saving.register_keras_serializable(package="tests")
+    class Doubled(keras.layers.Layer):
+        def call(self, x):
+            return 2 * x
+
+    class Shift(keras.layers.Layer):
+        def call(self, x):
+            return x + 1
+
+    def my_loss(y_true, y_pred):
+        return keras.ops.mean(keras.ops.abs(y_true - y_pred), axis=-1)
+
+    model = keras.Sequential([keras.Input((3,)), Doubled(), Shift(), keras.layers.Dense(2, activation="relu")])
+    model.compile(optimizer="adam", loss=my_loss)
+    found = custom_objects_for(model, model_to_bytes(model))
+    assert found == {"tests>Doubled": Doubled, "Shift": Shift, "my_loss": my_loss}
