@@ -208,3 +208,11 @@ def test_trainer_option_wraps_the_rule_or_names_the_problem():
         Trainer(model, algorithm="easgd", compression="fp16")
     with pytest.raises(AlgorithmConfigError, match="Unknown compression"):
         Trainer(model, algorithm="adag", compression="zstd")
+
+
+def test_compressed_rule_survives_pickling_as_in_a_spark_task():
+    import pickle
+
+    rule = with_compression(DynSGD(window=3), "topk:0.05")
+    copy = pickle.loads(pickle.dumps(rule))
+    assert copy == rule and copy.window == 3 and copy.describe() == rule.describe()
