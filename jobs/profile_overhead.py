@@ -32,7 +32,7 @@ from trainer_jobs.support.overhead import run_single, run_workers, steady
 from trainer_jobs.support.report import markdown_table, run_metadata
 
 SINGLE_MODES = ("plain", "feed", "feed+callback")
-COLUMNS = ["setup", "workers", "epoch_s", "samples_s_per_worker", "vs_plain", "commits_per_epoch",
+COLUMNS = ["setup", "workers", "epoch_s", "samples_s_per_worker", "vs_plain", "cores_used", "commits_per_epoch",
            "exchange_ms", "state_ms", "payload_ms", "round_trip_ms", "load_ms", "exchange_share", "server_cpu_share"]
 
 
@@ -59,6 +59,7 @@ def worker_row(results: list[dict], workers: int, epochs: int, label: str) -> di
         "commits_per_epoch": commits / epochs, "exchange_ms": exchange,
         **{f"{k}_ms": v for k, v in per.items()},
         "exchange_share": exchange * commits / 1000 / train,
+        "cores_used": float(np.mean([r["cores_used"] for r in ws])),
         "server_cpu_share": server["cpu_s"] / train,
     }
 
@@ -112,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         for mode in SINGLE_MODES:
             r = run_single(mode, builder, x, y, epochs=args.epochs, batch_size=args.batch_size)
             epoch = steady(r["epoch_times"])
-            rows.append({"setup": mode, "workers": 0, "epoch_s": epoch, "samples_s_per_worker": len(x) / epoch})
+            rows.append({"setup": mode, "workers": 0, "epoch_s": epoch, "samples_s_per_worker": len(x) / epoch,
+                         "cores_used": r["cores_used"]})
             print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
     for n in counts:
         results = run_workers(n, builder, algorithm, x, y, epochs=args.epochs, batch_size=args.batch_size,

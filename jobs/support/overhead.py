@@ -16,7 +16,10 @@ fresh process with one TensorFlow thread (as a Spark task with one core):
 
 No Spark: the task loop's Spark parts (Arrow, the barrier) are not what is
 measured. Each worker reports its steady epoch time (the first epoch left
-out), the exchange time and, where the tree records it, the exchange's parts.
+out), the exchange time and, where the tree records it, the exchange's parts,
+and every set-up the cores its process kept busy (CPU seconds / wall seconds:
+plain Keras's input pipeline and batch-end callbacks run on threads of their
+own, so it may use more than the one thread of its model).
 """
 
 from __future__ import annotations
@@ -75,6 +78,7 @@ def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, se
     model = builder()
     times: list[float] = []
     callbacks = [_epoch_timer(times)]
+    cpu0, wall0 = time.process_time(), time.perf_counter()
     if mode == "plain":
         model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=callbacks)
     else:
@@ -84,7 +88,8 @@ def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, se
         for epoch in range(epochs):
             model.fit(**feed.fit_kwargs(batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
                       callbacks=callbacks)
-    queue.put({"mode": mode, "worker": 0, "rows": len(x), "epoch_times": times})
+    cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    queue.put({"mode": mode, "worker": 0, "rows": len(x), "epoch_times": times, "cores_used": cores})
 
 
 def _server(algorithm, center, workers: int, secret: bytes, address_queue, stop, queue) -> None:
@@ -121,6 +126,7 @@ def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int,
         callback.begin(model)
         feed = ShardFeed(x, y, seed=seed + worker)
         timer = _epoch_timer(times)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
         for epoch in range(epochs):
             callback.start_epoch(epoch)
             if profiler is not None and epoch == epochs - 1:
@@ -131,6 +137,7 @@ def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int,
         if profiler is not None:
             profiler.disable()
         callback.finish()
+        cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
     top = ""
     if profiler is not None:
         text = io.StringIO()
@@ -138,7 +145,7 @@ def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int,
         top = text.getvalue()
     queue.put({"mode": "worker", "worker": worker, "rows": len(x), "epoch_times": times,
                "commits": record["commits"], "comm_s": record["comm_s"], "exchange_s": record["exchange_s"],
-               "profile": top})
+               "cores_used": cores, "profile": top})
 
 
 def _collect(procs, queue, count: int) -> list[dict[str, Any]]:
