@@ -54,7 +54,7 @@ def start_logging(args: argparse.Namespace) -> None:
 
 
 def add_trainer_args(parser) -> None:
-    """--seed, --fixed-epochs, --checkpoint-dir, --resume, --compression and --retry-timeout for a job's argument parser."""
+    """--seed, --fixed-epochs, --checkpoint-dir, --resume, --compression and --retry-timeout for a job's parser."""
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the runs (plain Keras uses it, worker i of a distributed run seed + i; "
                              "default 0): repeat a run with other seeds to see its run-to-run spread")
