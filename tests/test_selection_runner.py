@@ -365,6 +365,9 @@ def test_select_mnist_job_end_to_end(tmp_path):
         assert (out / name).is_file(), name
 
 
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(1500)
 def test_select_forecast_job_end_to_end(tmp_path):
     """The forecasting selection job on a short series: every strategy's best model gets a test MAPE."""
     out = tmp_path / "out"

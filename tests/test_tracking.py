@@ -23,12 +23,20 @@ def selection_model(params):
     return model
 
 
+EXPERIMENTS = ("trainer-fit", "trainer-selection", "jobs")
+
+
 @pytest.fixture(scope="module")
 def tracking(tmp_path_factory):
-    uri = f"sqlite:///{tmp_path_factory.mktemp('mlflow')}/mlflow.db"
+    """A sqlite MLflow store in a temporary folder; every experiment keeps its artifacts beside it."""
+    root = tmp_path_factory.mktemp("mlflow")
+    uri = f"sqlite:///{root}/mlflow.db"
     previous = mlflow.get_tracking_uri()
     mlflow.set_tracking_uri(uri)
-    yield mlflow.MlflowClient(uri)
+    client = mlflow.MlflowClient(uri)
+    for name in EXPERIMENTS:  # a sqlite store's default artifact root is ./mlruns in the working directory
+        client.create_experiment(name, artifact_location=(root / "artifacts" / name).as_uri())
+    yield client
     mlflow.set_tracking_uri(previous)
 
 
@@ -88,6 +96,7 @@ def test_a_job_logs_its_speedup_rows(tracking):
 
     rows = [{"model": "cnn", "workers": 1, "epoch_time_s": 10.0, "speedup": 1.0},
             {"model": "cnn", "workers": 2, "epoch_time_s": 5.2, "speedup": 1.92, "note": "text"}]
+    mlflow.set_experiment("jobs")
     run_id = log_results("mnist", argparse.Namespace(workers="1,2", epochs=2), rows)
     run = tracking.get_run(run_id)
     assert run.data.params["workers"] == "1,2"
