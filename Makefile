@@ -15,12 +15,13 @@ MATRIX_DIR  ?= $(HOME)/.cache/spark-keras-trainer/matrix
 WORKERS     ?= 2
 OUT         ?= results
 PYTEST_ARGS ?=
+BENCH_PS_ARGS ?=
 
 SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core clean lock dist
+.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core bench-ps clean lock dist
 
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -79,6 +80,9 @@ bench-out-of-core: venv ## MNIST on one worker, shard in memory vs streamed from
 bench-select: venv ## model selection: MOP vs task parallelism vs sequential on MNIST and forecasting; results under $(OUT)/
 	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist
 	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
+
+bench-ps: venv ## parameter server vs raw loopback: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters; results under $(OUT)/bench_ps
+	$(PY) jobs/bench_ps.py --out $(OUT)/bench_ps $(BENCH_PS_ARGS)
 
 clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./data)
 	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info dist build .matrix

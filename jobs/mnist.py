@@ -36,7 +36,7 @@ from trainer_jobs.support.cli import (
     add_trainer_args,
     add_verbose_arg,
     algorithm_from_args,
-    check_checkpoint_args,
+    check_trainer_args,
     parse_workers,
     positive_int,
     start_logging,
@@ -121,7 +121,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="results/mnist", help="results directory (default results/mnist)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
-    check_checkpoint_args(parser, args)
+    check_trainer_args(parser, args)
     args.max_epochs = args.max_epochs or args.epochs
     if args.max_epochs < args.epochs:
         parser.error(f"--max-epochs must be at least --epochs ({args.epochs}); received {args.max_epochs}.")

@@ -134,6 +134,9 @@ def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
     (["--resume"], "--resume needs --checkpoint-dir"),
     (["--epochs", "3", "--max-epochs", "2"], "--max-epochs must be at least --epochs (3)"),
     (["--target-mape", "0"], "positive number"),
+    (["--compression", "gzip"], "Unknown compression"),
+    (["--compression", "topk:2"], "fraction in (0, 1]"),
+    (["--algorithm", "sync", "--compression", "bf16"], "commit deltas"),
 ])
 def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -161,8 +164,11 @@ def test_forecast_flags_and_defaults(forecast_job):
     assert args.worker_counts == [1, 2] and args.model_names == ["lstm", "gru"]
     args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
     assert args.model_names == ["gru"] and args.worker_counts == [1, 2, 4] and args.limit == 600
-    assert trainer_options(args, "gru", 2) == ({"retry_timeout": 60.0, "share_epochs": True, "seed": 0, "tls": False,
-                                                "frame_mac": True}, {})
+    assert trainer_options(args, "gru", 2) == (
+        {"retry_timeout": 60.0, "share_epochs": True, "seed": 0, "compression": "none", "tls": False,
+         "frame_mac": True}, {})
+    assert trainer_options(forecast_job.parse_args(["--compression", "TopK:0.01"]), "gru", 2)[0]["compression"] \
+        == "topk:0.01"
     assert trainer_options(forecast_job.parse_args(["--seed", "3"]), "gru", 2)[0]["seed"] == 3
     assert trainer_options(forecast_job.parse_args(["--fixed-epochs"]), "gru", 2)[0]["share_epochs"] is False
     assert args.repeats == 1 and forecast_job.parse_args(["--repeats", "3"]).repeats == 3

@@ -53,6 +53,19 @@ def test_algorithm_trains_digits(digits, algorithm, workers, lr):
 
 @pytest.mark.core
 @pytest.mark.timeout(300)
+def test_compressed_commits_train_digits_with_a_fraction_of_the_bytes(digits):
+    train, test = digits
+    fitted = Trainer(digits_model(0.01), algorithm=DynSGD(window=4), compression="topk:0.1", num_workers=2,
+                     batch_size=32, epochs=8, verbose=False).fit(train)
+    assert fitted.evaluate(test)["accuracy"] >= 0.88
+    assert "topk:0.1" in fitted.history.algorithm
+    for w in fitted.history.workers:
+        assert w["commits"] > 0
+        assert w["bytes_sent"] < 0.35 * w["bytes_received"]  # 10 % indices + values up, the dense center down
+        assert w["exchange_s"]["round_trip"] > 0 and w["exchange_s"]["payload"] > 0
+
+
+@pytest.mark.timeout(300)
 def test_transform_evaluate_and_second_fit(digits, spark):
     train, test = digits
     fitted = Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=3, verbose=False).fit(train)

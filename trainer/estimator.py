@@ -48,7 +48,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from trainer.algorithms import Algorithm, get_algorithm
+from trainer.algorithms import Algorithm, get_algorithm, with_compression
 from trainer.callbacks import EpochCallbacks, check_callbacks
 from trainer.checkpoint import Checkpoint, Checkpointer, load_checkpoint
 from trainer.data.validate import DataSpec, prepare_frame
@@ -157,6 +157,10 @@ class Trainer:
             slower one on fewer, and nobody waits for a straggler. False makes
             every worker pass exactly once over its own shard per epoch (as
             synchronous algorithms always do).
+        compression: String or None. Lossy encoding of the deltas workers
+            commit (DOWNPOUR, ADAG, DynSGD): ``"fp16"``, ``"bf16"`` (half the
+            bytes) or ``"topk:F"`` (the largest fraction F of each tensor),
+            with error feedback; None or ``"none"`` sends them exactly.
         mlflow: Bool. Log the fit to MLflow (the active run, or a new one
             under the current tracking URI): parameters, per-epoch metrics and
             the final model with its signature; see ``trainer.tracking``.
@@ -210,6 +214,7 @@ class Trainer:
         verbose: bool = True,
         check_data: bool = True,
         share_epochs: bool = True,
+        compression: str | None = None,
         mlflow: bool = False,
         checkpoint_keep: int = 2,
         tls: bool = False,
@@ -219,7 +224,7 @@ class Trainer:
         shard_budget_mb: float | None = None,
         on_epoch_end: EpochEndHook | None = None,
     ) -> None:
-        self.algorithm = get_algorithm(algorithm)
+        self.algorithm = with_compression(get_algorithm(algorithm), compression)
         self.num_workers = _positive_int("num_workers", num_workers)
         self.algorithm.check_workers(self.num_workers)
         self.batch_size = _positive_int("batch_size", batch_size)

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainer import SyncAveraging, get_algorithm
+from trainer.algorithms import parse_compression, with_compression
 from trainer.checkpoint import has_checkpoint
 from trainer.verbosity import configure_logging
 
@@ -31,6 +32,15 @@ positive_int = _positive(int, "integer")
 positive_float = _positive(float, "number")
 
 
+def compression_arg(text: str) -> str:
+    """An argparse type for --compression: the text, checked by ``parse_compression``."""
+    try:
+        parse_compression(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text.strip().lower()
+
+
 def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
     """-v/--verbose: our INFO logs and the libraries' warnings (``trainer.verbosity``)."""
     parser.add_argument("-v", "--verbose", action="store_true",
@@ -44,8 +54,8 @@ def start_logging(args: argparse.Namespace) -> None:
 
 
 def add_trainer_args(parser) -> None:
-    """--seed, --fixed-epochs, --checkpoint-dir, --resume, --retry-timeout, --tls and --no-frame-mac for a job's
-    argument parser."""
+    """--seed, --fixed-epochs, --checkpoint-dir, --resume, --compression, --retry-timeout, --tls and
+    --no-frame-mac for a job's argument parser."""
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the runs (plain Keras uses it, worker i of a distributed run seed + i; "
                              "default 0): repeat a run with other seeds to see its run-to-run spread")
@@ -58,6 +68,9 @@ def add_trainer_args(parser) -> None:
     parser.add_argument("--resume", action="store_true",
                         help="continue the runs interrupted under --checkpoint-dir (runs without a checkpoint "
                              "start afresh)")
+    parser.add_argument("--compression", default="none", type=compression_arg,
+                        help="lossy encoding of the workers' commits (downpour, adag, dynsgd): none, fp16, bf16 "
+                             "or topk:F (the largest fraction F of each tensor), with error feedback (default none)")
     parser.add_argument("--retry-timeout", type=positive_float, default=60.0,
                         help="seconds a retry after lost executors waits for their slots before it continues "
                              "on the workers left (default 60)")
@@ -75,13 +88,24 @@ def check_checkpoint_args(parser, args) -> None:
         parser.error("--resume needs --checkpoint-dir: the folder the interrupted run saved its checkpoints to")
 
 
+def check_trainer_args(parser, args) -> None:
+    """Exit through `parser.error` on Trainer flags that do not go together: checkpoints, and
+    --compression with an algorithm whose workers send full weights."""
+    check_checkpoint_args(parser, args)
+    if getattr(args, "compression", "none") != "none":
+        try:
+            with_compression(algorithm_from_args(args.algorithm, args.window), args.compression)
+        except ValueError as exc:
+            parser.error(str(exc))
+
+
 def trainer_options(args, model_name: str, workers: int, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
     """(Trainer keyword arguments, fit keyword arguments) for one run of a job: seeded with `seed`
     (default --seed); a repeat with another seed checkpoints to its own folder."""
     seed = args.seed if seed is None else seed
     options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs,
-                               "seed": seed, "tls": getattr(args, "tls", False),
-                               "frame_mac": not getattr(args, "no_frame_mac", False)}
+                               "seed": seed, "compression": getattr(args, "compression", "none"),
+                               "tls": getattr(args, "tls", False), "frame_mac": not getattr(args, "no_frame_mac", False)}
     if args.checkpoint_dir is None:
         return options, {}
     directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w{'' if seed == args.seed else f'-seed{seed}'}"

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from trainer.algorithms.adag import ADAG
 from trainer.algorithms.base import Algorithm, AlgorithmConfigError
+from trainer.algorithms.compressed import Compressed, with_compression
+from trainer.algorithms.compression import BFloat16, Codec, Float16, TopK, parse_compression
 from trainer.algorithms.downpour import DOWNPOUR
 from trainer.algorithms.dynsgd import DynSGD
 from trainer.algorithms.easgd import AEASGD, EASGD
@@ -34,6 +36,7 @@ def get_algorithm(name: str | Algorithm, **kwargs) -> Algorithm:
 
 
 __all__ = [
-    "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmConfigError", "DOWNPOUR", "DynSGD",
-    "EASGD", "SingleWorker", "SyncAveraging", "get_algorithm",
+    "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmConfigError", "BFloat16", "Codec", "Compressed",
+    "DOWNPOUR", "DynSGD", "EASGD", "Float16", "SingleWorker", "SyncAveraging", "TopK", "get_algorithm",
+    "parse_compression", "with_compression",
 ]

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, add, check_window, copy_arrays, sub
+from trainer.algorithms.base import Algorithm, add, check_window, sub
 
 
 @dataclass(frozen=True)
@@ -31,8 +31,8 @@ class ADAG(Algorithm):
         return sub(weights, anchor, scale=1.0 / self.window)
 
     def worker_apply(self, weights, anchor, reply):
-        return copy_arrays(reply), copy_arrays(reply)
+        return list(reply), list(reply)  # adopt the center as received: no copies (see base)
 
     def server_commit(self, center, payload, staleness):
         new_center = add(center, payload)
-        return new_center, copy_arrays(new_center)
+        return new_center, new_center

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, add, copy_arrays, sub
+from trainer.algorithms.base import Algorithm, add, sub
 
 
 @dataclass(frozen=True)
@@ -25,10 +25,10 @@ class DynSGD(Algorithm):
         return sub(weights, anchor)
 
     def worker_apply(self, weights, anchor, reply):
-        return copy_arrays(reply), copy_arrays(reply)
+        return list(reply), list(reply)  # adopt the center as received: no copies (see base)
 
     def server_commit(self, center, payload, staleness):
         if staleness < 0:
             raise ValueError(f"staleness must be >= 0. Received: staleness={staleness}")
         new_center = add(center, payload, scale=1.0 / (staleness + 1))
-        return new_center, copy_arrays(new_center)
+        return new_center, new_center

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, AlgorithmConfigError, add, copy_arrays, sub
+from trainer.algorithms.base import Algorithm, AlgorithmConfigError, add, sub
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -44,10 +44,10 @@ class EASGD(Algorithm):
         _check_fraction("beta", self.beta)
 
     def worker_payload(self, weights, anchor):
-        return copy_arrays(weights)
+        return list(weights)  # model_state's fresh arrays: no copy (see base)
 
     def worker_apply(self, weights, anchor, reply):
-        return copy_arrays(reply), copy_arrays(reply)
+        return list(reply), list(reply)
 
     def server_round(self, center, payloads):
         alpha = self.beta / len(payloads)
@@ -79,10 +79,10 @@ class AEASGD(Algorithm):
         return self.rho * self.lr
 
     def worker_payload(self, weights, anchor):
-        return copy_arrays(weights)
+        return list(weights)  # model_state's fresh arrays: no copy (see base)
 
     def worker_apply(self, weights, anchor, reply):
-        return copy_arrays(reply), copy_arrays(reply)
+        return list(reply), list(reply)
 
     def server_commit(self, center, payload, staleness):
         elastic = sub(payload, center, scale=self.alpha)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, AlgorithmConfigError, copy_arrays
+from trainer.algorithms.base import Algorithm, AlgorithmConfigError
 
 
 @dataclass(frozen=True)
@@ -27,10 +27,10 @@ class SingleWorker(Algorithm):
             )
 
     def worker_payload(self, weights, anchor):
-        return copy_arrays(weights)
+        return list(weights)  # model_state's fresh arrays: no copy (see base)
 
     def worker_apply(self, weights, anchor, reply):
-        return copy_arrays(reply), copy_arrays(reply)
+        return list(reply), list(reply)
 
     def server_commit(self, center, payload, staleness):
-        return copy_arrays(payload), copy_arrays(payload)
+        return list(payload), list(payload)

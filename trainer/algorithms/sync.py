@@ -48,10 +48,10 @@ class SyncAveraging(Algorithm):
         return self.average_optimizer_state
 
     def worker_payload(self, weights, anchor):
-        return copy_arrays(weights)
+        return list(weights)  # model_state's fresh arrays: no copy (see base)
 
     def worker_apply(self, weights, anchor, reply):
-        return copy_arrays(reply), copy_arrays(reply)
+        return list(reply), list(reply)
 
     def server_round(self, center, payloads):
         if not payloads:

@@ -13,7 +13,7 @@ replies.
 
 from __future__ import annotations
 
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -59,12 +59,26 @@ def non_finite(a: np.ndarray) -> tuple[int, int] | None:
 
 
 def check_commit(arrays: Sequence[np.ndarray], center: Sequence[np.ndarray], num_weights: int,
-                 names: Sequence[str] | None, with_optimizer: bool) -> tuple[str, bool] | None:  # fmt: skip
+                 names: Sequence[str] | None, with_optimizer: bool,
+                 layout: Callable[[Sequence[np.ndarray], list[tuple[int, ...]]], str | None] | None = None,
+                 ) -> tuple[str, bool] | None:  # fmt: skip
     """Why `arrays` may not be committed against `center`, or None.
 
     Returns ``(problem, diverged)``: `diverged` is True for non-finite values
     (the worker's training blew up), False for a payload of another model.
+    `layout` replaces the count, shape and dtype checks for a rule whose
+    payload is not the model's arrays (a compressed rule's ``check_payload``);
+    its float values must still be finite.
     """
+    if layout is not None:
+        problem = layout(arrays, [c.shape for c in center[:num_weights]])
+        if problem is not None:
+            return problem, False
+        for i, a in enumerate(arrays):
+            bad = non_finite(a)
+            if bad is not None:
+                return f"compressed array #{i} holds {bad[0]} NaN and {bad[1]} inf values", True
+        return None
     if with_optimizer:
         if len(arrays) < num_weights:
             return (f"it has {len(arrays)} arrays, expected at least {num_weights} (the model weights, then "

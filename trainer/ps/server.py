@@ -387,7 +387,8 @@ class ParameterServer(AuthenticatedServer):
         elif frame.msg == Msg.COMMIT:
             with self._lock:
                 center = self._center
-            problem = check_commit(frame.arrays, center, self._num_weights, self._names, self._with_optimizer)
+            problem = check_commit(frame.arrays, center, self._num_weights, self._names, self._with_optimizer,
+                                   getattr(self._algorithm, "check_payload", None))  # compressed rules
             if problem is not None:
                 self._refuse_commit(conn, frame, *problem)
             elif self._synchronous:

@@ -116,6 +116,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             self.stopped = False  # the driver said stop
             self.logs: dict[str, float] = {}
             self.anchor: list[np.ndarray] = []
+            self.residual: list[np.ndarray] | None = None  # what a lossy codec left for the next commit
 
         def begin(self, model) -> None:
             self.set_model(model)
@@ -127,15 +128,25 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             self.epoch, self.epoch_over = epoch, False
             record["epochs"].append({"epoch": epoch, "start": time.time(), "batches": 0})
 
-        def on_train_batch_end(self, batch, logs=None):
+        # The exchange runs when the next batch begins or the pass ends, never in a batch-END
+        # hook: with one, Keras turns every batch's logs into Python floats on the training
+        # thread; without, it does so on its own thread, as for plain Keras.
+        def on_train_batch_begin(self, batch, logs=None):
+            if algorithm.window is not None and self.since >= algorithm.window and not self.stopped:
+                self.exchange(None)
             self.step += 1
             self.since += 1
             record["epochs"][-1]["batches"] += 1
-            if algorithm.window is not None and self.since >= algorithm.window:
-                self.exchange(logs)
 
         def on_epoch_end(self, epoch, logs=None):
             self.logs = {k: float(v) for k, v in (logs or {}).items()}
+            if algorithm.window is not None and self.since >= algorithm.window and not self.stopped:
+                self.exchange(self.logs)
+
+        def running_loss(self) -> float:
+            """The epoch's mean training loss so far (Keras's loss tracker), without waiting for batch logs."""
+            tracker = next((m for m in self.model.metrics if m.name == "loss"), None)
+            return float("nan") if tracker is None else float(tracker.result())
 
         def finish_epoch(self) -> None:
             if algorithm.window is None and not self.stopped:
@@ -171,12 +182,15 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
         def exchange(self, logs) -> None:
             started = time.perf_counter()
             weights = model_state(self.model, self.with_optimizer)
-            payload = algorithm.worker_payload(weights, self.anchor)
-            loss = float((logs or {}).get("loss", float("nan")))
+            got_state = time.perf_counter()
+            payload, self.residual = algorithm.worker_commit(weights, self.anchor, self.residual)
+            encoded = time.perf_counter()
+            loss = float(logs["loss"]) if logs and "loss" in logs else self.running_loss()
             meta = {"worker": worker, "epoch": self.epoch, "step": self.step, "loss": loss}
             if budget is not None:
                 meta["batches"] = self.since
             reply, reply_meta = client.commit(payload, meta)
+            replied = time.perf_counter()
             self.follow(reply_meta)
             if self.stopped and not reply:  # a synchronous round ended by the driver: nothing to apply
                 return
@@ -184,7 +198,11 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             load_state(self.model, new_weights, with_optimizer=self.with_optimizer, strict=False)
             self.since = 0
             record["commits"] += 1
-            record["comm_s"] += time.perf_counter() - started
+            done = time.perf_counter()
+            record["comm_s"] += done - started
+            for part, seconds in (("state", got_state - started), ("payload", encoded - got_state),
+                                  ("round_trip", replied - encoded), ("load", done - replied)):
+                record["exchange_s"][part] += seconds
             if budget is not None and reply_meta.get("epoch_batches", budget) >= budget:
                 self.epoch_over = True
                 self.model.stop_training = True
@@ -225,6 +243,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         "worker": worker, "attempt": config.attempt, "rows": sizes[worker], "padded_rows": shard.padded_rows,
         "task_start": task_start, "data_ready": data_ready, "model_built": built,
         "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(), **devices, **shard.info(),
+        "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0},
     }
     client = PSClient(
         config.ps_host, config.ps_port, config.secret, worker=worker,

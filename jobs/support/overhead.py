@@ -1,0 +1,197 @@
+"""Where a worker's time goes, against plain Keras: the set-ups `jobs/profile_overhead.py` compares.
+
+Every set-up trains the same model on the same rows, each worker in its own
+fresh process with one TensorFlow thread (as a Spark task with one core):
+
+* ``plain``: ``model.fit`` on numpy arrays, Keras's own input pipeline (the
+  baseline of `make bench`);
+* ``feed``: ``model.fit`` on the worker's input pipeline (``ShardFeed``);
+* ``feed+callback``: the same with a Keras callback that has a per-batch
+  hook doing nothing (what a batch-level callback costs by itself);
+* ``workers=N``: N workers running the real task loop's callback
+  (``trainer.runtime.worker.make_sync_callback``: an exchange with a real
+  parameter server every `window` batches), each on 1/N of the rows, with the
+  server in a separate process as in the driver; the server process reports
+  its CPU seconds (the cores it takes from the workers).
+
+No Spark: the task loop's Spark parts (Arrow, the barrier) are not what is
+measured. Each worker reports its steady epoch time (the first epoch left
+out), the exchange time and, where the tree records it, the exchange's parts,
+and every set-up the cores its process kept busy (CPU seconds / wall seconds:
+plain Keras's input pipeline and batch-end callbacks run on threads of their
+own, so it may use more than the one thread of its model).
+"""
+
+from __future__ import annotations
+
+import cProfile
+import io
+import multiprocessing
+import os
+import pstats
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from trainer.transport.wire import new_secret
+from trainer.verbosity import quiet_env
+
+_TIMEOUT = 1800.0
+
+
+def _one_thread() -> None:
+    os.environ.update({"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1",
+                       "KERAS_BACKEND": "tensorflow", **quiet_env()})
+
+
+def _epoch_timer(times: list[float]):
+    import keras  # deferred: after the thread settings
+
+    class EpochTimer(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.start = time.perf_counter()
+
+        def on_epoch_end(self, epoch, logs=None):
+            times.append(time.perf_counter() - self.start)
+
+    return EpochTimer()
+
+
+def _noop_batch_callback():
+    import keras  # deferred: after the thread settings
+
+    class BatchHook(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            self.batches = getattr(self, "batches", 0) + 1
+
+    return BatchHook()
+
+
+def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, seed: int, queue) -> None:
+    _one_thread()
+    import keras  # deferred: after the thread settings
+
+    from trainer.runtime.feed import ShardFeed
+
+    keras.utils.set_random_seed(seed)
+    model = builder()
+    times: list[float] = []
+    callbacks = [_epoch_timer(times)]
+    cpu0, wall0 = time.process_time(), time.perf_counter()
+    if mode == "plain":
+        model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=callbacks)
+    else:
+        if mode == "feed+callback":
+            callbacks.append(_noop_batch_callback())
+        feed = ShardFeed(x, y, seed=seed)
+        for epoch in range(epochs):
+            model.fit(**feed.fit_kwargs(batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
+                      callbacks=callbacks)
+    cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    queue.put({"mode": mode, "worker": 0, "rows": len(x), "epoch_times": times, "cores_used": cores})
+
+
+def _server(algorithm, center, workers: int, secret: bytes, address_queue, stop, queue) -> None:
+    from trainer.ps import ParameterServer
+
+    with ParameterServer(algorithm, center, workers, secret, io_timeout=600.0) as ps:
+        address_queue.put(ps.address)
+        cpu0 = time.process_time()
+        stop.wait()
+        queue.put({"mode": "server", "cpu_s": time.process_time() - cpu0, "updates": ps.version})
+
+
+def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int, batch_size: int, seed: int,
+            profile: bool, queue) -> None:
+    _one_thread()
+    import keras  # deferred: after the thread settings
+
+    from trainer.ps.client import PSClient
+    from trainer.runtime.feed import ShardFeed
+    from trainer.runtime.state import load_state
+    from trainer.runtime.worker import make_sync_callback
+
+    keras.utils.set_random_seed(seed + worker)
+    model = builder()
+    record: dict[str, Any] = {"epochs": [], "commits": 0, "comm_s": 0.0,
+                              "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0}}
+    times: list[float] = []
+    profiler = cProfile.Profile() if profile else None
+    with PSClient(*address, secret, worker=worker) as client:
+        client.connect()
+        center, _ = client.hello()
+        load_state(model, list(center), with_optimizer=False, strict=False)
+        callback = make_sync_callback(client, algorithm, worker, record, None)
+        callback.begin(model)
+        feed = ShardFeed(x, y, seed=seed + worker)
+        timer = _epoch_timer(times)
+        cpu0, wall0 = time.process_time(), time.perf_counter()
+        for epoch in range(epochs):
+            callback.start_epoch(epoch)
+            if profiler is not None and epoch == epochs - 1:
+                profiler.enable()
+            model.fit(**feed.fit_kwargs(batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
+                      callbacks=[callback, timer])
+            callback.finish_epoch()
+        if profiler is not None:
+            profiler.disable()
+        callback.finish()
+        cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
+    top = ""
+    if profiler is not None:
+        text = io.StringIO()
+        pstats.Stats(profiler, stream=text).sort_stats("cumulative").print_stats(40)
+        top = text.getvalue()
+    queue.put({"mode": "worker", "worker": worker, "rows": len(x), "epoch_times": times,
+               "commits": record["commits"], "comm_s": record["comm_s"], "exchange_s": record["exchange_s"],
+               "cores_used": cores, "profile": top})
+
+
+def _collect(procs, queue, count: int) -> list[dict[str, Any]]:
+    try:
+        results = [queue.get(timeout=_TIMEOUT) for _ in range(count)]
+    finally:
+        for p in procs:
+            p.join(timeout=60)
+            if p.is_alive():
+                p.terminate()
+    return results
+
+
+def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0) -> dict[str, Any]:
+    """One plain-Keras set-up (``plain``, ``feed``, ``feed+callback``) in a fresh process."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_single, args=(mode, builder, x, y, epochs, batch_size, seed, queue))
+    proc.start()
+    return _collect([proc], queue, 1)[0]
+
+
+def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_size: int, seed: int = 0,
+                profile: bool = False) -> list[dict[str, Any]]:
+    """`workers` worker processes and a server process; every worker trains on its 1/N of the rows."""
+    center = [np.asarray(w) for w in builder().get_weights()]
+    ctx = multiprocessing.get_context("spawn")
+    queue, address_queue, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
+    secret = new_secret()
+    server = ctx.Process(target=_server, args=(algorithm, center, workers, secret, address_queue, stop, queue))
+    server.start()
+    address = address_queue.get(timeout=120)
+    shards = np.array_split(np.arange(len(x)), workers)
+    procs = [ctx.Process(target=_worker, args=(builder, algorithm, address, secret, w, x[s], y[s], epochs,
+                                                batch_size, seed, profile and w == 0, queue))
+             for w, s in enumerate(shards)]
+    for p in procs:
+        p.start()
+    try:
+        results = _collect(procs, queue, workers)
+    finally:
+        stop.set()
+    results += _collect([server], queue, 1)
+    return results
+
+
+def steady(times: list[float]) -> float:
+    """Mean epoch time without the first epoch (tracing, warm-up) when there are several."""
+    return float(np.mean(times[1:] if len(times) > 1 else times))

@@ -1,0 +1,199 @@
+"""The measurements behind `make bench-ps`: the parameter server against a raw loopback ping-pong.
+
+`measure_ps` starts a real `ParameterServer` (DOWNPOUR, optionally with a
+codec) in this process, as the driver holds it, and K client PROCESSES that
+each commit the same payload in a loop through a real `PSClient` for a fixed
+time. `measure_raw` does the same with a plain TCP echo server: every client
+sends the bytes of one COMMIT frame and reads back the bytes of one reply, so
+the two differ only by what the parameter server does (framing, the HMAC
+handshake once, decoding, the update rule under its lock, the reply). Both
+use only the public API (``ParameterServer``, ``PSClient``, the algorithms),
+so the same script measures later servers unchanged.
+
+`model_layout` gives the tensor shapes of a model of P parameters shaped like
+the MNIST CNN (four kernels and four biases, 99 % in the dense kernel).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import socket
+import statistics
+import threading
+import time
+from typing import Any
+
+import numpy as np
+
+import trainer.algorithms as algorithms
+from trainer.ps import ParameterServer, PSClient
+from trainer.transport.wire import Msg, encode, frame_size, new_secret
+
+# Share of the parameters in each kernel of the MNIST CNN (conv, conv, dense, dense) and its biases.
+_KERNEL_SHARES = (288 / 1_048_853, 9216 / 1_048_853, 1_036_800 / 1_048_853)
+_BIASES = (32, 32, 225, 10)
+_START_TIMEOUT = 120.0
+
+
+def model_layout(params: int) -> list[tuple[int, ...]]:
+    """Shapes of a CNN-like model with about `params` parameters (kernels, then each bias)."""
+    if params < 10_000:
+        raise ValueError(f"model_layout needs at least 10,000 parameters, received {params}")
+    sizes = [max(1, round(params * s)) for s in _KERNEL_SHARES]
+    sizes.append(max(1, params - sum(sizes) - sum(_BIASES)))
+    shapes: list[tuple[int, ...]] = []
+    for size, bias in zip(sizes, _BIASES):
+        shapes += [(size,), (bias,)]
+    return shapes
+
+
+def _payload(shapes, compression: str | None, seed: int = 0) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
+    """(rule, center, payload on the wire) for DOWNPOUR with `compression`.
+
+    Without compression only what every version of the package has is used
+    (``DOWNPOUR``, ``worker_payload``): the script also measures older trees.
+    """
+    rule = algorithms.DOWNPOUR(window=1)
+    rng = np.random.default_rng(seed)
+    center = [np.zeros(s, np.float32) for s in shapes]
+    delta = [(rng.standard_normal(s) * 1e-3).astype(np.float32) for s in shapes]
+    if compression in (None, "none"):
+        return rule, center, rule.worker_payload(delta, center)
+    rule = algorithms.with_compression(rule, compression)
+    payload, _ = rule.worker_commit(delta, center, None)
+    return rule, center, payload
+
+
+def frame_bytes(shapes, compression: str | None) -> tuple[int, int]:
+    """(bytes of one COMMIT frame, bytes of its reply) on the wire."""
+    _, center, payload = _payload(shapes, compression)
+    meta = {"worker": 0, "epoch": 0, "step": 0, "loss": 0.1}
+    return frame_size(encode(Msg.COMMIT, meta, payload)), frame_size(encode(Msg.OK, {"version": 1}, center))
+
+
+def rule_seconds(shapes, compression: str | None, repeats: int = 5) -> float:
+    """Median seconds of the update rule alone (``server_commit``: decode and add), single thread."""
+    rule, center, payload = _payload(shapes, compression)
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        rule.server_commit(center, payload, 0)
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+# -- client processes -------------------------------------------------------------------
+
+
+def _ps_client(address, secret, worker, shapes, compression, seconds, ready, start, results) -> None:
+    _, _, payload = _payload(shapes, compression, seed=worker)
+    with PSClient(*address, secret, worker=worker, timeout=120.0) as client:
+        client.connect()
+        client.hello()
+        ready.put(worker)
+        start.wait()
+        count, began = 0, time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            client.commit(payload, {"worker": worker, "epoch": 0, "step": count, "loss": 0.1})
+            count += 1
+        results.put((worker, count, time.perf_counter() - began))
+
+
+def _raw_client(address, worker, bytes_in, bytes_out, seconds, ready, start, results) -> None:
+    out = bytes(bytes_in)
+    buf = bytearray(bytes_out)
+    view = memoryview(buf)
+    with socket.create_connection(address, timeout=120.0) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        ready.put(worker)
+        start.wait()
+        count, began = 0, time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            sock.sendall(out)
+            got = 0
+            while got < bytes_out:
+                k = sock.recv_into(view[got:], bytes_out - got)
+                if not k:
+                    raise ConnectionError("the echo server closed the connection")
+                got += k
+            count += 1
+        results.put((worker, count, time.perf_counter() - began))
+
+
+def _run_clients(target, args_of, clients: int) -> float:
+    """Start `clients` processes, release them together; returns their summed round trips per second."""
+    ctx = multiprocessing.get_context("spawn")
+    ready, results, start = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=target, args=(*args_of(w), ready, start, results), daemon=True)
+             for w in range(clients)]
+    for p in procs:
+        p.start()
+    try:
+        for _ in procs:
+            ready.get(timeout=_START_TIMEOUT)
+        start.set()
+        rates = [count / elapsed for _, count, elapsed in (results.get(timeout=_START_TIMEOUT) for _ in procs)]
+    finally:
+        for p in procs:
+            p.join(timeout=30)
+            if p.is_alive():
+                p.terminate()
+    return float(sum(rates))
+
+
+class _EchoServer:
+    """Reads `bytes_in` bytes and answers `bytes_out` bytes, forever, one thread per connection."""
+
+    def __init__(self, bytes_in: int, bytes_out: int) -> None:
+        self.bytes_in, self.reply = bytes_in, bytes(bytes_out)
+        self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
+        self.address = self.listener.getsockname()[:2]
+        self.threads: list[threading.Thread] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                return
+            t = threading.Thread(target=self._serve, args=(sock,), daemon=True)
+            t.start()
+            self.threads.append(t)
+
+    def _serve(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray(self.bytes_in)
+        view = memoryview(buf)
+        with sock:
+            while True:
+                got = 0
+                while got < self.bytes_in:
+                    try:
+                        k = sock.recv_into(view[got:], self.bytes_in - got)
+                    except OSError:
+                        return
+                    if not k:
+                        return
+                    got += k
+                sock.sendall(self.reply)
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+def measure_raw(bytes_in: int, bytes_out: int, clients: int, seconds: float) -> float:
+    """Round trips per second of `clients` processes against a raw echo server in this process."""
+    server = _EchoServer(bytes_in, bytes_out)
+    try:
+        return _run_clients(_raw_client, lambda w: (server.address, w, bytes_in, bytes_out, seconds), clients)
+    finally:
+        server.close()
+
+
+def measure_ps(shapes, clients: int, seconds: float, compression: str | None = None) -> float:
+    """Commits per second of `clients` processes against a real ParameterServer in this process."""
+    rule, center, _ = _payload(shapes, compression)  # a bad codec fails here, before any process starts
+    secret = new_secret()
+    with ParameterServer(rule, center, clients, secret, io_timeout=120.0) as ps:
+        return _run_clients(_ps_client, lambda w: (ps.address, secret, w, shapes, compression, seconds), clients)

@@ -1,0 +1,133 @@
+"""A scale model of asynchronous data-parallel training with one parameter server: speed-up against N workers.
+
+Pure arithmetic (exact mean-value analysis of a closed queueing network).
+Each of N workers loops: `window` batches of compute (``batch_s`` each), its
+own exchange work (``worker_s``: reading its weights, building the payload,
+loading the reply), then one commit that must pass three shared stations of
+the server side, each serving one commit at a time:
+
+* the server's CPU (``server_s`` per commit: decoding, the update rule under
+  its lock, copying and encoding the reply);
+* the driver link inbound (the COMMIT frame: ``4 * params * compression``
+  bytes) and outbound (the reply, the dense center: ``4 * params`` bytes);
+  full duplex, so the two directions are separate stations.
+
+With ``shards`` server endpoints on as many hosts, each station's work per
+commit is divided by ``shards`` (every endpoint holds 1/S of the center and
+has its own link and lock). With ``cores`` set, workers and server share that
+many cores (this development machine: 2), so compute slows down once the
+workers and the server's CPU exceed them; None gives every worker its own
+machine.
+
+``speedup`` is against plain single-process Keras (one worker with nothing to
+exchange trains at ``1 / batch_s`` batches per second), so it includes the
+framework overhead at N = 1. The knee ``N* = (Z + sum D) / max D`` is where
+the workers' demand meets the busiest station's capacity (Z: a worker's own
+time per commit, D: each station's time per commit): below it speed-up grows
+nearly linearly, past it it flattens at ``window * batch_s / max D``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+GBIT = 1e9 / 8  # bytes per second of one Gbit/s
+
+
+@dataclass(frozen=True)
+class Workload:
+    """What one worker does per commit."""
+
+    params: int  # float32 parameters of the model
+    batch_s: float  # compute of one batch (plain Keras, one worker's cores)
+    window: int = 5  # batches per commit
+    worker_s: float = 0.0  # the worker's own exchange work per commit
+    server_s: float = 0.0  # server CPU per commit (serialized)
+    compression: float = 1.0  # bytes of a commit per dense float32 byte (bf16 0.5, topk:F 2F)
+
+    @property
+    def bytes_in(self) -> float:
+        return 4.0 * self.params * self.compression
+
+    @property
+    def bytes_out(self) -> float:
+        return 4.0 * self.params
+
+
+@dataclass(frozen=True)
+class Cluster:
+    """Where it runs: the driver's link, the server endpoints, shared cores."""
+
+    link_gbit: float | None = 10.0  # None: loopback (no link station)
+    shards: int = 1
+    cores: int | None = None
+    latency_s: float = 0.0  # per round trip (network and scheduling)
+
+
+def demands(work: Workload, cluster: Cluster) -> dict[str, float]:
+    """Seconds each shared station spends on one commit."""
+    s = max(1, int(cluster.shards))
+    out = {"server cpu": work.server_s / s}
+    if cluster.link_gbit is not None:
+        rate = cluster.link_gbit * GBIT * s
+        out["link in"] = work.bytes_in / rate
+        out["link out"] = work.bytes_out / rate
+    return out
+
+
+def _mva(n: int, think_s: float, stations: dict[str, float]) -> tuple[float, dict[str, float]]:
+    """Exact MVA for `n` customers: (throughput, residence time per station)."""
+    queue = {k: 0.0 for k in stations}
+    x, residence = 0.0, dict(queue)
+    for m in range(1, n + 1):
+        residence = {k: d * (1.0 + queue[k]) for k, d in stations.items()}
+        x = m / (think_s + sum(residence.values()))
+        queue = {k: x * r for k, r in residence.items()}
+    return x, residence
+
+
+def predict(work: Workload, cluster: Cluster, n: int) -> dict[str, float | str]:
+    """Commits/s, speed-up against plain Keras, efficiency and the bottleneck at `n` workers."""
+    if n < 1:
+        raise ValueError(f"n must be a positive number of workers, received {n}")
+    stations = demands(work, cluster)
+    slow, x = 1.0, 0.0
+    for _ in range(50):  # fixed point: compute slows when workers + server CPU exceed the shared cores
+        think = work.window * work.batch_s * slow + work.worker_s + cluster.latency_s
+        x, _ = _mva(n, think, stations)
+        if cluster.cores is None:
+            break
+        slow_next = max(1.0, (n + x * work.server_s) / cluster.cores)  # every worker keeps a core busy
+        if abs(slow_next - slow) < 1e-9:
+            break
+        slow = 0.5 * (slow + slow_next)
+    speedup = x * work.window * work.batch_s
+    bottleneck = max(stations, key=stations.get) if stations else "none"
+    return {"workers": n, "commits_per_s": x, "speedup": speedup, "efficiency": speedup / n,
+            "bottleneck": bottleneck, "compute_slowdown": slow}
+
+
+def knee(work: Workload, cluster: Cluster) -> float:
+    """N* = (Z + sum D) / max D: the worker count where demand meets the busiest station."""
+    stations = demands(work, cluster)
+    busiest = max(stations.values())
+    if busiest <= 0:
+        return float("inf")
+    think = work.window * work.batch_s + work.worker_s + cluster.latency_s
+    return (think + sum(stations.values())) / busiest
+
+
+def curve(work: Workload, cluster: Cluster, counts) -> list[dict[str, float | str]]:
+    return [predict(work, cluster, n) for n in counts]
+
+
+def with_codec(work: Workload, codec: str) -> Workload:
+    """`work` with the commit bytes of a codec name: none, fp16, bf16 or topk:F."""
+    name = codec.strip().lower()
+    if name in ("none", ""):
+        return replace(work, compression=1.0)
+    if name in ("fp16", "bf16"):
+        return replace(work, compression=0.5)
+    if name.startswith("topk:"):
+        return replace(work, compression=min(1.0, 2.0 * float(name[5:])))
+    raise ValueError(f"unknown codec {codec!r}; expected none, fp16, bf16 or topk:F")

@@ -1,0 +1,83 @@
+"""The scale model's arithmetic (trainer_jobs.support.scale_model), checked against hand computations."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from trainer_jobs.support.scale_model import GBIT, Cluster, Workload, demands, knee, predict, with_codec
+
+MNIST = Workload(params=1_048_853, batch_s=1 / 30, window=5)
+
+
+def test_one_worker_with_nothing_to_exchange_is_plain_keras():
+    p = predict(Workload(10**6, 0.02, 5), Cluster(link_gbit=None), 1)
+    assert p["speedup"] == pytest.approx(1.0)
+    assert p["commits_per_s"] == pytest.approx(1 / (5 * 0.02))
+
+
+def test_free_exchanges_scale_linearly():
+    for n in (1, 7, 64):
+        assert predict(Workload(10**6, 0.02), Cluster(link_gbit=None), n)["speedup"] == pytest.approx(n)
+
+
+def test_one_worker_pays_every_cost_once():
+    work = Workload(10**6, 0.02, window=5, worker_s=0.004, server_s=0.006)
+    cluster = Cluster(link_gbit=10.0, latency_s=0.001)
+    link = 4e6 / (10 * GBIT)  # 3.2 ms each way
+    expected = 0.1 / (0.1 + 0.004 + 0.001 + 0.006 + 2 * link)
+    assert predict(work, cluster, 1)["speedup"] == pytest.approx(expected)
+
+
+def test_saturation_is_the_busiest_station():
+    work = Workload(10**6, 0.02, window=5, server_s=0.010)
+    p = predict(work, Cluster(link_gbit=None), 64)
+    assert p["commits_per_s"] == pytest.approx(100.0, rel=1e-3)  # 1 / 10 ms
+    assert p["speedup"] == pytest.approx(100 * 5 * 0.02, rel=1e-3)
+    assert p["bottleneck"] == "server cpu"
+
+
+def test_the_issues_10_gbe_example_knee_near_50_workers():
+    # Issue 17: 4.2 MB in and out per commit on 10 GbE, ~30 batches/s, window 5, no server cost.
+    d = 4 * 1_048_853 / (10 * GBIT)
+    assert demands(MNIST, Cluster(link_gbit=10.0)) == pytest.approx({"server cpu": 0.0, "link in": d, "link out": d})
+    assert 1 / d == pytest.approx(298, abs=1)  # commits/s one direction carries
+    assert knee(MNIST, Cluster(link_gbit=10.0)) == pytest.approx((5 / 30 + 2 * d) / d)
+    assert 50 < knee(MNIST, Cluster(link_gbit=10.0)) < 53
+
+
+def test_codecs_shards_and_windows_move_the_knee():
+    base = Cluster(link_gbit=1.0)
+    assert with_codec(MNIST, "bf16").bytes_in == pytest.approx(MNIST.bytes_in / 2)
+    assert with_codec(MNIST, "topk:0.01").compression == pytest.approx(0.02)
+    assert with_codec(MNIST, "bf16").bytes_out == MNIST.bytes_out  # the reply stays dense
+    # halving the commit leaves the reply as the busiest station: the knee barely moves
+    assert knee(with_codec(MNIST, "bf16"), base) < knee(MNIST, base) * 1.01
+    four = demands(MNIST, Cluster(link_gbit=1.0, shards=4))
+    assert four["link out"] == pytest.approx(demands(MNIST, base)["link out"] / 4)
+    # knee = S * Z / d + 2 (two link stations of d / S each): S times as many workers past the two links
+    assert knee(MNIST, Cluster(link_gbit=1.0, shards=4)) - 2 == pytest.approx(4 * (knee(MNIST, base) - 2))
+    wide = Workload(MNIST.params, MNIST.batch_s, window=20)  # Z four times as long
+    assert knee(wide, base) - 2 == pytest.approx(4 * (knee(MNIST, base) - 2))
+    with pytest.raises(ValueError, match="none, fp16, bf16 or topk:F"):
+        with_codec(MNIST, "zip")
+
+
+def test_mva_two_workers_one_station_by_hand():
+    # Z = 0.1, D = 0.05: n=1: R=0.05, X=1/0.15, Q=1/3; n=2: R=0.05*(4/3), X=2/(0.1+0.0667)
+    p = predict(Workload(10**6, 0.02, window=5, server_s=0.05), Cluster(link_gbit=None), 2)
+    assert p["commits_per_s"] == pytest.approx(2 / (0.1 + 0.05 * 4 / 3))
+
+
+def test_shared_cores_time_share_the_workers():
+    work = Workload(10**6, 0.02, window=5)
+    two = predict(work, Cluster(link_gbit=None, cores=2), 2)["speedup"]
+    three = predict(work, Cluster(link_gbit=None, cores=2), 3)["speedup"]
+    assert two == pytest.approx(2.0) and three == pytest.approx(2.0, rel=1e-6)
+    busy = Workload(10**6, 0.02, window=5, server_s=0.005)
+    shared = predict(busy, Cluster(link_gbit=None, cores=2), 2)["speedup"]
+    assert shared < predict(busy, Cluster(link_gbit=None), 2)["speedup"]  # the server takes from the workers' cores
+    assert math.isinf(knee(work, Cluster(link_gbit=None)))
+    with pytest.raises(ValueError, match="positive number of workers"):
+        predict(work, Cluster(), 0)

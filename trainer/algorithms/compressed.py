@@ -1,0 +1,95 @@
+"""`Compressed`: a delta rule (DOWNPOUR, ADAG, DynSGD) whose commits travel through a lossy codec.
+
+The worker encodes its delta (with error feedback by default, see
+``trainer.algorithms.compression``) and the server rule decodes it against
+the center before the wrapped rule folds it in; replies (the center) stay
+dense. Only rules whose workers send *deltas* are wrapped: rounding full
+weights (EASGD, AEASGD, synchronous averaging, the single worker) would lose
+precision of the model itself, not of a step.
+
+The server asks ``check_payload`` whether a received payload decodes, so a
+top-k payload (indices and values, not one array per weight) is checked for
+what it is. ``Trainer(compression="bf16")`` builds it; so does
+``with_compression(rule, "topk:0.01")``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from trainer.algorithms.adag import ADAG
+from trainer.algorithms.base import Algorithm, AlgorithmConfigError
+from trainer.algorithms.compression import Codec, compress_with_feedback, parse_compression
+from trainer.algorithms.downpour import DOWNPOUR
+from trainer.algorithms.dynsgd import DynSGD
+
+DELTA_RULES = (DOWNPOUR, ADAG, DynSGD)
+
+
+@dataclass(frozen=True)
+class Compressed(Algorithm):
+    """`inner` with its commits encoded by `codec`; `error_feedback` carries what the codec dropped."""
+
+    inner: Any = None
+    codec: Any = None
+    error_feedback: bool = True
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.inner, DELTA_RULES):
+            raise AlgorithmConfigError(
+                f"Compression applies to rules whose workers commit deltas (downpour, adag, dynsgd). Received: "
+                f"{getattr(self.inner, 'name', type(self.inner).__name__)}. Fix: use one of those rules or "
+                "compression='none'."
+            )
+        if not isinstance(self.codec, Codec):
+            raise AlgorithmConfigError(f"`codec` must be a Codec (see parse_compression). Received: {self.codec!r}")
+
+    @property
+    def window(self) -> int | None:  # type: ignore[override]
+        return self.inner.window
+
+    @property
+    def name(self) -> str:  # type: ignore[override]
+        return self.inner.name
+
+    def check_workers(self, num_workers: int) -> None:
+        self.inner.check_workers(num_workers)
+
+    # -- worker side -------------------------------------------------------
+    def worker_payload(self, weights, anchor):
+        return self.codec.encode(self.inner.worker_payload(weights, anchor))
+
+    def worker_commit(self, weights, anchor, residual):
+        delta = self.inner.worker_payload(weights, anchor)
+        if not self.error_feedback:
+            return self.codec.encode(delta), None
+        return compress_with_feedback(self.codec, delta, residual)
+
+    def worker_apply(self, weights, anchor, reply):
+        return self.inner.worker_apply(weights, anchor, reply)
+
+    # -- server side -------------------------------------------------------
+    def check_payload(self, arrays: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]) -> str | None:
+        """What is wrong with a received payload for a center of `shapes`, or None."""
+        return self.codec.check(arrays, shapes)
+
+    def server_commit(self, center, payload, staleness):
+        return self.inner.server_commit(center, self.codec.decode(payload, center), staleness)
+
+    def describe(self) -> str:
+        feedback = "" if self.error_feedback else ", no error feedback"
+        return f"{self.inner.describe()} [{self.codec.describe()}{feedback}]"
+
+
+def with_compression(algorithm: Algorithm, compression: str | Codec | None,
+                     error_feedback: bool = True) -> Algorithm:
+    """`algorithm` wrapped in `Compressed`, or unchanged for ``None``/``"none"``."""
+    codec = parse_compression(compression)
+    if codec is None:
+        return algorithm
+    if isinstance(algorithm, Compressed):
+        raise AlgorithmConfigError(f"{algorithm.describe()} is compressed already; give compression once.")
+    return Compressed(algorithm, codec, error_feedback)

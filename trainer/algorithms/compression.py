@@ -1,0 +1,222 @@
+"""Lossy codecs for the deltas workers commit: fp16, bf16 and top-k, with error feedback.
+
+Pure numpy: a codec turns a list of float arrays into the arrays that go on
+the wire (``encode``) and back (``decode``, given the center they will be
+added to). Every wire array has a dtype the transport already carries:
+
+* ``Float16`` (``"fp16"``): IEEE half precision, half the bytes. Values past
+  the fp16 range are clipped to +-65504 (error feedback carries the rest).
+* ``BFloat16`` (``"bf16"``): the top 16 bits of each float32, rounded to the
+  nearest even; half the bytes, float32's range, 8 bits of mantissa. The bits
+  travel as ``int16`` (a reinterpretation, not a conversion) because the
+  wire's dtype allow-list has no ``uint16``; ``uint16`` is accepted too.
+* ``TopK(fraction)`` (``"topk:F"``): for each tensor only the ``ceil(F * size)``
+  entries of largest magnitude, as ``int32`` flat indices then their
+  ``float32`` values: ``8 * F`` of the dense bytes (``topk:0.01`` sends 8 %).
+
+Error feedback (Seide et al., 2014; Karimireddy et al., 2019): what a lossy
+codec dropped from one commit is added to the next one, so nothing is lost
+for good, only delayed. `compress_with_feedback` is the pure step:
+``(arrays, residual) -> (wire, new residual)``; the worker keeps the residual.
+Without it top-k at small fractions stalls (small coordinates never move).
+
+`parse_compression` reads the option of ``Trainer(compression=...)`` and the
+jobs' ``--compression none|fp16|bf16|topk:F``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import ClassVar, Sequence
+
+import numpy as np
+
+from trainer.algorithms.base import AlgorithmConfigError
+
+Arrays = list[np.ndarray]
+
+_FP16_MAX = float(np.finfo(np.float16).max)
+_BF16_NAN = np.uint16(0x7FC0)
+
+
+@dataclass(frozen=True)
+class Codec:
+    """Base class: ``encode(arrays) -> wire``, ``decode(wire, like) -> arrays``, ``check(wire, shapes)``."""
+
+    name: ClassVar[str] = "codec"
+
+    def encode(self, arrays: Sequence[np.ndarray]) -> Arrays:
+        raise NotImplementedError
+
+    def decode(self, wire: Sequence[np.ndarray], like: Sequence[np.ndarray]) -> Arrays:
+        """The dense arrays `wire` stands for, with the shapes and dtypes of `like` (the center)."""
+        raise NotImplementedError
+
+    def check(self, wire: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]) -> str | None:
+        """What is wrong with a received `wire` for tensors of `shapes`, or None when it decodes."""
+        if len(wire) != len(shapes):
+            return (f"a {self.describe()} payload has {len(wire)} arrays, expected {len(shapes)} (one per model "
+                    "weight); the worker's model or compression differs from the server's")
+        for i, (a, shape) in enumerate(zip(wire, shapes)):
+            if a.shape != tuple(shape) or a.dtype.name not in self.wire_dtypes:
+                return (f"{self.describe()} payload array #{i} is {a.dtype.name}{list(a.shape)}, expected one of "
+                        f"{sorted(self.wire_dtypes)} with shape {list(shape)}; the worker's model or compression "
+                        "differs from the server's")
+        return None
+
+    wire_dtypes: ClassVar[frozenset[str]] = frozenset()
+
+    def wire_fraction(self) -> float:
+        """Bytes on the wire per float32 byte of the dense delta."""
+        return 1.0
+
+    def describe(self) -> str:
+        return self.name
+
+
+@dataclass(frozen=True)
+class Float16(Codec):
+    name: ClassVar[str] = "fp16"
+    wire_dtypes: ClassVar[frozenset[str]] = frozenset({"float16"})
+
+    def encode(self, arrays):
+        return [np.clip(a, -_FP16_MAX, _FP16_MAX).astype(np.float16) for a in arrays]
+
+    def decode(self, wire, like):
+        return [w.astype(c.dtype) for w, c in zip(wire, like, strict=True)]
+
+    def wire_fraction(self) -> float:
+        return 0.5
+
+
+def to_bfloat16_bits(a: np.ndarray) -> np.ndarray:
+    """The bfloat16 bits (uint16) of `a`, rounded to nearest even; NaN stays NaN."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    rounded = bits + (np.uint32(0x7FFF) + ((bits >> np.uint32(16)) & np.uint32(1)))
+    out = (rounded >> np.uint32(16)).astype(np.uint16)
+    nan = np.isnan(a)
+    if nan.any():
+        out[nan] = _BF16_NAN
+    return out
+
+
+def from_bfloat16_bits(bits: np.ndarray, dtype=np.float32) -> np.ndarray:
+    """float arrays from bfloat16 bits (uint16 or int16 views)."""
+    wide = np.ascontiguousarray(bits).view(np.uint16).astype(np.uint32) << np.uint32(16)
+    return wide.view(np.float32).astype(dtype, copy=False)
+
+
+@dataclass(frozen=True)
+class BFloat16(Codec):
+    name: ClassVar[str] = "bf16"
+    wire_dtypes: ClassVar[frozenset[str]] = frozenset({"int16", "uint16"})
+
+    def encode(self, arrays):
+        return [to_bfloat16_bits(a).view(np.int16) for a in arrays]
+
+    def decode(self, wire, like):
+        return [from_bfloat16_bits(w, c.dtype) for w, c in zip(wire, like, strict=True)]
+
+    def wire_fraction(self) -> float:
+        return 0.5
+
+
+@dataclass(frozen=True)
+class TopK(Codec):
+    """The largest-magnitude `fraction` of every tensor (at least one entry each)."""
+
+    fraction: float = 0.01
+
+    name: ClassVar[str] = "topk"
+
+    def __post_init__(self) -> None:
+        if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) \
+                or not 0.0 < self.fraction <= 1.0:
+            raise AlgorithmConfigError(
+                f"top-k needs a fraction in (0, 1] of each tensor to send. Received: fraction={self.fraction!r}. "
+                "Fix: e.g. compression='topk:0.01' (1 % of the entries)."
+            )
+
+    def k(self, size: int) -> int:
+        return min(size, max(1, math.ceil(self.fraction * size)))
+
+    def encode(self, arrays):
+        wire: Arrays = []
+        for a in arrays:
+            flat = np.ravel(a)
+            k = self.k(flat.size)
+            if k >= flat.size:
+                idx = np.arange(flat.size, dtype=np.int32)
+            else:
+                idx = np.argpartition(np.abs(flat), flat.size - k)[flat.size - k:].astype(np.int32)
+            wire += [idx, flat[idx].astype(np.float32)]
+        return wire
+
+    def decode(self, wire, like):
+        out = []
+        for i, c in enumerate(like):
+            dense = np.zeros(c.size, dtype=c.dtype)
+            dense[wire[2 * i]] = wire[2 * i + 1]
+            out.append(dense.reshape(c.shape))
+        return out
+
+    def check(self, wire, shapes):
+        if len(wire) != 2 * len(shapes):
+            return (f"a {self.describe()} payload has {len(wire)} arrays, expected {2 * len(shapes)} (indices and "
+                    "values for each model weight); the worker's model or compression differs from the server's")
+        for i, shape in enumerate(shapes):
+            idx, values = wire[2 * i], wire[2 * i + 1]
+            size = math.prod(shape)
+            if idx.ndim != 1 or idx.dtype.name != "int32" or values.shape != idx.shape \
+                    or values.dtype.name != "float32" or len(idx) > size:
+                return (f"{self.describe()} payload for weight #{i} is {idx.dtype.name}{list(idx.shape)} indices and "
+                        f"{values.dtype.name}{list(values.shape)} values; expected int32 and float32 vectors of the "
+                        f"same length, at most {size}")
+            if len(idx) and (int(idx.min()) < 0 or int(idx.max()) >= size):
+                return (f"{self.describe()} payload for weight #{i} has indices in [{int(idx.min())}, "
+                        f"{int(idx.max())}], expected [0, {size - 1}]")
+        return None
+
+    def wire_fraction(self) -> float:
+        return min(1.0, 2.0 * self.fraction)
+
+    def describe(self) -> str:
+        return f"topk:{self.fraction:g}"
+
+
+CODECS = {"fp16": Float16, "bf16": BFloat16}
+
+
+def parse_compression(spec: str | Codec | None) -> Codec | None:
+    """A codec from ``None``/``"none"``, ``"fp16"``, ``"bf16"``, ``"topk:F"`` or a Codec; None means no compression."""
+    if spec is None or isinstance(spec, Codec):
+        return spec
+    text = str(spec).strip().lower()
+    if text in ("", "none"):
+        return None
+    if text in CODECS:
+        return CODECS[text]()
+    if text.startswith("topk:"):
+        try:
+            fraction = float(text[5:])
+        except ValueError:
+            fraction = float("nan")
+        if fraction == fraction:
+            return TopK(fraction)
+    raise AlgorithmConfigError(
+        f"Unknown compression {spec!r}. Expected none, fp16, bf16 or topk:F with F in (0, 1] "
+        "(e.g. topk:0.01 sends the largest 1 % of each tensor)."
+    )
+
+
+def compress_with_feedback(codec: Codec, arrays: Sequence[np.ndarray],
+                           residual: Sequence[np.ndarray] | None) -> tuple[Arrays, Arrays]:
+    """Error feedback: encode ``arrays + residual``; the new residual is what the encoding lost.
+
+    Pure: returns ``(wire, new_residual)``; `residual` None means zeros (the first commit).
+    """
+    corrected = list(arrays) if residual is None else [np.add(a, r) for a, r in zip(arrays, residual, strict=True)]
+    wire = codec.encode(corrected)
+    sent = codec.decode(wire, corrected)
+    return wire, [np.subtract(c, s) for c, s in zip(corrected, sent)]
