@@ -138,3 +138,14 @@ def test_lookup_by_name():
     assert get_algorithm("ADAG", window=10) == ADAG(window=10)
     rule = EASGD()
     assert get_algorithm(rule) is rule
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_add_and_sub_keep_0d_weights_as_arrays(scale):
+    """A custom layer's scalar weight is a 0-d array: numpy returns scalars for it, which take no out=."""
+    from trainer.algorithms.base import add, sub
+
+    a, b = [np.array(1.5, np.float32)], [np.array(0.5, np.float32)]
+    summed, diff = add(a, b, scale), sub(a, b, scale)
+    assert summed[0].dtype == np.float32 and float(summed[0]) == 1.5 + scale * 0.5
+    assert diff[0].dtype == np.float32 and float(diff[0]) == scale * 1.0

@@ -114,7 +114,7 @@ def add(a: Sequence[np.ndarray], b: Sequence[np.ndarray], scale: float = 1.0) ->
         if scale == 1.0:
             r = np.add(x, y)
         else:
-            r = np.multiply(y, scale)
+            r = np.asarray(np.multiply(y, scale))  # 0-d weights give numpy scalars, which take no out=
             r = np.add(r, x, out=r) if r.dtype.kind == "f" and r.shape == np.shape(x) else r + x
         out.append(r.astype(np.asarray(x).dtype, copy=False))
     return out
@@ -124,7 +124,7 @@ def sub(a: Sequence[np.ndarray], b: Sequence[np.ndarray], scale: float = 1.0) ->
     """Element-wise ``scale * (a - b)`` keeping the dtype of ``a`` (scaled in place)."""
     out = []
     for x, y in zip(a, b, strict=True):
-        r = np.subtract(x, y)
+        r = np.asarray(np.subtract(x, y))  # as in add: a 0-d array, not a numpy scalar
         if scale != 1.0:
             r = np.multiply(r, scale, out=r) if r.dtype.kind == "f" else r * scale
         out.append(r.astype(np.asarray(x).dtype, copy=False))
