@@ -149,7 +149,8 @@ def _fit(spark, model: Any, algorithm: Any, features: Any, args: argparse.Namesp
     _print_epochs(fitted.history.epochs)
     if args.validation:
         metrics = fitted.evaluate(spark.read.parquet(args.validation))
-        print("validation: " + ", ".join(f"{k} {v:.4f}" for k, v in metrics.items()))
+        ordered = sorted(metrics.items(), key=lambda item: item[0] != "loss")  # the loss first, as Keras
+        print("validation: " + ", ".join(f"{k} {v:.4f}" for k, v in ordered))
     if args.save:
         print(f"saved to {fitted.save(args.save)}")
     return 0

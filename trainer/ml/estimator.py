@@ -26,17 +26,16 @@ from typing import Any
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator
-from pyspark.ml.util import MLReadable, MLWritable
 from pyspark.sql import functions as F
 
 from trainer.estimator import Trainer
 from trainer.ml.model import KerasModel
 from trainer.ml.params import KerasEstimatorParams, algorithm_from_json, algorithm_to_json
-from trainer.ml.persistence import StageReader, StageWriter, pickled, read_stage, unpickled, write_stage
+from trainer.ml.persistence import StagePersistence, pickled, read_stage, unpickled, write_stage
 from trainer.runtime.shipping import load_keras_bytes, pack_model
 
 
-class KerasEstimator(Estimator, KerasEstimatorParams, MLWritable, MLReadable):
+class KerasEstimator(Estimator, KerasEstimatorParams, StagePersistence):
     """Data-parallel training of a Keras model as a Spark ML stage; see the module docstring.
 
     Params (Spark ML camelCase): ``model`` (a compiled ``keras.Model`` or a
@@ -94,13 +93,6 @@ class KerasEstimator(Estimator, KerasEstimatorParams, MLWritable, MLReadable):
         return self._copyValues(KerasModel(fitted))
 
     # -- persistence ------------------------------------------------------------------
-    def write(self) -> StageWriter:
-        return StageWriter(self)
-
-    @classmethod
-    def read(cls) -> StageReader:
-        return StageReader(cls)
-
     def _save_to(self, path: str, spark) -> None:
         import keras  # deferred: TensorFlow starts only when a model is needed
 

@@ -9,14 +9,13 @@ MLReadable, so a fitted ``PipelineModel`` saves and loads with it.
 from __future__ import annotations
 
 from pyspark.ml import Model
-from pyspark.ml.util import MLReadable, MLWritable
 
 from trainer.fitted import FittedModel
 from trainer.ml.params import KerasParams
-from trainer.ml.persistence import StageReader, StageWriter, fitted_from_blobs, model_blobs, read_stage, write_stage
+from trainer.ml.persistence import StagePersistence, fitted_from_blobs, model_blobs, read_stage, write_stage
 
 
-class KerasModel(Model, KerasParams, MLWritable, MLReadable):
+class KerasModel(Model, KerasParams, StagePersistence):
     """A trained Keras model as a Spark ML stage.
 
     Attributes:
@@ -51,13 +50,6 @@ class KerasModel(Model, KerasParams, MLWritable, MLReadable):
         return self._fitted_for_columns().evaluate(dataset, batch_size=batch_size)
 
     # -- persistence ------------------------------------------------------------------
-    def write(self) -> StageWriter:
-        return StageWriter(self)
-
-    @classmethod
-    def read(cls) -> StageReader:
-        return StageReader(cls)
-
     def _save_to(self, path: str, spark) -> None:
         params = {name: self.getOrDefault(name) for name in ("featuresCol", "labelCol", "predictionCol")}
         write_stage(self, path, spark, params, model_blobs(self.fitted))

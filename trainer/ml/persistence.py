@@ -17,7 +17,7 @@ from dataclasses import asdict
 from typing import Any
 
 from pyspark import cloudpickle
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import SparkSession
 
 from trainer.data.validate import DataSpec
@@ -71,6 +71,18 @@ class StageReader(MLReader):
 
     def load(self, path: str):
         return self.cls._load_from(path, self.sparkSession)
+
+
+class StagePersistence(MLWritable, MLReadable):
+    """`write`/`read` of both stages: a subclass saves itself in ``_save_to(path, spark)`` and loads in
+    the classmethod ``_load_from(path, spark)``."""
+
+    def write(self) -> StageWriter:
+        return StageWriter(self)
+
+    @classmethod
+    def read(cls) -> StageReader:
+        return StageReader(cls)
 
 
 def model_blobs(fitted) -> dict[str, bytes]:
