@@ -1,4 +1,4 @@
-"""Tests of the parameter-server wire format (trainer.ps.wire): codec, limits, fuzzing."""
+"""Tests of the parameter-server wire format (trainer.transport.wire): codec, limits, fuzzing."""
 
 from __future__ import annotations
 

@@ -2,7 +2,7 @@
 
 ``spark_session`` is the one place that decides how a driver talks to a cluster:
 ``local[*]``, a standalone ``spark://`` master (for example the embedded
-``trainer.cluster.LocalCluster``), ``yarn`` or ``k8s://``.  The defaults keep
+``trainer.spark.local_cluster.LocalCluster``), ``yarn`` or ``k8s://``.  The defaults keep
 executors from oversubscribing their cores (one BLAS/TensorFlow thread pool per
 task slot), make executors run the driver's Python where that Python exists on
 the executors (local and standalone masters; this also sets $PYSPARK_PYTHON in
