@@ -104,11 +104,18 @@ def check_commit(arrays: Sequence[np.ndarray], center: Sequence[np.ndarray], num
 def check_center(center: Sequence[np.ndarray], names: Sequence[str] | None) -> str | None:
     """Why a center an update rule returned may not replace the current one (non-finite values), or None."""
     for i, a in enumerate(center):
-        bad = non_finite(a)
-        if bad is not None:
-            return (f"applying it would put {bad[0]} NaN and {bad[1]} inf values into center array "
-                    f"{array_name(i, names)}")
+        problem = center_problem(i, a, names)
+        if problem is not None:
+            return problem
     return None
+
+
+def center_problem(index: int, array: np.ndarray, names: Sequence[str] | None) -> str | None:
+    """Why `array` may not become center array `index` (non-finite values), or None."""
+    bad = non_finite(array)
+    if bad is None:
+        return None
+    return f"applying it would put {bad[0]} NaN and {bad[1]} inf values into center array {array_name(index, names)}"
 
 
 def refusal(worker: int | None, step: object, epoch: object, problem: str, diverged: bool) -> str:

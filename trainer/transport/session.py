@@ -35,6 +35,7 @@ from trainer.transport.wire import (
     Frame,
     IntegrityError,
     Msg,
+    RecvBuffer,
     decode_header,
     decode_payload,
     encode,
@@ -103,23 +104,29 @@ class Channel:
     def send_frame(self, msg: Msg, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = ()) -> int:
         return self.send(encode(msg, meta, arrays))
 
-    def recv(self, max_body: int | None, *, max_meta: int = MAX_META, deadline: float | None = None) -> Frame:
-        """Receive, verify and decode one frame (``ConnectionClosed`` with ``mid_frame=False`` on a clean EOF)."""
+    def recv(self, max_body: int | None, *, max_meta: int = MAX_META, deadline: float | None = None,
+             into: RecvBuffer | None = None) -> Frame:  # fmt: skip
+        """Receive, verify and decode one frame (``ConnectionClosed`` with ``mid_frame=False`` on a clean EOF).
+
+        ``into``: receive into that reused buffer; the frame's arrays are then
+        views valid until the next frame received into it (see `RecvBuffer`).
+        """
         try:
             header = recv_exact(self.sock, HEADER_SIZE, deadline=deadline)
         except ConnectionClosed as exc:
             if not exc.mid_frame:
                 raise ConnectionClosed("peer closed the connection", mid_frame=False) from None
             raise
-        return self.recv_rest(header, max_body, max_meta=max_meta, deadline=deadline)
+        return self.recv_rest(header, max_body, max_meta=max_meta, deadline=deadline, into=into)
 
     def recv_rest(self, header: bytes | bytearray, max_body: int | None, *, max_meta: int = MAX_META,
-                  deadline: float | None = None) -> Frame:  # fmt: skip
+                  deadline: float | None = None, into: RecvBuffer | None = None) -> Frame:  # fmt: skip
         """Like `recv`, for a frame whose header was already read."""
         msg, meta_len, body_len = decode_header(header, max_body, max_meta=max_meta)
         n = meta_len + body_len
         size = HEADER_SIZE + n + (TRAILER.size if self.mac is not None else 0)
-        rest = recv_exact(self.sock, size - HEADER_SIZE, deadline=deadline) if size > HEADER_SIZE else bytearray()
+        rest = (recv_exact(self.sock, size - HEADER_SIZE, deadline=deadline, into=into) if size > HEADER_SIZE
+                else bytearray())
         view = memoryview(rest)
         if self.mac is not None:
             seq, tag = TRAILER.unpack(view[n:])

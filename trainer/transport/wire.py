@@ -22,7 +22,10 @@ else is read or allocated, and every violation raises ``ProtocolError``.
 Decoded arrays are zero-copy ``np.frombuffer`` views into the received body;
 they are writable when the body is a ``bytearray`` (as with ``read_frame``) and
 read-only when it is ``bytes``. They share one buffer, so copy an array if it
-must outlive or be isolated from the others.
+must outlive or be isolated from the others. A reader may receive into a
+:class:`RecvBuffer` reused from frame to frame (``into=``) instead of a fresh
+zero-filled buffer per frame; the arrays of a frame received that way are
+valid only until the next frame is received into the same buffer.
 
 Authentication and integrity live one level up: :mod:`trainer.transport.handshake`
 (mutual challenge/response, session keys) and :mod:`trainer.transport.session`
@@ -309,14 +312,36 @@ def decode_frame(data: bytes | bytearray | memoryview, max_body: int | None = No
 # -- sockets -----------------------------------------------------------------
 
 
-def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) -> bytearray:
-    """Receive exactly ``n`` bytes.
+class RecvBuffer:
+    """A receive buffer reused from frame to frame; it grows to the largest frame it received.
+
+    Whatever was decoded from one frame is a view into it and is overwritten
+    by the next frame received into it: keep nothing past that, or copy it.
+    """
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def view(self, n: int) -> memoryview:
+        """A writable view of `n` bytes (a larger buffer replaces a smaller one; views of the old one stay valid)."""
+        if len(self._buf) < n:
+            self._buf = bytearray(n)
+        return memoryview(self._buf)[:n]
+
+    @property
+    def capacity(self) -> int:
+        return len(self._buf)
+
+
+def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None,
+               into: RecvBuffer | None = None) -> bytearray | memoryview:  # fmt: skip
+    """Receive exactly ``n`` bytes, into a fresh ``bytearray`` or into `into` (a view of it).
 
     Raises ``ConnectionClosed`` on EOF (``mid_frame`` is False when EOF came
     before the first byte), ``TransportTimeout`` when the socket timeout (or the
     absolute ``time.monotonic()`` ``deadline``) expires.
     """
-    buf = bytearray(n)
+    buf: bytearray | memoryview = bytearray(n) if into is None else into.view(n)
     view = memoryview(buf)
     got = 0
     while got < n:
@@ -338,12 +363,14 @@ def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) ->
 
 
 def read_frame(
-    sock: socket.socket, max_body: int | None, *, max_meta: int = MAX_META, deadline: float | None = None
+    sock: socket.socket, max_body: int | None, *, max_meta: int = MAX_META, deadline: float | None = None,
+    into: RecvBuffer | None = None,
 ) -> Frame:
     """Read and decode one frame; limits are checked before the body is allocated.
 
     ``deadline`` (``time.monotonic()`` based) bounds the whole frame, not just
     each ``recv``, so a peer trickling bytes cannot hold the reader forever.
+    ``into``: receive into that reused buffer (see `RecvBuffer`).
     """
     try:
         header = recv_exact(sock, HEADER_SIZE, deadline=deadline)
@@ -352,7 +379,7 @@ def read_frame(
             raise ConnectionClosed("peer closed the connection", mid_frame=False) from None
         raise
     msg, meta_len, body_len = decode_header(header, max_body, max_meta=max_meta)
-    rest = recv_exact(sock, meta_len + body_len, deadline=deadline) if meta_len + body_len else bytearray()
+    rest = recv_exact(sock, meta_len + body_len, deadline=deadline, into=into) if meta_len + body_len else bytearray()
     view = memoryview(rest)
     meta, arrays = decode_payload(view[:meta_len], view[meta_len:], max_body)
     return Frame(msg, meta, arrays, HEADER_SIZE + meta_len + body_len)
