@@ -61,14 +61,15 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from trainer.ps.center import Center
+from trainer.ps.commits import AsynchronousCommits
 from trainer.ps.epochs import completed_epochs, uniform_progress
 from trainer.ps.errors import PSNotStartedError
-from trainer.ps.hygiene import center_problem, check_center, check_commit, freeze, refusal, stale_attempt
+from trainer.ps.hygiene import check_commit, refusal, stale_attempt
 from trainer.ps.records import DEFAULT_HISTORY_SIZE, UpdateLog, UpdateRecord
 from trainer.ps.rounds import Round, SynchronousRounds
 from trainer.transport.endpoint import AuthenticatedServer, Connection
 from trainer.transport.tls import TlsIdentity
-from trainer.transport.wire import Frame, Msg, RecvBuffer, encode, frame_size
+from trainer.transport.wire import Frame, Msg, RecvBuffer, encode
 
 log = logging.getLogger("trainer.ps")
 
@@ -87,7 +88,7 @@ class _Conn(Connection):
         self.reply: list[np.ndarray] | None = None
 
 
-class ParameterServer(SynchronousRounds, AuthenticatedServer):
+class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServer):
     """Parameter server holding the center variable; see the module docstring.
 
     Serving (listening, the handshake, one thread per connection, stopping)
@@ -392,9 +393,8 @@ class ParameterServer(SynchronousRounds, AuthenticatedServer):
             arrays, (version,) = self._read_center(conn, lambda: ())
             self._reply(conn, {"version": version}, arrays)
         elif frame.msg == Msg.COMMIT:
-            center = self._center.arrays  # replaced as a whole, never changed: its shapes need no lock
-            problem = check_commit(frame.arrays, center, self._num_weights, self._names, self._with_optimizer,
-                                   getattr(self._algorithm, "check_payload", None))  # compressed rules
+            # In place every result is checked before it is published: the values need no check of their own.
+            problem = self._check_commit(frame, finite=not self._center.in_place)
             if problem is not None:
                 self._refuse_commit(conn, frame, *problem)
             elif self._synchronous:
@@ -407,6 +407,11 @@ class ParameterServer(SynchronousRounds, AuthenticatedServer):
             self._epoch_done(conn, meta)
         else:
             self._unexpected(conn, frame)
+
+    def _check_commit(self, frame: Frame, finite: bool = True) -> tuple[str, bool] | None:
+        center = self._center.arrays  # replaced as a whole, never changed: its shapes need no lock
+        return check_commit(frame.arrays, center, self._num_weights, self._names, self._with_optimizer,
+                            getattr(self._algorithm, "check_payload", None), finite)  # compressed rules
 
     def _read_center(self, conn: _Conn, more: Callable[[], tuple]) -> tuple[list[np.ndarray], tuple]:
         """(the center to send `conn`, (version, *more())) of one consistent state; `conn` has received
@@ -475,101 +480,6 @@ class ParameterServer(SynchronousRounds, AuthenticatedServer):
                                  "step": step, "epoch": epoch, "reason": problem})
         log.error("parameter server: %s", text)
         self._send(conn, encode(Msg.ERROR, {"error": text[:4000]}))
-
-    def _counted(self, conn: _Conn, frame: Frame) -> tuple[bool, str | None]:
-        """(does this COMMIT count batches of an epoch, why its counts are malformed or None)."""
-        epoch, batches = frame.meta.get("epoch"), frame.meta.get("batches")
-        if batches is None:
-            return False, None
-        if type(batches) is int and batches >= 0 and type(epoch) is int and epoch >= 0:
-            return True, None
-        return True, (f"a COMMIT that counts 'batches' needs 'epoch' and 'batches' as ints >= 0, received "
-                      f"epoch={epoch!r:.20} and batches={batches!r:.20}")
-
-    def _commit_meta_locked(self, conn: _Conn, frame: Frame, counted: bool, version: int,
-                            staleness: int) -> dict[str, Any]:  # fmt: skip
-        meta = {"version": version, "staleness": staleness, **self._directives}
-        if counted:
-            meta["epoch_batches"] = self._epoch_batches[(conn.attempt, frame.meta["epoch"])] + frame.meta["batches"]
-        return meta
-
-    def _applied_locked(self, conn: _Conn, frame: Frame, meta: dict[str, Any], buffers: list) -> UpdateRecord:
-        """Count an applied commit (caller holds the lock): version, epoch batches, the update record."""
-        self._version = conn.last_version = meta["version"]
-        if "epoch_batches" in meta:
-            self._epoch_batches[(conn.attempt, frame.meta["epoch"])] = meta["epoch_batches"]
-        return self._record(conn, frame, meta["version"], meta["staleness"], frame_size(buffers), "commit")
-
-    def _commit_in_place(self, conn: _Conn, frame: Frame) -> None:
-        """Apply a commit in place (``trainer.ps.center``: two-phase over the tensor locks) and reply from
-        the connection's reply buffer after every lock is released."""
-        counted, malformed = self._counted(conn, frame)
-        if malformed is not None:
-            self._reply_error(conn, malformed)
-            return
-        out, payload, per = self._reply_buffer(conn), frame.arrays, self._payload_arrays
-        center, apply = self._center.arrays, self._algorithm.server_apply
-        staleness = 0
-        buffers: list = []
-        record: UpdateRecord | None = None
-
-        def start() -> None:
-            nonlocal staleness
-            with self._lock:
-                staleness = self._version - conn.last_version
-
-        def step(i: int) -> str | None:
-            apply(center[i:i + 1], payload[per * i:per * (i + 1)], staleness, out[i:i + 1])
-            return center_problem(i, out[i], self._names)
-
-        def finish() -> None:
-            nonlocal buffers, record
-            with self._lock:
-                meta = self._commit_meta_locked(conn, frame, counted, self._version + 1, staleness)
-                buffers = encode(Msg.OK, meta, out)
-                record = self._applied_locked(conn, frame, meta, buffers)
-
-        try:
-            refused = self._center.apply(start, step, finish, out)
-        except Exception as exc:
-            log.exception("parameter server: server_apply failed")
-            self._send(conn, encode(Msg.ERROR, {"error": f"server_apply failed: {type(exc).__name__}: {exc}"}))
-            return
-        if refused is not None:
-            self._refuse_commit(conn, frame, refused, diverged=True)
-            return
-        assert record is not None
-        self._notify(record)
-        self._send(conn, buffers)
-
-    def _commit_async(self, conn: _Conn, frame: Frame) -> None:
-        """A rule without ``server_apply``: ``server_commit`` under the server's lock; the center is replaced."""
-        counted, malformed = self._counted(conn, frame)
-        if malformed is not None:
-            self._reply_error(conn, malformed)
-            return
-        with self._lock:
-            staleness = self._version - conn.last_version
-            record = refused = None
-            try:
-                new_center, reply = self._algorithm.server_commit(list(self._center.arrays), frame.arrays, staleness)
-                new_center = freeze(new_center)
-                refused = check_center(new_center, self._names)
-                meta = self._commit_meta_locked(conn, frame, counted, self._version + 1, staleness)
-                buffers = encode(Msg.OK, meta, reply)
-            except Exception as exc:
-                log.exception("parameter server: server_commit failed")
-                buffers = encode(Msg.ERROR, {"error": f"server_commit failed: {type(exc).__name__}: {exc}"})
-            else:
-                if refused is None:
-                    self._center.arrays = new_center
-                    record = self._applied_locked(conn, frame, meta, buffers)
-        if refused is not None:
-            self._refuse_commit(conn, frame, refused, diverged=True)
-            return
-        if record is not None:
-            self._notify(record)
-        self._send(conn, buffers)
 
     def _record(
         self, conn: _Conn, frame: Frame, version: int, staleness: int, bytes_out: int, kind: str

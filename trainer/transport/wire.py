@@ -43,6 +43,7 @@ import secrets
 import socket
 import ssl
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -333,9 +334,42 @@ class RecvBuffer:
         return len(self._buf)
 
 
+class RecvPool(RecvBuffer):
+    """Receive buffers for a reader whose callers may keep what it decoded (a client's replies).
+
+    A buffer is reused only once nothing decoded from it is alive: every
+    array of a frame is a view that holds a reference to its buffer, so a
+    buffer referenced by this pool alone is free (CPython reference counts).
+    Otherwise another of the `slots` buffers is taken, or a fresh one made.
+    Callers never see a buffer reused under them; a worker that keeps its
+    last reply (its anchor) alternates between two buffers and allocates
+    nothing in the steady state.
+    """
+
+    def __init__(self, slots: int = 2) -> None:
+        super().__init__()
+        self._slots: list[bytearray] = []
+        self._size = max(1, int(slots))
+
+    def view(self, n: int) -> memoryview:
+        for buf in self._slots:
+            # The references: the list, this loop's variable and getrefcount's argument; a live view adds one.
+            if len(buf) >= n and sys.getrefcount(buf) <= 3:
+                return memoryview(buf)[:n]
+        buf = bytearray(n)
+        self._slots.append(buf)
+        if len(self._slots) > self._size:  # the oldest goes; views of it keep it alive as long as needed
+            self._slots.pop(0)
+        return memoryview(buf)[:n]
+
+    @property
+    def capacity(self) -> int:
+        return sum(len(b) for b in self._slots)
+
+
 def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None,
                into: RecvBuffer | None = None) -> bytearray | memoryview:  # fmt: skip
-    """Receive exactly ``n`` bytes, into a fresh ``bytearray`` or into `into` (a view of it).
+    """Receive exactly ``n`` bytes, into a fresh ``bytearray`` or into `into` (a view of it, see `RecvPool`).
 
     Raises ``ConnectionClosed`` on EOF (``mid_frame`` is False when EOF came
     before the first byte), ``TransportTimeout`` when the socket timeout (or the
