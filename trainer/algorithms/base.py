@@ -42,6 +42,12 @@ reply of DOWNPOUR is the new center itself; the worker adopts the received
 reply without copying it). With a worker's 4 MB of weights every copy saved
 is about a millisecond per exchange.
 
+Shards. With ``Trainer(ps_shards=S)`` each shard of the server holds flat
+pieces of the tensors; a worker's payload is cut into each shard's part by
+``split_payload`` (flat views of a dense payload; a top-k payload is cut by
+index). Every rule but those that keep optimizer state on the server is
+element-wise, so each shard runs the same rule on its pieces.
+
 Compression (``trainer.algorithms.compressed``) wraps a delta rule: the worker
 calls ``worker_commit(weights, anchor, residual)``, which by default is
 ``worker_payload`` with the error-feedback residual passed through unchanged.
@@ -55,6 +61,8 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 Arrays = list[np.ndarray]
+#: Each shard's pieces of the model: ``(tensor index, first flat element, end)``.
+Layout = Sequence[Sequence[tuple[int, int, int]]]
 
 
 class AlgorithmConfigError(ValueError):
@@ -109,10 +117,25 @@ class Algorithm:
     ) -> tuple[Arrays, list[Arrays]]:
         raise NotImplementedError(f"{self.name} is asynchronous; use server_commit")
 
+    def split_payload(self, payload: Sequence[np.ndarray], layout: Layout) -> list[Arrays]:
+        """The payload's part for each shard of a sharded server (``Trainer(ps_shards=S)``).
+
+        `layout` lists each shard's pieces ``(tensor, start, stop)``: flat
+        element ranges of the model's tensors. A dense payload (one array per
+        weight) splits into flat views, no copies (`split_dense`).
+        """
+        return split_dense(payload, layout)
+
     def describe(self) -> str:
         """Short human-readable name with hyper-parameters, for logs and reports."""
         every = "epoch" if self.window is None else f"{self.window} batches"
         return f"{self.name}(every {every})"
+
+
+def split_dense(arrays: Sequence[np.ndarray], layout: Layout) -> list[Arrays]:
+    """For each shard of `layout`, the flat slice ``ravel(arrays[t])[start:stop]`` of each of its pieces (views of
+    contiguous arrays)."""
+    return [[np.ravel(arrays[t])[start:stop] for t, start, stop in pieces] for pieces in layout]
 
 
 def copy_arrays(arrays: Sequence[np.ndarray]) -> Arrays:

@@ -89,6 +89,9 @@ class Compressed(Algorithm):
         self.codec.decode_into(payload, out)  # the dense delta, where the new center will be
         self.inner.server_apply(center, out, staleness, out)
 
+    def split_payload(self, payload, layout):
+        return self.codec.split(payload, layout)
+
     def describe(self) -> str:
         feedback = "" if self.error_feedback else ", no error feedback"
         return f"{self.inner.describe()} [{self.codec.describe()}{feedback}]"

@@ -32,7 +32,7 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
-from trainer.algorithms.base import AlgorithmConfigError
+from trainer.algorithms.base import AlgorithmConfigError, Layout, split_dense
 
 Arrays = list[np.ndarray]
 
@@ -57,6 +57,10 @@ class Codec:
         """`decode` written into `out` (C-contiguous arrays shaped and typed like the center), the same bits."""
         for o, dense in zip(out, self.decode(wire, out), strict=True):
             np.copyto(o, dense)
+
+    def split(self, wire: Sequence[np.ndarray], layout: Layout) -> list[Arrays]:
+        """Each shard's part of `wire` for its pieces ``(tensor, start, stop)``, itself a wire of those pieces."""
+        return split_dense(wire, layout)  # a dense wire: flat views
 
     def check(self, wire: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]) -> str | None:
         """What is wrong with a received `wire` for tensors of `shapes`, or None when it decodes."""
@@ -190,6 +194,17 @@ class TopK(Codec):
             flat = o.reshape(-1)  # a view of a contiguous array
             flat.fill(0)
             flat[wire[2 * i]] = wire[2 * i + 1]
+
+    def split(self, wire, layout):
+        parts = []
+        for pieces in layout:
+            part: Arrays = []
+            for t, start, stop in pieces:
+                idx, values = wire[2 * t], wire[2 * t + 1]
+                keep = (idx >= start) & (idx < stop)
+                part += [(idx[keep] - start).astype(np.int32), values[keep]]
+            parts.append(part)
+        return parts
 
     def check(self, wire, shapes):
         if len(wire) != 2 * len(shapes):

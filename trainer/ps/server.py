@@ -262,6 +262,11 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
     def max_body(self) -> int:
         return self._max_body
 
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """Where workers connect: this one endpoint (a ``ShardedParameterServer`` has one per shard)."""
+        return [self.address]
+
     def center(self) -> list[np.ndarray]:
         """Writable copies of the current center arrays (a consistent state, see ``trainer.ps.center``)."""
         return self.snapshot()[0]
