@@ -46,7 +46,7 @@ import struct
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -367,13 +367,15 @@ class RecvPool(RecvBuffer):
         return sum(len(b) for b in self._slots)
 
 
-def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None,
-               into: RecvBuffer | None = None) -> bytearray | memoryview:  # fmt: skip
+def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None, into: RecvBuffer | None = None,
+               on_data: Callable[[int, memoryview], object] | None = None) -> bytearray | memoryview:  # fmt: skip
     """Receive exactly ``n`` bytes, into a fresh ``bytearray`` or into `into` (a view of it, see `RecvPool`).
 
-    Raises ``ConnectionClosed`` on EOF (``mid_frame`` is False when EOF came
-    before the first byte), ``TransportTimeout`` when the socket timeout (or the
-    absolute ``time.monotonic()`` ``deadline``) expires.
+    ``on_data(offset, chunk)`` sees every chunk as it arrives (a MAC is
+    computed while the rest is still on its way). Raises ``ConnectionClosed``
+    on EOF (``mid_frame`` is False when EOF came before the first byte),
+    ``TransportTimeout`` when the socket timeout (or the absolute
+    ``time.monotonic()`` ``deadline``) expires.
     """
     buf: bytearray | memoryview = bytearray(n) if into is None else into.view(n)
     view = memoryview(buf)
@@ -392,6 +394,8 @@ def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None,
             raise ConnectionClosed(f"connection lost after {got} of {n} bytes: {exc}") from None
         if k == 0:
             raise ConnectionClosed(f"peer closed the connection after {got} of {n} bytes", mid_frame=got > 0)
+        if on_data is not None:
+            on_data(got, view[got:got + k])
         got += k
     return buf
 
