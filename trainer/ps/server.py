@@ -47,7 +47,7 @@ with exact running totals (``trainer.ps.records.UpdateLog``).
 
 Update rules must be pure (return new arrays, or write only into `out` in
 ``server_apply``) as the Algorithm contract requires. Shards: see
-``trainer.ps.sharded``.
+``trainer.ps.shards``.
 """
 
 from __future__ import annotations
