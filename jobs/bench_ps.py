@@ -6,14 +6,18 @@ like the MNIST CNN) and each number of client PROCESSES (--clients, default
 against a real ParameterServer in this process, and, right before, against a
 raw TCP echo server that moves the same bytes (one COMMIT frame in, one reply
 out). --compression adds rows for encoded commits (bf16 halves the bytes in;
-the reply, the center, stays dense).
+the reply, the center, stays dense); --shards (default 1,2) runs the server
+as S shards in this process, each client sending the S parts of a commit at
+once; --mac (default on) adds rows with the frame MAC off, which tell the
+server's own cost from the MAC's (HMAC-SHA256 of every frame on both ends).
 
 Columns: ``raw_per_s`` and ``ps_per_s`` (round trips and commits per second,
 all clients together), ``ps_gb_s`` (bytes in + out), ``vs_raw`` (PS / raw at
 the same K), ``vs_raw_1`` (PS / raw with 1 client), ``vs_1_client`` (PS at K
-/ PS at 1 client), ``extra_ms`` (what a commit costs beyond the raw round trip
-with 1 client) and ``rule_ms`` (the update rule alone, one thread). Targets
-of issue 17: ``vs_raw`` >= 0.8 with 1 client; ``vs_1_client`` >= 0.8 at 4.
+/ PS at 1 client, same shards and MAC), ``extra_ms`` (what a commit costs
+beyond the raw round trip with 1 client) and ``rule_ms`` (the update rule
+alone, one thread). Targets of issue 17: ``vs_raw`` >= 0.8 with 1 client;
+``vs_1_client`` >= 0.8 at 4.
 
 It imports only the package's public API and none of the jobs' helpers, so
 it also runs against older trees (the "before" numbers were taken on main's
@@ -21,6 +25,7 @@ it also runs against older trees (the "before" numbers were taken on main's
 
     python jobs/bench_ps.py --out results/bench_ps
     python jobs/bench_ps.py --seconds 2 --params 1M --clients 1,2 --compression none,bf16
+    python jobs/bench_ps.py --shards 1 --mac on,off
 """
 
 from __future__ import annotations
@@ -35,8 +40,8 @@ import trainer.algorithms as algorithms
 from trainer_jobs.support.ps_bench import frame_bytes, measure_ps, measure_raw, model_layout, rule_seconds
 from trainer_jobs.support.report import markdown_table, run_metadata
 
-COLUMNS = ["params", "compression", "clients", "mb_in", "mb_out", "raw_per_s", "ps_per_s", "ps_gb_s", "vs_raw",
-           "vs_raw_1", "vs_1_client", "extra_ms", "rule_ms"]
+COLUMNS = ["params", "compression", "shards", "mac", "clients", "mb_in", "mb_out", "raw_per_s", "ps_per_s", "ps_gb_s",
+           "vs_raw", "vs_raw_1", "vs_1_client", "extra_ms", "rule_ms"]
 
 
 def parse_params(text: str) -> list[int]:
@@ -55,15 +60,32 @@ def parse_params(text: str) -> list[int]:
     return out
 
 
-def parse_clients(text: str) -> list[int]:
+def parse_counts(text: str, flag: str = "--clients", example: str = "1,2,4,8") -> list[int]:
     """'1,2,4' -> [1, 2, 4]."""
     try:
         counts = sorted({int(t) for t in text.split(",") if t.strip()})
     except ValueError:
         counts = []
     if not counts or counts[0] < 1:
-        raise argparse.ArgumentTypeError(f"--clients expects positive integers like 1,2,4,8; received {text!r}")
+        raise argparse.ArgumentTypeError(f"{flag} expects positive integers like {example}; received {text!r}")
     return counts
+
+
+def parse_clients(text: str) -> list[int]:
+    return parse_counts(text)
+
+
+def parse_shards(text: str) -> list[int]:
+    return parse_counts(text, "--shards", "1,2")
+
+
+def parse_macs(text: str) -> list[bool]:
+    """'on,off' -> [True, False]."""
+    values = {"on": True, "off": False}
+    names = [t.strip().lower() for t in text.split(",") if t.strip()]
+    if not names or any(n not in values for n in names):
+        raise argparse.ArgumentTypeError(f"--mac expects on, off or on,off; received {text!r}")
+    return [values[n] for n in dict.fromkeys(names)]
 
 
 def parse_codecs(text: str) -> list[str]:
@@ -77,28 +99,36 @@ def parse_codecs(text: str) -> list[str]:
     return names or ["none"]
 
 
-def run(params: list[int], clients: list[int], seconds: float, codecs: list[str]) -> list[dict]:
+def run(params: list[int], clients: list[int], seconds: float, codecs: list[str], shards: list[int] = (1,),
+        macs: list[bool] = (True,)) -> list[dict]:  # fmt: skip
+    """Raw, then the server in every (shards, MAC) set-up, for each client count: each raw cell is next to its
+    PS cells in time. Rows come out grouped by (params, codec, shards, MAC)."""
     rows = []
     for p in params:
         shapes = model_layout(p)
         for codec in codecs:
             bytes_in, bytes_out = frame_bytes(shapes, codec)
             rule_ms = 1000 * rule_seconds(shapes, codec)
+            raw_1: float | None = None
             first: dict = {}
+            cells = []
             for k in clients:
                 raw = measure_raw(bytes_in, bytes_out, k, seconds)
-                ps = measure_ps(shapes, k, seconds, codec)
-                if not first:
-                    first = {"raw": raw, "ps": ps}
-                row = {
-                    "params": p, "compression": codec, "clients": k, "mb_in": bytes_in / 1e6,
-                    "mb_out": bytes_out / 1e6, "raw_per_s": raw, "ps_per_s": ps,
-                    "ps_gb_s": ps * (bytes_in + bytes_out) / 1e9, "vs_raw": ps / raw,
-                    "vs_raw_1": ps / first["raw"], "vs_1_client": ps / first["ps"],
-                    "extra_ms": 1000 * (1 / first["ps"] - 1 / first["raw"]), "rule_ms": rule_ms,
-                }
-                rows.append(row)
-                print(markdown_table([row], COLUMNS).splitlines()[-1], flush=True)
+                raw_1 = raw if raw_1 is None else raw_1
+                for s in shards:
+                    for mac in macs:
+                        ps = measure_ps(shapes, k, seconds, codec, shards=s, frame_mac=mac)
+                        first.setdefault((s, mac), ps)
+                        row = {
+                            "params": p, "compression": codec, "shards": s, "mac": "on" if mac else "off",
+                            "clients": k, "mb_in": bytes_in / 1e6, "mb_out": bytes_out / 1e6, "raw_per_s": raw,
+                            "ps_per_s": ps, "ps_gb_s": ps * (bytes_in + bytes_out) / 1e9, "vs_raw": ps / raw,
+                            "vs_raw_1": ps / raw_1, "vs_1_client": ps / first[(s, mac)],
+                            "extra_ms": 1000 * (1 / first[(s, mac)] - 1 / raw_1), "rule_ms": rule_ms,
+                        }
+                        cells.append(row)
+                        print(markdown_table([row], COLUMNS).splitlines()[-1], flush=True)
+            rows += sorted(cells, key=lambda r: (r["shards"], r["mac"] == "off", r["clients"]))
     return rows
 
 
@@ -127,14 +157,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=5.0, help="seconds per measurement (default 5)")
     parser.add_argument("--compression", type=parse_codecs, default=["none"],
                         help="comma-separated codecs to measure: none, fp16, bf16, topk:F (default none)")
+    parser.add_argument("--shards", type=parse_shards, default=[1, 2],
+                        help="parameter-server shards to measure (default 1,2)")
+    parser.add_argument("--mac", type=parse_macs, default=[True],
+                        help="the frame MAC: on, off or on,off (default on)")
     parser.add_argument("--out", default="results/bench_ps", help="results directory (default results/bench_ps)")
     args = parser.parse_args(argv)
     if not args.seconds > 0:
         parser.error(f"--seconds must be a positive number, received {args.seconds}")
     print("| " + " | ".join(COLUMNS) + " |", flush=True)
-    rows = run(args.params, args.clients, args.seconds, args.compression)
+    rows = run(args.params, args.clients, args.seconds, args.compression, args.shards, args.mac)
     paths = write(rows, Path(args.out), {"job": "bench_ps", "seconds": args.seconds, "params": args.params,
-                                         "clients": args.clients, "compression": args.compression})
+                                         "clients": args.clients, "compression": args.compression,
+                                         "shards": args.shards, "mac": args.mac})
     print(markdown_table(rows, COLUMNS))
     print(f"results: {', '.join(map(str, paths))}")
     return 0

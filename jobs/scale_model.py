@@ -46,7 +46,8 @@ def _measured_inputs(args) -> None:
     """Fill --server-ms / --worker-ms / --batch-ms from result files when given."""
     if args.bench_ps:
         rows = json.loads(Path(args.bench_ps).read_text(encoding="utf-8"))["rows"]
-        best = max((r for r in rows if r["compression"] == "none" and r["params"] < 2_000_000),
+        best = max((r for r in rows if r["compression"] == "none" and r["params"] < 2_000_000  # as fits run it:
+                    and r.get("shards", 1) == 1 and r.get("mac", "on") == "on"),  # one endpoint, the MAC on
                    key=lambda r: r["ps_per_s"])
         args.server_ms = 1000.0 / best["ps_per_s"]
     if args.overhead:

@@ -149,3 +149,69 @@ def test_add_and_sub_keep_0d_weights_as_arrays(scale):
     summed, diff = add(a, b, scale), sub(a, b, scale)
     assert summed[0].dtype == np.float32 and float(summed[0]) == 1.5 + scale * 0.5
     assert diff[0].dtype == np.float32 and float(diff[0]) == scale * 1.0
+
+
+# -- the in-place form (server_apply): the same bits as server_commit ------------------------------------
+
+
+def _center_and_delta(dtype, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = [(7, 5), (5,), (), (3, 2, 2)]
+    center = [np.asarray(rng.standard_normal(s) * 3, dtype) for s in shapes]
+    delta = [np.asarray(rng.standard_normal(s) * 1e-3, dtype) for s in shapes]
+    return center, delta
+
+
+def _same_bits(actual, expected):
+    assert len(actual) == len(expected)
+    for a, e in zip(actual, expected):
+        assert a.dtype == e.dtype and a.shape == e.shape
+        assert a.tobytes() == e.tobytes()
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
+@pytest.mark.parametrize("rule", [DOWNPOUR(), ADAG(window=3), DynSGD()], ids=lambda r: r.name)
+@pytest.mark.parametrize("staleness", [0, 1, 6])
+def test_server_apply_gives_the_bits_of_server_commit(rule, dtype, staleness):
+    center, delta = _center_and_delta(dtype)
+    if dtype == "int32":
+        delta = [np.asarray(np.arange(d.size).reshape(d.shape) - 3, dtype) for d in delta]
+    before = [c.copy() for c in center]
+    expected, reply = rule.server_commit(center, delta, staleness)
+    out = [np.full_like(c, 7) for c in center]
+    assert rule.server_apply(center, delta, staleness, out) is None
+    _same_bits(out, expected)
+    _same_bits(reply, expected)
+    _same_bits(center, before)  # the center is read, never written
+    # One tensor at a time, as the server calls it under each tensor's lock.
+    one_by_one = [np.empty_like(c) for c in center]
+    for i in range(len(center)):
+        rule.server_apply(center[i:i + 1], delta[i:i + 1], staleness, one_by_one[i:i + 1])
+    _same_bits(one_by_one, expected)
+    # The payload may be the output buffer itself (a compressed rule decodes the delta into it).
+    aliased = [d.copy() for d in delta]
+    rule.server_apply(center, aliased, staleness, aliased)
+    _same_bits(aliased, expected)
+
+
+def test_add_into_follows_add_for_a_numpy_scale_and_mixed_dtypes():
+    from trainer.algorithms.base import add, add_into
+
+    center, delta = _center_and_delta("float32")
+    for scale in (np.float64(1 / 3), 0.25, np.float32(0.5)):
+        out = [np.empty_like(c) for c in center]
+        add_into(out, center, delta, scale)
+        _same_bits(out, add(center, delta, scale))
+    wide = [d.astype("f8") for d in delta]
+    out = [np.empty_like(c) for c in center]
+    add_into(out, center, wide, 0.5)
+    _same_bits(out, add(center, wide, 0.5))
+
+
+def test_only_the_delta_rules_have_an_in_place_form():
+    for rule in (DOWNPOUR(), ADAG(), DynSGD()):
+        assert callable(getattr(rule, "server_apply", None)) and rule.payload_arrays == 1
+    for rule in (AEASGD(), EASGD(), SingleWorker(), SyncAveraging()):
+        assert getattr(rule, "server_apply", None) is None
+    with pytest.raises(ValueError, match="staleness"):
+        DynSGD().server_apply(arr(1.0), arr(1.0), -1, arr(0.0))

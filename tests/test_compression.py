@@ -216,3 +216,34 @@ def test_compressed_rule_survives_pickling_as_in_a_spark_task():
     rule = with_compression(DynSGD(window=3), "topk:0.05")
     copy = pickle.loads(pickle.dumps(rule))
     assert copy == rule and copy.window == 3 and copy.describe() == rule.describe()
+
+
+@pytest.mark.parametrize("codec", [Float16(), BFloat16(), TopK(0.1), TopK(1.0)], ids=lambda c: c.describe())
+@pytest.mark.parametrize("inner", [DOWNPOUR(), ADAG(window=4), DynSGD()], ids=lambda r: r.name)
+def test_compressed_server_apply_gives_the_bits_of_server_commit(codec, inner):
+    rule = Compressed(inner, codec)
+    assert rule.payload_arrays == codec.wire_arrays == (2 if isinstance(codec, TopK) else 1)
+    center = delta(3)
+    payload, _ = rule.worker_commit(delta(4), [np.zeros_like(c) for c in center], None)
+    expected, _ = rule.server_commit(center, payload, staleness=2)
+    out = [np.full_like(c, np.nan) for c in center]
+    rule.server_apply(center, payload, 2, out)
+    for o, e in zip(out, expected):
+        assert o.dtype == e.dtype and o.tobytes() == e.tobytes()
+    per = rule.payload_arrays  # one tensor at a time, as the server calls it
+    out = [np.empty_like(c) for c in center]
+    for i in range(len(center)):
+        rule.server_apply(center[i:i + 1], payload[per * i:per * (i + 1)], 2, out[i:i + 1])
+    for o, e in zip(out, expected):
+        assert o.tobytes() == e.tobytes()
+
+
+@pytest.mark.parametrize("codec", [Float16(), BFloat16(), TopK(0.2)], ids=lambda c: c.describe())
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])
+def test_decode_into_writes_what_decode_returns(codec, dtype):
+    like = [a.astype(dtype) for a in delta(5)]
+    wire = codec.encode(delta(6))
+    out = [np.full_like(a, 9) for a in like]
+    codec.decode_into(wire, out)
+    for o, d in zip(out, codec.decode(wire, like)):
+        assert o.dtype == d.dtype and o.tobytes() == d.tobytes()

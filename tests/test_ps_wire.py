@@ -398,3 +398,23 @@ def test_fuzz_decoder_only_raises_protocol_error(seed):
 def test_header_layout_is_stable():
     assert HEADER.format == "!4sBIQ" and HEADER.size == 17
     assert struct.unpack("!4sBIQ", join(encode(Msg.BYE, {}))[:17])[:2] == (MAGIC, int(Msg.BYE))
+
+
+def test_recv_buffer_is_reused_and_recv_pool_only_once_nothing_of_a_frame_is_alive():
+    from trainer.transport.wire import RecvBuffer, RecvPool
+
+    frame = join(encode(Msg.OK, {"v": 1}, [np.arange(1000, dtype="f4")]))
+    buf = RecvBuffer()
+    first = read_frame(_BytesSocket(bytearray(frame)), max_body=1 << 20, into=buf)
+    again = read_frame(_BytesSocket(bytearray(frame)), max_body=1 << 20, into=buf)
+    assert np.shares_memory(first.arrays[0], again.arrays[0])  # one buffer: the old frame is overwritten
+    pool = RecvPool(slots=2)
+    kept = read_frame(_BytesSocket(bytearray(frame)), max_body=1 << 20, into=pool).arrays[0]
+    other = read_frame(_BytesSocket(bytearray(frame)), max_body=1 << 20, into=pool).arrays[0]
+    assert not np.shares_memory(kept, other)  # `kept` is alive: its buffer is not taken
+    np.testing.assert_array_equal(kept, np.arange(1000, dtype="f4"))
+    address = other.__array_interface__["data"][0]
+    del other
+    reused = read_frame(_BytesSocket(bytearray(frame)), max_body=1 << 20, into=pool).arrays[0]
+    assert reused.__array_interface__["data"][0] == address  # dropped: its buffer comes back
+    np.testing.assert_array_equal(kept, np.arange(1000, dtype="f4"))

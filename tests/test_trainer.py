@@ -145,6 +145,22 @@ def test_shared_epochs_let_the_fast_worker_do_the_straggler_s_batches(digits):
     assert not any(w["shared_epochs"] for w in fixed.workers)
 
 
+@pytest.mark.timeout(300)
+def test_a_sharded_parameter_server_trains_and_every_shard_applies_every_commit(digits):
+    train, test = digits
+    updates = []
+    fitted = Trainer(digits_model(0.005), algorithm=DOWNPOUR(window=4), num_workers=2, batch_size=32, epochs=4,
+                     verbose=False, ps_shards=2, on_update=updates.append).fit(train)
+    history = fitted.history
+    assert all(np.isfinite(w).all() for w in fitted.keras_model.get_weights())
+    assert fitted.evaluate(test)["accuracy"] >= 0.85
+    commits = sum(w["commits"] for w in history.workers)
+    assert commits > 0 and history.num_updates == commits == len(updates)  # shard 0's records: one per commit
+    assert history.update_totals["shard_updates"] == [commits, commits]  # every shard applied every part
+    assert sorted({r.version for r in updates}) == list(range(1, commits + 1))
+    assert len(history.epochs) == 4 and history.loss[-1] < history.loss[0]
+
+
 # -- bad input: a clear error within seconds, before any training job -------------
 
 def _fails_fast(df, match, **kwargs):
@@ -188,6 +204,21 @@ def test_bad_arguments_are_named():
         Trainer(digits_model(), algorithm="hogwild")
     with pytest.raises(TypeError, match="compiled keras.Model"):
         Trainer("model.h5")
+    with pytest.raises(ValueError, match="ps_shards` must be a positive integer"):
+        Trainer(digits_model(), ps_shards=0)
+    with pytest.raises(ValueError, match="cannot be sharded"):
+        Trainer(digits_model(), algorithm=SyncAveraging(average_optimizer_state=True), ps_shards=2)
+
+
+@pytest.mark.timeout(120)
+def test_a_bad_shard_option_fails_before_any_training_job(digits):
+    train, _ = digits
+    tiny = keras.Sequential([keras.Input((64,)), keras.layers.Dense(1)])
+    tiny.compile(optimizer="adam", loss="mse")
+    with pytest.raises(ValueError, match="cannot be cut into 80 parameter-server shards"):
+        Trainer(tiny, num_workers=2, ps_shards=80, verbose=False).fit(train)
+    with pytest.raises(ValueError, match="cannot start a range of 4 ports"):
+        Trainer(digits_model(), num_workers=2, ps_shards=4, ps_port=65534, verbose=False).fit(train)
 
 
 def test_error_summary_names_the_root_cause():

@@ -348,3 +348,46 @@ def test_a_frame_is_checked_before_its_meta_is_parsed_and_in_sequence():
         sender.send_frame(Msg.PULL, {})
         with pytest.raises(IntegrityError, match="expected frame #0, received #5"):
             receiver.recv(1024)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("mac", MAC_ALGORITHMS)
+def test_a_frame_larger_than_a_mac_piece_keeps_its_tag_and_a_flipped_byte_in_any_piece_is_caught(mac):
+    """A large frame is hashed and sent piece by piece, and hashed as it arrives: the tag must be the one of
+    the whole frame (peers of either kind agree), and the check must still cover every byte."""
+    from trainer.transport.session import MAC_PIECE, _pieces, frame_tag
+    from trainer.transport.wire import encode
+
+    arrays = [np.arange(3 * MAC_PIECE // 4, dtype="f4"), np.ones(7, "f8")]  # 3 MiB and a small one
+    buffers = encode(Msg.COMMIT, {"step": 1}, arrays)
+    pieces = list(_pieces(buffers, MAC_PIECE))
+    assert [sum(len(v) for v in p) for p in pieces][:-1] == [MAC_PIECE] * (len(pieces) - 1)
+    assert b"".join(bytes(v) for p in pieces for v in p) == b"".join(bytes(b) for b in buffers)
+    key_a, key_b = bytes(range(32)), bytes(range(32, 64))
+    for flip in (None, 100, 2 * MAC_PIECE + 5):
+        a, b = socket.socketpair()
+        with a, b:
+            sender = Channel(a, mac=mac, send_key=key_a, recv_key=key_b, peer="b")
+            receiver = Channel(b, mac=mac, send_key=key_b, recv_key=key_a, peer="a")
+            size = sum(len(memoryview(x).cast("B")) for x in buffers) + TRAILER.size
+            t = threading.Thread(target=sender.send, args=(buffers,))
+            t.start()
+            wire = bytearray()
+            while len(wire) < size:
+                wire += b.recv(size - len(wire))
+            t.join(10)
+            assert TRAILER.unpack(wire[-TRAILER.size:]) == (0, frame_tag(mac, key_a, 0, buffers))
+            if flip is not None:
+                wire[flip] ^= 1
+            c, d = socket.socketpair()
+            with c, d:
+                feeder = threading.Thread(target=c.sendall, args=(bytes(wire),))
+                feeder.start()
+                receiver.sock = d
+                if flip is None:
+                    frame = receiver.recv(1 << 24)
+                    np.testing.assert_array_equal(frame.arrays[0], arrays[0])
+                else:
+                    with pytest.raises(IntegrityError, match="bad MAC"):
+                        receiver.recv(1 << 24)
+                feeder.join(10)

@@ -58,8 +58,10 @@ from trainer.fitted import FittedModel, TrainingHistory
 from trainer.lr_schedules import planned_steps
 from trainer.progress import TrainingProgress
 from trainer.ps.epoch_end import EpochEndHook, EpochEnds
-from trainer.ps.server import ParameterServer, uniform_progress
+from trainer.ps.layout import check_shards, shard_layout
 from trainer.ps.records import DEFAULT_HISTORY_SIZE
+from trainer.ps.server import ParameterServer, uniform_progress
+from trainer.ps.shards import ShardedParameterServer
 from trainer.runtime.shard import FEEDS
 from trainer.runtime.shipping import ModelSource, pack_model, ship_by_value
 from trainer.runtime.worker import RESULT_DDL, WorkerConfig, train_partition
@@ -185,6 +187,14 @@ class Trainer:
             that every worker finished, with ``(epoch, center arrays, time)``;
             it runs on the parameter server's thread, so keep it fast (see
             ``trainer.ps.epoch_end``).
+        ps_shards: Integer. Endpoints the parameter server is sharded over
+            (threads of this driver, each with its own port: `ps_port`,
+            `ps_port` + 1, ... when a port is given). The model is cut into
+            parts of equal bytes; every worker sends each shard its part of a
+            commit at once. It helps when the server is the bottleneck and the
+            driver has a free core per shard (docs/guide.md); 1 (the default)
+            is one endpoint. Not for rules that keep optimizer state on the
+            server (``SyncAveraging(average_optimizer_state=True)``).
     """
 
     def __init__(
@@ -223,8 +233,10 @@ class Trainer:
         feed: str = "auto",
         shard_budget_mb: float | None = None,
         on_epoch_end: EpochEndHook | None = None,
+        ps_shards: int = 1,
     ) -> None:
         self.algorithm = with_compression(get_algorithm(algorithm), compression)
+        self.ps_shards = check_shards(ps_shards, self.algorithm)
         self.num_workers = _positive_int("num_workers", num_workers)
         self.algorithm.check_workers(self.num_workers)
         self.batch_size = _positive_int("batch_size", batch_size)
@@ -309,6 +321,8 @@ class Trainer:
         center, version, epochs_done = model.get_weights(), 0, {}
         if resumed is not None:
             center, version, epochs_done = self._check_resume(resumed, model)
+        if self.ps_shards > 1:
+            shard_layout(center, self.ps_shards)  # a model too small for the shards fails here
         frame, spec = prepare_frame(
             df, self.features_col, self.label_col, model, min_rows=self.num_workers, check_values=self.check_data,
         )
@@ -358,14 +372,14 @@ class Trainer:
         import keras  # deferred: TensorFlow starts only when a fit does
 
         identity = TlsIdentity.generate() if self.tls else None  # a missing tool fails before any cluster work
+        spark = df.sparkSession
+        host, bind, port = driver_addresses(spark, self.ps_host, self.ps_bind_host, self.ps_port, self.ps_shards)
         plan = self._plan(df, resume_from, validation)
         callbacks = check_callbacks(callbacks, plan.model, plan.validation_rows > 0)
         if run is not None:
             run.log_params(fit_params(self, plan.model, plan.spec.num_rows, plan.validation_rows))
             callbacks.append(epoch_logger(run))
         epoch_callbacks = EpochCallbacks(plan.model, callbacks, self.num_workers, self.epochs)
-        spark = df.sparkSession
-        host, bind, port = driver_addresses(spark, self.ps_host, self.ps_bind_host, self.ps_port)
         steps = planned_steps(plan.spec.num_rows, self.num_workers, self.batch_size)
         progress = TrainingProgress(steps * self.num_workers * self.epochs, self.num_workers, self.epochs,
                                     enabled=self.verbose)
@@ -382,7 +396,8 @@ class Trainer:
             if epoch_ends is not None:
                 epoch_ends.on_epoch_done(worker, epoch)
 
-        server = ParameterServer(
+        server = (ParameterServer if self.ps_shards == 1 else functools.partial(
+            ShardedParameterServer, shards=self.ps_shards))(
             self.algorithm, plan.center, self.num_workers, secret, host=bind, port=port,
             io_timeout=self.io_timeout, round_timeout=self.io_timeout,
             on_update=lambda record: [hook(record) for hook in hooks],
@@ -409,7 +424,8 @@ class Trainer:
         def make_task(attempt: int, workers: int):
             server.start_attempt(attempt)  # leftover tasks of an older attempt are refused from now on
             return functools.partial(train_partition, WorkerConfig(
-                model=plan.source, algorithm=self.algorithm, ps_host=host, ps_port=bound_port,
+                model=plan.source, algorithm=self.algorithm, ps_host=host,
+                ps_ports=tuple(p for _, p in server.addresses),
                 secret=server.credentials,
                 num_workers=workers, batch_size=self.batch_size, epochs=self.epochs,
                 input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=attempt,
@@ -423,7 +439,7 @@ class Trainer:
             epoch_callbacks.restart(workers)
 
         try:
-            _, bound_port = server.start()
+            server.start()
             epoch_callbacks.start(server)
             job_start = time.time()
             stage = run_stage_with_retries(

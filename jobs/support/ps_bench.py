@@ -10,6 +10,11 @@ handshake once, decoding, the update rule under its lock, the reply). Both
 use only the public API (``ParameterServer``, ``PSClient``, the algorithms),
 so the same script measures later servers unchanged.
 
+`measure_ps` can shard the server (``ShardedParameterServer``, each client
+then a ``ShardedPSClient`` sending the S parts of a commit at once) and turn
+the frame MAC off (``frame_mac=False``), to tell the server's own cost from
+the MAC's; trees without those options measure one shard with the MAC.
+
 `model_layout` gives the tensor shapes of a model of P parameters shaped like
 the MNIST CNN (four kernels and four biases, 99 % in the dense kernel).
 """
@@ -26,6 +31,7 @@ from typing import Any
 import numpy as np
 
 import trainer.algorithms as algorithms
+import trainer.ps
 from trainer.ps import ParameterServer, PSClient
 from trainer.transport.wire import Msg, encode, frame_size, new_secret
 
@@ -72,22 +78,32 @@ def frame_bytes(shapes, compression: str | None) -> tuple[int, int]:
 
 
 def rule_seconds(shapes, compression: str | None, repeats: int = 5) -> float:
-    """Median seconds of the update rule alone (``server_commit``: decode and add), single thread."""
+    """Median seconds of the update rule alone, single thread: ``server_apply`` into a buffer allocated once
+    where the rule has it (decode and add, as the server runs it), else ``server_commit``."""
     rule, center, payload = _payload(shapes, compression)
+    apply = getattr(rule, "server_apply", None)
+    out = [np.empty_like(c) for c in center]
     times = []
-    for _ in range(repeats):
+    for _ in range(repeats + 1):  # the first touches the buffer's pages
         started = time.perf_counter()
-        rule.server_commit(center, payload, 0)
+        if apply is not None:
+            apply(center, payload, 0, out)
+        else:
+            rule.server_commit(center, payload, 0)
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return statistics.median(times[1:])
 
 
 # -- client processes -------------------------------------------------------------------
 
 
-def _ps_client(address, secret, worker, shapes, compression, seconds, ready, start, results) -> None:
-    _, _, payload = _payload(shapes, compression, seed=worker)
-    with PSClient(*address, secret, worker=worker, timeout=120.0) as client:
+def _ps_client(addresses, secret, worker, shapes, compression, seconds, ready, start, results) -> None:
+    rule, _, payload = _payload(shapes, compression, seed=worker)
+    if len(addresses) > 1:
+        client = trainer.ps.ShardedPSClient(addresses, secret, worker, timeout=120.0, split=rule.split_payload)
+    else:
+        client = PSClient(*addresses[0], secret, worker=worker, timeout=120.0)
+    with client:
         client.connect()
         client.hello()
         ready.put(worker)
@@ -191,9 +207,19 @@ def measure_raw(bytes_in: int, bytes_out: int, clients: int, seconds: float) -> 
         server.close()
 
 
-def measure_ps(shapes, clients: int, seconds: float, compression: str | None = None) -> float:
-    """Commits per second of `clients` processes against a real ParameterServer in this process."""
+def measure_ps(shapes, clients: int, seconds: float, compression: str | None = None, shards: int = 1,
+               frame_mac: bool = True) -> float:
+    """Commits per second of `clients` processes against a real ParameterServer (or one of `shards` shards)
+    in this process, with or without the frame MAC."""
     rule, center, _ = _payload(shapes, compression)  # a bad codec fails here, before any process starts
     secret = new_secret()
-    with ParameterServer(rule, center, clients, secret, io_timeout=120.0) as ps:
-        return _run_clients(_ps_client, lambda w: (ps.address, secret, w, shapes, compression, seconds), clients)
+    options = {} if frame_mac else {"frame_mac": False}  # older trees have no option: the MAC is on
+    if shards > 1:
+        server = trainer.ps.ShardedParameterServer(rule, center, clients, secret, shards=shards, io_timeout=120.0,
+                                                   **options)
+    else:
+        server = ParameterServer(rule, center, clients, secret, io_timeout=120.0, **options)
+    with server as ps:
+        addresses = getattr(ps, "addresses", [ps.address])
+        credentials = getattr(ps, "credentials", secret)
+        return _run_clients(_ps_client, lambda w: (addresses, credentials, w, shapes, compression, seconds), clients)

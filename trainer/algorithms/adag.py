@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, add, check_window, sub
+from trainer.algorithms.base import Algorithm, add, add_into, check_window, sub
 
 
 @dataclass(frozen=True)
@@ -36,3 +36,6 @@ class ADAG(Algorithm):
     def server_commit(self, center, payload, staleness):
         new_center = add(center, payload)
         return new_center, new_center
+
+    def server_apply(self, center, payload, staleness, out):
+        add_into(out, center, payload)

@@ -17,6 +17,16 @@ server side (runs in the parameter server thread of the driver)
         applied under a lock as soon as one worker's payload arrives.
         ``staleness`` is the number of center updates made by other workers
         since this worker last received the center.
+        Optional in-place form, for rules whose reply is the new center
+        (DOWNPOUR, ADAG, DynSGD and their compressed forms):
+        ``server_apply(center, payload, staleness, out)`` writes the new center
+        into `out` (arrays shaped and typed like `center`, not aliasing it) and
+        returns nothing; it must give bit-identical results to
+        ``server_commit``. It is element-wise per tensor, so the server may
+        call it one tensor at a time (``center[i:i+1]``, the payload's
+        ``payload_arrays`` arrays of that tensor, ``out[i:i+1]``) under that
+        tensor's lock and keep its center allocated once
+        (``trainer.ps.center``). The payload may alias `out`.
     synchronous rules (``synchronous = True``):
         ``server_round(center, payloads)`` -> ``(new_center, replies)``
         applied once every worker has sent its payload for the round;
@@ -32,6 +42,12 @@ reply of DOWNPOUR is the new center itself; the worker adopts the received
 reply without copying it). With a worker's 4 MB of weights every copy saved
 is about a millisecond per exchange.
 
+Shards. With ``Trainer(ps_shards=S)`` each shard of the server holds flat
+pieces of the tensors; a worker's payload is cut into each shard's part by
+``split_payload`` (flat views of a dense payload; a top-k payload is cut by
+index). Every rule but those that keep optimizer state on the server is
+element-wise, so each shard runs the same rule on its pieces.
+
 Compression (``trainer.algorithms.compressed``) wraps a delta rule: the worker
 calls ``worker_commit(weights, anchor, residual)``, which by default is
 ``worker_payload`` with the error-feedback residual passed through unchanged.
@@ -45,6 +61,8 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 Arrays = list[np.ndarray]
+#: Each shard's pieces of the model: ``(tensor index, first flat element, end)``.
+Layout = Sequence[Sequence[tuple[int, int, int]]]
 
 
 class AlgorithmConfigError(ValueError):
@@ -64,6 +82,8 @@ class Algorithm:
     synchronous: ClassVar[bool] = False
     #: True when workers send optimizer variables after the model weights.
     exchanges_optimizer_state: ClassVar[bool] = False
+    #: Arrays of a payload per model weight (a top-k payload has two: indices and values).
+    payload_arrays: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         check_window(self.window)
@@ -97,10 +117,25 @@ class Algorithm:
     ) -> tuple[Arrays, list[Arrays]]:
         raise NotImplementedError(f"{self.name} is asynchronous; use server_commit")
 
+    def split_payload(self, payload: Sequence[np.ndarray], layout: Layout) -> list[Arrays]:
+        """The payload's part for each shard of a sharded server (``Trainer(ps_shards=S)``).
+
+        `layout` lists each shard's pieces ``(tensor, start, stop)``: flat
+        element ranges of the model's tensors. A dense payload (one array per
+        weight) splits into flat views, no copies (`split_dense`).
+        """
+        return split_dense(payload, layout)
+
     def describe(self) -> str:
         """Short human-readable name with hyper-parameters, for logs and reports."""
         every = "epoch" if self.window is None else f"{self.window} batches"
         return f"{self.name}(every {every})"
+
+
+def split_dense(arrays: Sequence[np.ndarray], layout: Layout) -> list[Arrays]:
+    """For each shard of `layout`, the flat slice ``ravel(arrays[t])[start:stop]`` of each of its pieces (views of
+    contiguous arrays)."""
+    return [[np.ravel(arrays[t])[start:stop] for t, start, stop in pieces] for pieces in layout]
 
 
 def copy_arrays(arrays: Sequence[np.ndarray]) -> Arrays:
@@ -129,6 +164,27 @@ def sub(a: Sequence[np.ndarray], b: Sequence[np.ndarray], scale: float = 1.0) ->
             r = np.multiply(r, scale, out=r) if r.dtype.kind == "f" else r * scale
         out.append(r.astype(np.asarray(x).dtype, copy=False))
     return out
+
+
+def add_into(out: Sequence[np.ndarray], a: Sequence[np.ndarray], b: Sequence[np.ndarray],
+             scale: float = 1.0) -> None:
+    """``out[i] = a[i] + scale * b[i]``: exactly what `add` returns, written into `out` without temporaries.
+
+    `b` may be `out` itself. Float arrays of one dtype take the in-place ufuncs
+    (the same operations in the same order as `add`, so the bits are the
+    same); anything else (integer weights, mixed dtypes, a numpy scalar
+    `scale` that widens the arithmetic) goes through `add` and is copied in.
+    """
+    for o, x, y in zip(out, a, b, strict=True):
+        if (o.dtype.kind == "f" and o.dtype == x.dtype == y.dtype and o.shape == np.shape(x) == np.shape(y)
+                and (scale == 1.0 or np.result_type(y, scale) == o.dtype)):
+            if scale == 1.0:
+                np.add(x, y, out=o)
+            else:
+                np.multiply(y, scale, out=o)
+                np.add(o, x, out=o)
+        else:
+            np.copyto(o, add([x], [y], scale)[0])
 
 
 def check_window(window: int | None, *, allow_epoch: bool = True) -> None:

@@ -3,7 +3,9 @@
 The worker encodes its delta (with error feedback by default, see
 ``trainer.algorithms.compression``) and the server rule decodes it against
 the center before the wrapped rule folds it in; replies (the center) stay
-dense. Only rules whose workers send *deltas* are wrapped: rounding full
+dense. On the server the delta is decoded straight into the buffer that
+receives the new center (``server_apply``), so a compressed commit allocates
+nothing there either. Only rules whose workers send *deltas* are wrapped: rounding full
 weights (EASGD, AEASGD, synchronous averaging, the single worker) would lose
 precision of the model itself, not of a step.
 
@@ -55,6 +57,10 @@ class Compressed(Algorithm):
     def name(self) -> str:  # type: ignore[override]
         return self.inner.name
 
+    @property
+    def payload_arrays(self) -> int:  # type: ignore[override]
+        return self.codec.wire_arrays
+
     def check_workers(self, num_workers: int) -> None:
         self.inner.check_workers(num_workers)
 
@@ -78,6 +84,13 @@ class Compressed(Algorithm):
 
     def server_commit(self, center, payload, staleness):
         return self.inner.server_commit(center, self.codec.decode(payload, center), staleness)
+
+    def server_apply(self, center, payload, staleness, out):
+        self.codec.decode_into(payload, out)  # the dense delta, where the new center will be
+        self.inner.server_apply(center, out, staleness, out)
+
+    def split_payload(self, payload, layout):
+        return self.codec.split(payload, layout)
 
     def describe(self) -> str:
         feedback = "" if self.error_feedback else ", no error feedback"

@@ -32,7 +32,7 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
-from trainer.algorithms.base import AlgorithmConfigError
+from trainer.algorithms.base import AlgorithmConfigError, Layout, split_dense
 
 Arrays = list[np.ndarray]
 
@@ -53,6 +53,15 @@ class Codec:
         """The dense arrays `wire` stands for, with the shapes and dtypes of `like` (the center)."""
         raise NotImplementedError
 
+    def decode_into(self, wire: Sequence[np.ndarray], out: Sequence[np.ndarray]) -> None:
+        """`decode` written into `out` (C-contiguous arrays shaped and typed like the center), the same bits."""
+        for o, dense in zip(out, self.decode(wire, out), strict=True):
+            np.copyto(o, dense)
+
+    def split(self, wire: Sequence[np.ndarray], layout: Layout) -> list[Arrays]:
+        """Each shard's part of `wire` for its pieces ``(tensor, start, stop)``, itself a wire of those pieces."""
+        return split_dense(wire, layout)  # a dense wire: flat views
+
     def check(self, wire: Sequence[np.ndarray], shapes: Sequence[tuple[int, ...]]) -> str | None:
         """What is wrong with a received `wire` for tensors of `shapes`, or None when it decodes."""
         if len(wire) != len(shapes):
@@ -66,6 +75,8 @@ class Codec:
         return None
 
     wire_dtypes: ClassVar[frozenset[str]] = frozenset()
+    #: Wire arrays per tensor.
+    wire_arrays: ClassVar[int] = 1
 
     def wire_fraction(self) -> float:
         """Bytes on the wire per float32 byte of the dense delta."""
@@ -85,6 +96,10 @@ class Float16(Codec):
 
     def decode(self, wire, like):
         return [w.astype(c.dtype) for w, c in zip(wire, like, strict=True)]
+
+    def decode_into(self, wire, out):
+        for o, w in zip(out, wire, strict=True):
+            np.copyto(o, w, casting="unsafe")  # what astype does
 
     def wire_fraction(self) -> float:
         return 0.5
@@ -118,6 +133,15 @@ class BFloat16(Codec):
     def decode(self, wire, like):
         return [from_bfloat16_bits(w, c.dtype) for w, c in zip(wire, like, strict=True)]
 
+    def decode_into(self, wire, out):
+        for o, w in zip(out, wire, strict=True):
+            if o.dtype != np.float32 or not o.flags.c_contiguous:
+                np.copyto(o, from_bfloat16_bits(w, o.dtype))
+                continue
+            bits = o.view(np.uint32)  # the float32's high half is the bfloat16, the low half zeros
+            np.copyto(bits, np.ascontiguousarray(w).view(np.uint16))
+            np.left_shift(bits, 16, out=bits)
+
     def wire_fraction(self) -> float:
         return 0.5
 
@@ -129,6 +153,7 @@ class TopK(Codec):
     fraction: float = 0.01
 
     name: ClassVar[str] = "topk"
+    wire_arrays: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
         if isinstance(self.fraction, bool) or not isinstance(self.fraction, (int, float)) \
@@ -160,6 +185,26 @@ class TopK(Codec):
             dense[wire[2 * i]] = wire[2 * i + 1]
             out.append(dense.reshape(c.shape))
         return out
+
+    def decode_into(self, wire, out):
+        for i, o in enumerate(out):
+            if not o.flags.c_contiguous:
+                np.copyto(o, self.decode(wire[2 * i: 2 * i + 2], [o])[0])
+                continue
+            flat = o.reshape(-1)  # a view of a contiguous array
+            flat.fill(0)
+            flat[wire[2 * i]] = wire[2 * i + 1]
+
+    def split(self, wire, layout):
+        parts = []
+        for pieces in layout:
+            part: Arrays = []
+            for t, start, stop in pieces:
+                idx, values = wire[2 * t], wire[2 * t + 1]
+                keep = (idx >= start) & (idx < stop)
+                part += [(idx[keep] - start).astype(np.int32), values[keep]]
+            parts.append(part)
+        return parts
 
     def check(self, wire, shapes):
         if len(wire) != 2 * len(shapes):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, add, sub
+from trainer.algorithms.base import Algorithm, add, add_into, sub
 
 
 @dataclass(frozen=True)
@@ -33,3 +33,6 @@ class DOWNPOUR(Algorithm):
     def server_commit(self, center, payload, staleness):
         new_center = add(center, payload)
         return new_center, new_center
+
+    def server_apply(self, center, payload, staleness, out):
+        add_into(out, center, payload)

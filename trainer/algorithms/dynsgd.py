@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, add, sub
+from trainer.algorithms.base import Algorithm, add, add_into, sub
 
 
 @dataclass(frozen=True)
@@ -28,7 +28,14 @@ class DynSGD(Algorithm):
         return list(reply), list(reply)  # adopt the center as received: no copies (see base)
 
     def server_commit(self, center, payload, staleness):
-        if staleness < 0:
-            raise ValueError(f"staleness must be >= 0. Received: staleness={staleness}")
-        new_center = add(center, payload, scale=1.0 / (staleness + 1))
+        new_center = add(center, payload, scale=_scale(staleness))
         return new_center, new_center
+
+    def server_apply(self, center, payload, staleness, out):
+        add_into(out, center, payload, scale=_scale(staleness))
+
+
+def _scale(staleness: int) -> float:
+    if staleness < 0:
+        raise ValueError(f"staleness must be >= 0. Received: staleness={staleness}")
+    return 1.0 / (staleness + 1)

@@ -61,20 +61,22 @@ def non_finite(a: np.ndarray) -> tuple[int, int] | None:
 def check_commit(arrays: Sequence[np.ndarray], center: Sequence[np.ndarray], num_weights: int,
                  names: Sequence[str] | None, with_optimizer: bool,
                  layout: Callable[[Sequence[np.ndarray], list[tuple[int, ...]]], str | None] | None = None,
-                 ) -> tuple[str, bool] | None:  # fmt: skip
+                 finite: bool = True) -> tuple[str, bool] | None:  # fmt: skip
     """Why `arrays` may not be committed against `center`, or None.
 
     Returns ``(problem, diverged)``: `diverged` is True for non-finite values
     (the worker's training blew up), False for a payload of another model.
     `layout` replaces the count, shape and dtype checks for a rule whose
     payload is not the model's arrays (a compressed rule's ``check_payload``);
-    its float values must still be finite.
+    its float values must still be finite. ``finite=False`` leaves the values
+    out (a server that checks every result before publishing it finds a
+    non-finite payload there, and asks again with ``finite=True`` to word it).
     """
     if layout is not None:
         problem = layout(arrays, [c.shape for c in center[:num_weights]])
         if problem is not None:
             return problem, False
-        for i, a in enumerate(arrays):
+        for i, a in enumerate(arrays if finite else ()):
             bad = non_finite(a)
             if bad is not None:
                 return f"compressed array #{i} holds {bad[0]} NaN and {bad[1]} inf values", True
@@ -95,7 +97,7 @@ def check_commit(arrays: Sequence[np.ndarray], center: Sequence[np.ndarray], num
             if a.dtype != expected.dtype:
                 return (f"array {array_name(i, names)} has dtype {a.dtype}, expected the model's {expected.dtype}. "
                         "Fix: send the model's own dtype (no casting to float64 or to integers on the worker)"), False
-        bad = non_finite(a)
+        bad = non_finite(a) if finite else None
         if bad is not None:
             return f"array {array_name(i, names)} holds {bad[0]} NaN and {bad[1]} inf values", True
     return None
@@ -104,11 +106,18 @@ def check_commit(arrays: Sequence[np.ndarray], center: Sequence[np.ndarray], num
 def check_center(center: Sequence[np.ndarray], names: Sequence[str] | None) -> str | None:
     """Why a center an update rule returned may not replace the current one (non-finite values), or None."""
     for i, a in enumerate(center):
-        bad = non_finite(a)
-        if bad is not None:
-            return (f"applying it would put {bad[0]} NaN and {bad[1]} inf values into center array "
-                    f"{array_name(i, names)}")
+        problem = center_problem(i, a, names)
+        if problem is not None:
+            return problem
     return None
+
+
+def center_problem(index: int, array: np.ndarray, names: Sequence[str] | None) -> str | None:
+    """Why `array` may not become center array `index` (non-finite values), or None."""
+    bad = non_finite(array)
+    if bad is None:
+        return None
+    return f"applying it would put {bad[0]} NaN and {bad[1]} inf values into center array {array_name(index, names)}"
 
 
 def refusal(worker: int | None, step: object, epoch: object, problem: str, diverged: bool) -> str:

@@ -4,19 +4,22 @@
 applies an ``Algorithm`` (see ``trainer.algorithms.base``) to the payloads that
 workers commit over TCP:
 
-* asynchronous rules: ``server_commit`` runs under a lock as soon as one
-  payload arrives; staleness is the number of center updates since the
-  committing connection last received the center. The server also counts
+* asynchronous rules: a payload is applied as soon as it arrives;
+  staleness is the number of center updates since the committing connection
+  last received the center. Rules with an in-place form (``server_apply``:
+  DOWNPOUR, ADAG, DynSGD, compressed) update the center in place, tensor by
+  tensor under one lock per tensor, into a reply buffer per connection that
+  is sent without copies after every lock is released; the server's lock
+  guards only its counters (``trainer.ps.center`` says how commits and
+  readers stay consistent without it). Other rules run ``server_commit``
+  under the server's lock. Frames of in-place commits are received into a
+  buffer per connection, reused from frame to frame. The server also counts
   the minibatches that the workers of an attempt report for each epoch
   (COMMIT meta ``"batches"``) and returns the running total as
   ``"epoch_batches"``: workers use it to end an epoch together when they
   share its work (see ``trainer.runtime.worker``);
-* synchronous rules: a round barrier waits until every worker has committed,
-  the last arriving thread runs ``server_round`` and every waiter gets its own
-  reply. A round is aborted (every waiter gets an ERROR reply starting with
-  ``"round aborted:"``) when a worker disconnects before committing, when
-  ``round_timeout`` expires, when a Spark retry starts a new attempt, or when
-  the server stops -- nobody ever hangs.
+* synchronous rules: a round barrier waits until every worker has committed
+  and the last arriving thread runs ``server_round`` (``trainer.ps.rounds``).
 
 Serving comes from ``trainer.transport.endpoint.AuthenticatedServer``: one accept
 thread and one daemon thread per connection; every socket has a timeout,
@@ -28,8 +31,10 @@ only loses its own connection.
 Update hygiene (``trainer.ps.hygiene``): a COMMIT with another model's arrays,
 another dtype than the model's, or any NaN or inf is refused with an ERROR
 reply naming the worker, the weight and the step; so is a commit after which
-the center would not be finite. The center is never non-finite. The first
-refusal is kept in `failure`, which the trainer raises instead of retrying.
+the center would not be finite: in place, every tensor's new value is
+checked before any is published, so a refused commit leaves the center
+exactly as it was. The center is never non-finite. The first refusal is
+kept in `failure`, which the trainer raises instead of retrying.
 
 Attempt fencing: the server knows the current attempt of the training stage
 (`start_attempt`, or the newest attempt a worker authenticated with).
@@ -40,8 +45,9 @@ answered with an ERROR.
 Memory stays bounded: update records go to a ring of `history_size` records
 with exact running totals (``trainer.ps.records.UpdateLog``).
 
-The stored center arrays are private read-only copies: update rules must be
-pure (return new arrays) as the Algorithm contract requires.
+Update rules must be pure (return new arrays, or write only into `out` in
+``server_apply``) as the Algorithm contract requires. Shards: see
+``trainer.ps.shards``.
 """
 
 from __future__ import annotations
@@ -54,13 +60,16 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from trainer.ps.errors import PSNotStartedError
+from trainer.ps.center import Center
+from trainer.ps.commits import AsynchronousCommits
 from trainer.ps.epochs import completed_epochs, uniform_progress
-from trainer.ps.hygiene import DIVERGED_HINT, check_center, check_commit, freeze, refusal, stale_attempt
+from trainer.ps.errors import PSNotStartedError
+from trainer.ps.hygiene import check_commit, refusal, stale_attempt
 from trainer.ps.records import DEFAULT_HISTORY_SIZE, UpdateLog, UpdateRecord
+from trainer.ps.rounds import Round, SynchronousRounds
 from trainer.transport.endpoint import AuthenticatedServer, Connection
 from trainer.transport.tls import TlsIdentity
-from trainer.transport.wire import Frame, Msg, ProtocolError, encode, frame_size
+from trainer.transport.wire import Frame, Msg, RecvBuffer, encode
 
 log = logging.getLogger("trainer.ps")
 
@@ -69,26 +78,17 @@ MAX_EVENTS = 10_000
 
 
 class _Conn(Connection):
-    """Server-side state of one TCP connection, with the center version it last received."""
+    """Server-side state of one TCP connection: the center version it last received and, for in-place
+    rules, its receive buffer and its reply buffer (one array per center tensor), both allocated once."""
 
     def __init__(self, sock: Any, addr: Any) -> None:
         super().__init__(sock, addr)
         self.last_version = 0
+        self.recv = RecvBuffer()
+        self.reply: list[np.ndarray] | None = None
 
 
-class _Round:
-    """Pending synchronous round."""
-
-    def __init__(self, number: int) -> None:
-        self.number = number
-        self.payloads: dict[int, list[np.ndarray]] = {}
-        self.staleness: dict[int, int] = {}
-        self.replies: list[list[np.ndarray]] | None = None
-        self.version: int | None = None
-        self.error: str | None = None
-
-
-class ParameterServer(AuthenticatedServer):
+class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServer):
     """Parameter server holding the center variable; see the module docstring.
 
     Serving (listening, the handshake, one thread per connection, stopping)
@@ -119,6 +119,7 @@ class ParameterServer(AuthenticatedServer):
         weight_names: the model's weight names (``v.path``), to name a refused array.
         frame_mac, tls, max_pending: see ``AuthenticatedServer``.
         history_size: update records kept (``updates``); totals count all.
+        hello_meta: extra meta of every HELLO reply (a shard says which part of the model it holds).
     """
 
     label = "parameter server"
@@ -151,11 +152,15 @@ class ParameterServer(AuthenticatedServer):
         tls: bool | TlsIdentity = False,
         max_pending: int = 8,
         history_size: int = DEFAULT_HISTORY_SIZE,
+        hello_meta: dict[str, Any] | None = None,
     ) -> None:
         if not round_timeout > 0:
             raise ValueError(f"round_timeout must be a positive number of seconds, received {round_timeout!r}")
-        center = freeze(center)
-        center_bytes = sum(a.nbytes for a in center)
+        synchronous = bool(getattr(algorithm, "synchronous", False))
+        with_optimizer = bool(getattr(algorithm, "exchanges_optimizer_state", False))
+        in_place = callable(getattr(algorithm, "server_apply", None)) and not synchronous and not with_optimizer
+        center = Center(center, in_place)
+        center_bytes = center.nbytes
         names = None if weight_names is None else [str(n) for n in weight_names]
         if names is not None and len(names) > len(center):  # fewer: the center also holds optimizer state
             raise ValueError(f"weight_names has {len(names)} names for {len(center)} center arrays")
@@ -167,8 +172,10 @@ class ParameterServer(AuthenticatedServer):
         if check_workers is not None:
             check_workers(num_workers)
         self._algorithm = algorithm
-        self._synchronous = bool(getattr(algorithm, "synchronous", False))
-        self._with_optimizer = bool(getattr(algorithm, "exchanges_optimizer_state", False))
+        self._synchronous = synchronous
+        self._with_optimizer = with_optimizer
+        self._payload_arrays = int(getattr(algorithm, "payload_arrays", 1))
+        self._hello_meta = dict(hello_meta or {})
         self._center = center
         self._num_weights = len(center)
         self._names = names
@@ -179,7 +186,7 @@ class ParameterServer(AuthenticatedServer):
         self._cond = threading.Condition(self._lock)
         self._callback_lock = threading.Lock()
         self._version = int(version)
-        self._round = _Round(0)
+        self._round = Round(0)
         self._attempt = 0  # the current attempt: requests of older ones are refused
         self._updates = UpdateLog(history_size)
         self._failure: str | None = None
@@ -248,24 +255,33 @@ class ParameterServer(AuthenticatedServer):
             self._directives.update(directives)
             self._events.append({"time": time.time(), "kind": "directive", **directives})
             if directives.get("stop"):  # workers waiting in a round are released without an update
-                self._round = _Round(self._round.number + 1)
+                self._round = Round(self._round.number + 1)
             self._cond.notify_all()
 
     @property
     def max_body(self) -> int:
         return self._max_body
 
+    @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """Where workers connect: this one endpoint (a ``ShardedParameterServer`` has one per shard)."""
+        return [self.address]
+
     def center(self) -> list[np.ndarray]:
-        """Writable copies of the current center arrays."""
-        with self._lock:
-            center = self._center
-        return [np.array(a, copy=True) for a in center]
+        """Writable copies of the current center arrays (a consistent state, see ``trainer.ps.center``)."""
+        return self.snapshot()[0]
 
     def snapshot(self) -> tuple[list[np.ndarray], int, dict[int, dict[str, Any]]]:
-        """A consistent (center copy, version, epochs done per worker) for checkpoints."""
-        with self._lock:
-            center, version = self._center, self._version
-            done = {w: dict(d) for w, d in self._epochs_done.items()}
+        """A consistent (center copy, version, epochs done per worker) for checkpoints: the copy holds
+        exactly the updates up to `version` (in place: read hand over hand behind the last commit)."""
+        def counters() -> tuple[list[np.ndarray], int, dict[int, dict[str, Any]]]:
+            with self._lock:
+                return self._center.arrays, self._version, {w: dict(d) for w, d in self._epochs_done.items()}
+
+        if self._center.in_place:
+            arrays, (_, version, done) = self._center.read(self._center.buffers(), counters)
+            return arrays, version, done
+        center, version, done = counters()  # replaced, never changed: copied outside the lock
         return [np.array(a, copy=True) for a in center], version, done
 
     @property
@@ -355,18 +371,17 @@ class ParameterServer(AuthenticatedServer):
         log.info("parameter server: attempt %d started (%s); attempt %d and older are refused", attempt, why,
                  previous)
 
-    def _abort_round_locked(self, reason: str) -> None:
-        """Abort the pending synchronous round (caller holds the lock)."""
-        rnd = self._round
-        if not rnd.payloads:
-            return
-        rnd.error = reason
-        self._round = _Round(rnd.number + 1)
-        self._events.append({"time": time.time(), "kind": "round_aborted", "round": rnd.number, "reason": reason})
-        log.warning("parameter server: %s", reason)
-        self._cond.notify_all()
-
     # -- requests -------------------------------------------------------------------
+
+    def _recv_buffer(self, conn: _Conn) -> RecvBuffer | None:
+        # In-place commits use a frame's arrays only while they are applied: one buffer per connection.
+        # Rounds keep payloads until the round ends and other rules may keep them: a fresh buffer each.
+        return conn.recv if self._center.in_place else None
+
+    def _reply_buffer(self, conn: _Conn) -> list[np.ndarray]:
+        if conn.reply is None:
+            conn.reply = self._center.buffers()
+        return conn.reply
 
     def _dispatch(self, conn: _Conn, frame: Frame) -> None:
         meta = frame.meta
@@ -380,25 +395,41 @@ class ParameterServer(AuthenticatedServer):
         if frame.msg == Msg.HELLO:
             self._hello(conn, meta)
         elif frame.msg == Msg.PULL:
-            with self._lock:
-                center, version = self._center, self._version
-                conn.last_version = version
-            self._reply(conn, {"version": version}, center)
+            arrays, (version,) = self._read_center(conn, lambda: ())
+            self._reply(conn, {"version": version}, arrays)
         elif frame.msg == Msg.COMMIT:
-            with self._lock:
-                center = self._center
-            problem = check_commit(frame.arrays, center, self._num_weights, self._names, self._with_optimizer,
-                                   getattr(self._algorithm, "check_payload", None))  # compressed rules
+            # In place every result is checked before it is published: the values need no check of their own.
+            problem = self._check_commit(frame, finite=not self._center.in_place)
             if problem is not None:
                 self._refuse_commit(conn, frame, *problem)
             elif self._synchronous:
                 self._commit_sync(conn, frame)
+            elif self._center.in_place:
+                self._commit_in_place(conn, frame)
             else:
                 self._commit_async(conn, frame)
         elif frame.msg == Msg.EPOCH_DONE:
             self._epoch_done(conn, meta)
         else:
             self._unexpected(conn, frame)
+
+    def _check_commit(self, frame: Frame, finite: bool = True) -> tuple[str, bool] | None:
+        center = self._center.arrays  # replaced as a whole, never changed: its shapes need no lock
+        return check_commit(frame.arrays, center, self._num_weights, self._names, self._with_optimizer,
+                            getattr(self._algorithm, "check_payload", None), finite)  # compressed rules
+
+    def _read_center(self, conn: _Conn, more: Callable[[], tuple]) -> tuple[list[np.ndarray], tuple]:
+        """(the center to send `conn`, (version, *more())) of one consistent state; `conn` has received
+        that version from now on. In place the center is copied into the connection's reply buffer."""
+        def counters() -> tuple[list[np.ndarray], tuple]:
+            with self._lock:
+                conn.last_version = self._version
+                return self._center.arrays, (self._version, *more())
+
+        if self._center.in_place:
+            arrays, (_, state) = self._center.read(self._reply_buffer(conn), counters)
+            return arrays, state
+        return counters()
 
     def _hello(self, conn: _Conn, meta: dict[str, Any]) -> None:
         attempt = meta.get("attempt", conn.attempt)
@@ -407,17 +438,19 @@ class ParameterServer(AuthenticatedServer):
                                     f"({conn.attempt}), received {attempt!r:.20}")
             return
         assert attempt is not None
-        with self._lock:
-            center, version = self._center, self._version
+
+        def start_epoch() -> tuple[int, int]:  # called under the lock
             # Every worker of an attempt starts at the first epoch that not all workers
             # had finished when the attempt began (fixed at its first HELLO, so a fast
             # worker's progress cannot move a slow worker's start): synchronous rounds
             # stay aligned and no epoch is skipped.
             if self._start_epochs.get(attempt) is None:
                 self._start_epochs[attempt] = completed_epochs(self._epochs_done, self._num_workers)
-            start_epoch = self._start_epochs[attempt]
-            conn.last_version = version
-        self._reply(conn, {"version": version, "start_epoch": start_epoch, "num_workers": self._num_workers}, center)
+            return self._start_epochs[attempt], self._num_workers
+
+        center, (version, start, workers) = self._read_center(conn, start_epoch)
+        self._reply(conn, {"version": version, "start_epoch": start, "num_workers": workers, **self._hello_meta},
+                    center)
 
     def _epoch_done(self, conn: _Conn, meta: dict[str, Any]) -> None:
         epoch, logs = meta.get("epoch"), meta.get("logs", {})
@@ -452,125 +485,6 @@ class ParameterServer(AuthenticatedServer):
                                  "step": step, "epoch": epoch, "reason": problem})
         log.error("parameter server: %s", text)
         self._send(conn, encode(Msg.ERROR, {"error": text[:4000]}))
-
-    def _commit_async(self, conn: _Conn, frame: Frame) -> None:
-        epoch, batches = frame.meta.get("epoch"), frame.meta.get("batches")
-        counted = batches is not None
-        if counted and not (type(batches) is int and batches >= 0 and type(epoch) is int and epoch >= 0):
-            self._reply_error(conn, f"a COMMIT that counts 'batches' needs 'epoch' and 'batches' as ints >= 0, received "
-                              f"epoch={epoch!r:.20} and batches={batches!r:.20}")
-            return
-        with self._lock:
-            staleness = self._version - conn.last_version
-            version = self._version + 1
-            record = refused = None
-            try:
-                new_center, reply = self._algorithm.server_commit(list(self._center), frame.arrays, staleness)
-                new_center = freeze(new_center)
-                refused = check_center(new_center, self._names)
-                meta = {"version": version, "staleness": staleness, **self._directives}
-                if counted:
-                    meta["epoch_batches"] = self._epoch_batches[(conn.attempt, epoch)] + batches
-                buffers = encode(Msg.OK, meta, reply)
-            except Exception as exc:
-                log.exception("parameter server: server_commit failed")
-                buffers = encode(Msg.ERROR, {"error": f"server_commit failed: {type(exc).__name__}: {exc}"})
-            else:
-                if refused is None:
-                    self._center = new_center
-                    self._version = version
-                    conn.last_version = version
-                    if counted:
-                        self._epoch_batches[(conn.attempt, epoch)] = meta["epoch_batches"]
-                    record = self._record(conn, frame, version, staleness, frame_size(buffers), "commit")
-        if refused is not None:
-            self._refuse_commit(conn, frame, refused, diverged=True)
-            return
-        if record is not None:
-            self._notify(record)
-        self._send(conn, buffers)
-
-    def _commit_sync(self, conn: _Conn, frame: Frame) -> None:
-        worker = conn.worker
-        assert worker is not None
-        with self._cond:
-            rnd = self._round
-            stopped = False
-            if self._stopping:
-                error: str | None = "round aborted: the parameter server is stopping"
-            elif self._directives.get("stop"):
-                error, stopped = None, True
-            elif worker in rnd.payloads:
-                error = (
-                    f"worker {worker} already committed to round {rnd.number}; each worker commits once per round "
-                    f"(is another task running as worker {worker}?)"
-                )
-            else:
-                error = None
-                rnd.payloads[worker] = frame.arrays
-                rnd.staleness[worker] = self._version - conn.last_version
-                if len(rnd.payloads) == self._num_workers:
-                    self._finish_round_locked(rnd)
-                else:
-                    deadline = time.monotonic() + self._round_timeout
-                    while rnd.replies is None and rnd.error is None and not self._directives.get("stop"):
-                        remaining = deadline - time.monotonic()
-                        if remaining <= 0:
-                            missing = sorted(set(range(self._num_workers)) - set(rnd.payloads))
-                            self._abort_round_locked(
-                                f"round aborted: round {rnd.number} timed out after round_timeout="
-                                f"{self._round_timeout}s waiting for workers {missing}"
-                            )
-                            break
-                        self._cond.wait(remaining)
-                error = rnd.error
-                stopped = error is None and rnd.replies is None
-            record = None
-            if stopped:  # the driver stopped training: no update, the worker ends
-                buffers = encode(Msg.OK, {"version": self._version, **self._directives})
-            elif error is None:
-                assert rnd.replies is not None and rnd.version is not None
-                conn.last_version = rnd.version
-                try:
-                    buffers = encode(Msg.OK, {"version": rnd.version, "round": rnd.number, **self._directives},
-                                     rnd.replies[worker])
-                except ProtocolError as exc:
-                    error = f"server_round returned a reply that cannot be sent: {exc}"
-                    log.error("parameter server: %s", error)
-                else:
-                    record = self._record(
-                        conn, frame, rnd.version, rnd.staleness[worker], frame_size(buffers), "round"
-                    )
-            if error is not None:
-                buffers = encode(Msg.ERROR, {"error": error})
-        if record is not None:
-            self._notify(record)
-        self._send(conn, buffers)
-
-    def _finish_round_locked(self, rnd: _Round) -> None:
-        payloads = [rnd.payloads[i] for i in range(self._num_workers)]
-        try:
-            new_center, replies = self._algorithm.server_round(list(self._center), payloads)
-            if len(replies) != self._num_workers:
-                raise ValueError(f"server_round returned {len(replies)} replies for {self._num_workers} workers")
-            new_center = freeze(new_center)
-            problem = check_center(new_center, self._names)
-            if problem is not None:
-                self._failure = self._failure or f"refused round {rnd.number}: {problem}. {DIVERGED_HINT}"
-                raise ValueError(f"{problem}; the center is unchanged")
-        except Exception as exc:
-            log.exception("parameter server: server_round failed")
-            rnd.error = f"round aborted: server_round failed: {type(exc).__name__}: {exc}"
-            self._events.append(
-                {"time": time.time(), "kind": "round_aborted", "round": rnd.number, "reason": rnd.error}
-            )
-        else:
-            self._center = new_center
-            self._version += 1
-            rnd.version = self._version
-            rnd.replies = [list(r) for r in replies]
-        self._round = _Round(rnd.number + 1)
-        self._cond.notify_all()
 
     def _record(
         self, conn: _Conn, frame: Frame, version: int, staleness: int, bytes_out: int, kind: str

@@ -3,7 +3,8 @@
 `train_partition` runs inside a Python worker of an executor. It receives its
 shard as Arrow record batches and holds it in memory, or streams a large one
 through a local spill file (`trainer.runtime.shard`), builds the Keras model
-once, pulls the center weights from the parameter server, and trains with
+once, pulls the center weights from the parameter server (from each of its
+shards, see `trainer.ps.shard_client`), and trains with
 plain ``model.fit`` on a single-threaded input pipeline (`trainer.runtime.feed`
 or `trainer.runtime.stream`). The `ParameterServerSync`
 Keras callback does the exchange every ``window`` batches (or at every epoch
@@ -44,7 +45,7 @@ import pyarrow as pa
 from pyspark import BarrierTaskContext
 
 from trainer.algorithms import Algorithm
-from trainer.ps.client import PSClient
+from trainer.ps.shard_client import connect_ps
 from trainer.runtime.arrow import ValidationRows
 from trainer.runtime.inference import validation_logs
 from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
@@ -64,7 +65,7 @@ class WorkerConfig:
     model: ModelSource
     algorithm: Algorithm
     ps_host: str
-    ps_port: int
+    ps_ports: tuple[int, ...]  # one per shard of the parameter server, shard 0 first
     secret: Any = field(repr=False)  # the server's Credentials (secret, frame MAC, TLS fingerprint): never shown
     num_workers: int
     batch_size: int
@@ -245,12 +246,9 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(), **devices, **shard.info(),
         "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0},
     }
-    client = PSClient(
-        config.ps_host, config.ps_port, config.secret, worker=worker,
-        attempt=config.attempt, timeout=config.io_timeout,
-    )
+    client = connect_ps([(config.ps_host, port) for port in config.ps_ports], config.secret, worker,
+                        config.attempt, config.io_timeout, split=config.algorithm.split_payload)
     with client:
-        client.connect()
         center, meta = client.hello()
         start_epoch = int(meta.get("start_epoch", 0))
         load_state(model, list(center), with_optimizer=config.algorithm.exchanges_optimizer_state, strict=False)

@@ -8,8 +8,11 @@ the secret before it sends anything. A busy server (no free worker slot, or a
 flood of unauthenticated connections that pushed this one out) is tried again
 for ``connect_timeout`` seconds. Requests are blocking request/reply calls,
 every frame sealed and checked (:mod:`trainer.transport.session`); BYE on
-close. The parameter server's client (``trainer.ps.client``) and the model
-hopper's (``trainer.selection.hopper``) extend it.
+close. Replies are received into a `~trainer.transport.wire.RecvPool`:
+a buffer is reused once nothing of an earlier reply in it is alive, so a
+client allocates (and zero-fills) no buffer per reply. The parameter
+server's client (``trainer.ps.client``) and the model hopper's
+(``trainer.selection.hopper``) extend it.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from trainer.transport.wire import (
     IntegrityError,
     Msg,
     ProtocolError,
+    RecvPool,
     ServerBusy,
     TransportError,
     TransportTimeout,
@@ -74,6 +78,7 @@ class AuthenticatedClient:
         self._credentials = Credentials.of(secret)
         self._sock: socket.socket | None = None
         self._channel: Channel | None = None
+        self._replies = RecvPool()  # reused once the caller dropped what it received there
         self.bytes_sent = 0
         self.bytes_received = 0
 
@@ -174,7 +179,7 @@ class AuthenticatedClient:
         buffers = encode(msg, {**meta, "worker": self.worker}, arrays)  # a bad argument raises before sending
         try:
             self.bytes_sent += channel.send(buffers)
-            frame = channel.recv(self.max_body)
+            frame = channel.recv(self.max_body, into=self._replies)
         except (ConnectionClosed, TransportTimeout, ProtocolError, IntegrityError) as exc:
             self._sock = self._channel = None
             sock.close()

@@ -45,6 +45,7 @@ from trainer.transport.wire import (
     IntegrityError,
     Msg,
     ProtocolError,
+    RecvBuffer,
     TransportError,
     TransportTimeout,
     encode,
@@ -91,7 +92,7 @@ class AuthenticatedServer:
 
     Subclasses set the class attributes below and implement ``_dispatch``;
     they may override the other hooks (``_new_connection``, ``_refuse_worker``,
-    ``_welcome``, ``_closed``, ``_note``, ``_stopping_locked``, ``_stopped``).
+    ``_welcome``, ``_recv_buffer``, ``_closed``, ``_note``, ``_stopping_locked``, ``_stopped``).
 
     ``frame_mac``: True (HMAC-SHA256 on every frame), False (none) or an
     algorithm name; ``tls``: False, True (a throw-away certificate made now) or
@@ -267,6 +268,11 @@ class AuthenticatedServer:
     def _dispatch(self, conn: Connection, frame: Frame) -> None:
         raise NotImplementedError
 
+    def _recv_buffer(self, conn: Connection) -> RecvBuffer | None:
+        """A buffer to receive `conn`'s next frame into, reused from frame to frame (None: a fresh one per
+        frame). Only for a subclass whose `_dispatch` keeps no array of a frame past its reply."""
+        return None
+
     def _closed(self, conn: Connection, said_bye: bool) -> None:
         """The connection ended (its socket is closed); `said_bye` is False when the peer just went away."""
 
@@ -367,7 +373,7 @@ class AuthenticatedServer:
             conn.sock.settimeout(self._io_timeout)
             while not self._stopping:
                 try:
-                    frame = channel.recv(self._max_body)
+                    frame = channel.recv(self._max_body, into=self._recv_buffer(conn))
                 except ConnectionClosed as exc:
                     if self._stopping:
                         return

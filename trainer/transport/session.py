@@ -9,8 +9,9 @@ trailer::
     tag   32 bytes: MAC(key of this direction, seq || header || meta || body)
 
 The receiver checks the header against its limits, reads the rest of the
-frame, and compares ``seq`` with the number it expects and ``tag`` with its
-own (in constant time) *before* it parses the meta or builds an array. A difference raises :class:`~trainer.transport.wire.IntegrityError`
+frame (hashing it as it arrives, while the sender hashes what comes next),
+and compares ``seq`` with the number it expects and ``tag`` with its own (in
+constant time) *before* it parses the meta or builds an array. A difference raises :class:`~trainer.transport.wire.IntegrityError`
 and the caller closes the connection: an altered, injected, replayed, dropped
 or reordered frame is never used.
 
@@ -26,7 +27,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import struct
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 from trainer.transport.wire import (
     HEADER_SIZE,
@@ -35,6 +36,7 @@ from trainer.transport.wire import (
     Frame,
     IntegrityError,
     Msg,
+    RecvBuffer,
     decode_header,
     decode_payload,
     encode,
@@ -74,6 +76,29 @@ def frame_tag(algorithm: str, key: bytes, seq: int, buffers: Sequence) -> bytes:
     return h.digest()
 
 
+#: Bytes of a frame hashed, then sent, at a time (see `Channel.send`).
+MAC_PIECE = 1 << 20
+
+
+def _pieces(buffers: Sequence, size: int) -> Iterator[list[memoryview]]:
+    """The bytes of `buffers` in order, as lists of views of about `size` bytes (small buffers grouped, large
+    ones cut)."""
+    piece: list[memoryview] = []
+    room = size
+    for b in buffers:
+        view = memoryview(b).cast("B")
+        while len(view):
+            take = view[:room]
+            piece.append(take)
+            view = view[len(take):]
+            room -= len(take)
+            if room == 0:
+                yield piece
+                piece, room = [], size
+    if piece:
+        yield piece
+
+
 class Channel:
     """One side of an authenticated connection: sends sealed frames and opens received ones.
 
@@ -93,44 +118,69 @@ class Channel:
         self.received = 0  # frames received and verified
 
     def send(self, buffers: list) -> int:
-        """Send one encoded frame with its trailer; returns the bytes written."""
-        if self.mac is not None:
-            tag = frame_tag(self.mac, self._send_key, self.sent, buffers)  # type: ignore[arg-type]
-            buffers = [*buffers, TRAILER.pack(self.sent, tag)]
+        """Send one encoded frame with its trailer; returns the bytes written.
+
+        With a MAC the frame goes out in pieces of `MAC_PIECE` bytes, each
+        hashed right before it is sent: the peer receives and hashes one piece
+        while this end hashes the next, instead of both hashing the whole
+        frame one after the other. The tag is the same.
+        """
+        seq = self.sent
         self.sent += 1
-        return send_buffers(self.sock, buffers)
+        if self.mac is None:
+            return send_buffers(self.sock, buffers)
+        hasher = new_mac(self.mac, self._send_key, seq)  # type: ignore[arg-type]
+        written = 0
+        for piece in _pieces(buffers, MAC_PIECE):
+            for b in piece:
+                hasher.update(b)
+            written += send_buffers(self.sock, piece)
+        return written + send_buffers(self.sock, [TRAILER.pack(seq, hasher.digest())])
 
     def send_frame(self, msg: Msg, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = ()) -> int:
         return self.send(encode(msg, meta, arrays))
 
-    def recv(self, max_body: int | None, *, max_meta: int = MAX_META, deadline: float | None = None) -> Frame:
-        """Receive, verify and decode one frame (``ConnectionClosed`` with ``mid_frame=False`` on a clean EOF)."""
+    def recv(self, max_body: int | None, *, max_meta: int = MAX_META, deadline: float | None = None,
+             into: RecvBuffer | None = None) -> Frame:  # fmt: skip
+        """Receive, verify and decode one frame (``ConnectionClosed`` with ``mid_frame=False`` on a clean EOF).
+
+        ``into``: receive into that reused buffer; the frame's arrays are then
+        views valid until the next frame received into it (see `RecvBuffer`).
+        """
         try:
             header = recv_exact(self.sock, HEADER_SIZE, deadline=deadline)
         except ConnectionClosed as exc:
             if not exc.mid_frame:
                 raise ConnectionClosed("peer closed the connection", mid_frame=False) from None
             raise
-        return self.recv_rest(header, max_body, max_meta=max_meta, deadline=deadline)
+        return self.recv_rest(header, max_body, max_meta=max_meta, deadline=deadline, into=into)
 
     def recv_rest(self, header: bytes | bytearray, max_body: int | None, *, max_meta: int = MAX_META,
-                  deadline: float | None = None) -> Frame:  # fmt: skip
+                  deadline: float | None = None, into: RecvBuffer | None = None) -> Frame:  # fmt: skip
         """Like `recv`, for a frame whose header was already read."""
         msg, meta_len, body_len = decode_header(header, max_body, max_meta=max_meta)
         n = meta_len + body_len
         size = HEADER_SIZE + n + (TRAILER.size if self.mac is not None else 0)
-        rest = recv_exact(self.sock, size - HEADER_SIZE, deadline=deadline) if size > HEADER_SIZE else bytearray()
+        hasher = None
+        on_data = None
+        if self.mac is not None:  # hashed as it arrives (the expected number: a wrong one fails below)
+            hasher = new_mac(self.mac, self._recv_key, self.received)  # type: ignore[arg-type]
+            hasher.update(header)
+
+            def on_data(offset: int, chunk: memoryview) -> None:
+                if offset < n:
+                    hasher.update(chunk[:n - offset])  # not the trailer
+
+        rest = (recv_exact(self.sock, size - HEADER_SIZE, deadline=deadline, into=into, on_data=on_data)
+                if size > HEADER_SIZE else bytearray())
         view = memoryview(rest)
-        if self.mac is not None:
+        if hasher is not None:
             seq, tag = TRAILER.unpack(view[n:])
             if seq != self.received:
                 raise IntegrityError(
                     f"frame out of sequence from {self.peer}: expected frame #{self.received}, received #{seq} "
                     "(a frame was dropped, replayed or injected in transit); the connection is closed"
                 )
-            hasher = new_mac(self.mac, self._recv_key, seq)  # type: ignore[arg-type]
-            hasher.update(header)
-            hasher.update(view[:n])
             if not hmac.compare_digest(hasher.digest(), tag):
                 raise IntegrityError(
                     f"frame #{seq} ({msg.name}, {size} bytes) from {self.peer} failed its integrity check "

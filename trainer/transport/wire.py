@@ -22,7 +22,10 @@ else is read or allocated, and every violation raises ``ProtocolError``.
 Decoded arrays are zero-copy ``np.frombuffer`` views into the received body;
 they are writable when the body is a ``bytearray`` (as with ``read_frame``) and
 read-only when it is ``bytes``. They share one buffer, so copy an array if it
-must outlive or be isolated from the others.
+must outlive or be isolated from the others. A reader may receive into a
+:class:`RecvBuffer` reused from frame to frame (``into=``) instead of a fresh
+zero-filled buffer per frame; the arrays of a frame received that way are
+valid only until the next frame is received into the same buffer.
 
 Authentication and integrity live one level up: :mod:`trainer.transport.handshake`
 (mutual challenge/response, session keys) and :mod:`trainer.transport.session`
@@ -40,9 +43,10 @@ import secrets
 import socket
 import ssl
 import struct
+import sys
 import time
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -309,14 +313,71 @@ def decode_frame(data: bytes | bytearray | memoryview, max_body: int | None = No
 # -- sockets -----------------------------------------------------------------
 
 
-def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) -> bytearray:
-    """Receive exactly ``n`` bytes.
+class RecvBuffer:
+    """A receive buffer reused from frame to frame; it grows to the largest frame it received.
 
-    Raises ``ConnectionClosed`` on EOF (``mid_frame`` is False when EOF came
-    before the first byte), ``TransportTimeout`` when the socket timeout (or the
-    absolute ``time.monotonic()`` ``deadline``) expires.
+    Whatever was decoded from one frame is a view into it and is overwritten
+    by the next frame received into it: keep nothing past that, or copy it.
     """
-    buf = bytearray(n)
+
+    def __init__(self) -> None:
+        self._buf = bytearray()
+
+    def view(self, n: int) -> memoryview:
+        """A writable view of `n` bytes (a larger buffer replaces a smaller one; views of the old one stay valid)."""
+        if len(self._buf) < n:
+            self._buf = bytearray(n)
+        return memoryview(self._buf)[:n]
+
+    @property
+    def capacity(self) -> int:
+        return len(self._buf)
+
+
+class RecvPool(RecvBuffer):
+    """Receive buffers for a reader whose callers may keep what it decoded (a client's replies).
+
+    A buffer is reused only once nothing decoded from it is alive: every
+    array of a frame is a view that holds a reference to its buffer, so a
+    buffer referenced by this pool alone is free (CPython reference counts).
+    Otherwise another of the `slots` buffers is taken, or a fresh one made.
+    Callers never see a buffer reused under them; a worker that keeps its
+    last reply (its anchor) alternates between two buffers and allocates
+    nothing in the steady state.
+    """
+
+    def __init__(self, slots: int = 2) -> None:
+        super().__init__()
+        self._slots: list[bytearray] = []
+        self._size = max(1, int(slots))
+
+    def view(self, n: int) -> memoryview:
+        for buf in self._slots:
+            # The references: the list, this loop's variable and getrefcount's argument; a live view adds one.
+            if len(buf) >= n and sys.getrefcount(buf) <= 3:
+                return memoryview(buf)[:n]
+        buf = bytearray(n)
+        self._slots.append(buf)
+        if len(self._slots) > self._size:  # the oldest goes; views of it keep it alive as long as needed
+            self._slots.pop(0)
+        return memoryview(buf)[:n]
+
+    @property
+    def capacity(self) -> int:
+        return sum(len(b) for b in self._slots)
+
+
+def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None, into: RecvBuffer | None = None,
+               on_data: Callable[[int, memoryview], object] | None = None) -> bytearray | memoryview:  # fmt: skip
+    """Receive exactly ``n`` bytes, into a fresh ``bytearray`` or into `into` (a view of it, see `RecvPool`).
+
+    ``on_data(offset, chunk)`` sees every chunk as it arrives (a MAC is
+    computed while the rest is still on its way). Raises ``ConnectionClosed``
+    on EOF (``mid_frame`` is False when EOF came before the first byte),
+    ``TransportTimeout`` when the socket timeout (or the absolute
+    ``time.monotonic()`` ``deadline``) expires.
+    """
+    buf: bytearray | memoryview = bytearray(n) if into is None else into.view(n)
     view = memoryview(buf)
     got = 0
     while got < n:
@@ -333,17 +394,21 @@ def recv_exact(sock: socket.socket, n: int, *, deadline: float | None = None) ->
             raise ConnectionClosed(f"connection lost after {got} of {n} bytes: {exc}") from None
         if k == 0:
             raise ConnectionClosed(f"peer closed the connection after {got} of {n} bytes", mid_frame=got > 0)
+        if on_data is not None:
+            on_data(got, view[got:got + k])
         got += k
     return buf
 
 
 def read_frame(
-    sock: socket.socket, max_body: int | None, *, max_meta: int = MAX_META, deadline: float | None = None
+    sock: socket.socket, max_body: int | None, *, max_meta: int = MAX_META, deadline: float | None = None,
+    into: RecvBuffer | None = None,
 ) -> Frame:
     """Read and decode one frame; limits are checked before the body is allocated.
 
     ``deadline`` (``time.monotonic()`` based) bounds the whole frame, not just
     each ``recv``, so a peer trickling bytes cannot hold the reader forever.
+    ``into``: receive into that reused buffer (see `RecvBuffer`).
     """
     try:
         header = recv_exact(sock, HEADER_SIZE, deadline=deadline)
@@ -352,7 +417,7 @@ def read_frame(
             raise ConnectionClosed("peer closed the connection", mid_frame=False) from None
         raise
     msg, meta_len, body_len = decode_header(header, max_body, max_meta=max_meta)
-    rest = recv_exact(sock, meta_len + body_len, deadline=deadline) if meta_len + body_len else bytearray()
+    rest = recv_exact(sock, meta_len + body_len, deadline=deadline, into=into) if meta_len + body_len else bytearray()
     view = memoryview(rest)
     meta, arrays = decode_payload(view[:meta_len], view[meta_len:], max_body)
     return Frame(msg, meta, arrays, HEADER_SIZE + meta_len + body_len)

@@ -1,0 +1,132 @@
+"""Asynchronous commits of the parameter server: in place under the tensor locks, or replaced under its lock.
+
+`AsynchronousCommits` is a part of ``ParameterServer`` (a mixin, like
+``trainer.ps.rounds``): it uses the server's lock, counters, center,
+directives and records.
+
+* In place (the rule has ``server_apply``): `_commit_in_place` runs the
+  two-phase transaction of ``trainer.ps.center``. Under tensor 0's lock it
+  reads the staleness (the commit's place in the order), then computes every
+  tensor's new value into the connection's reply buffer and checks it finite;
+  with every tensor lock held it takes the next version and counts the
+  epoch's batches under the server's lock, then publishes. The reply is
+  encoded from the reply buffer (no copy) and sent after every lock is
+  released. The payload's values are not checked on their own: a NaN or inf
+  in them makes the result non-finite, and the refusal then names the
+  payload's array as before.
+* Replaced (any other asynchronous rule): ``server_commit`` under the
+  server's lock, its result frozen and checked, then swapped in.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+
+from trainer.ps.hygiene import center_problem, check_center, freeze
+from trainer.ps.records import UpdateRecord
+from trainer.transport.wire import Frame, Msg, encode, frame_size
+
+log = logging.getLogger("trainer.ps")
+
+
+class AsynchronousCommits:
+    """COMMITs of asynchronous rules (see the module docstring)."""
+
+    def _counted(self: Any, conn: Any, frame: Frame) -> tuple[bool, str | None]:
+        """(does this COMMIT count batches of an epoch, why its counts are malformed or None)."""
+        epoch, batches = frame.meta.get("epoch"), frame.meta.get("batches")
+        if batches is None:
+            return False, None
+        if type(batches) is int and batches >= 0 and type(epoch) is int and epoch >= 0:
+            return True, None
+        return True, (f"a COMMIT that counts 'batches' needs 'epoch' and 'batches' as ints >= 0, received "
+                      f"epoch={epoch!r:.20} and batches={batches!r:.20}")
+
+    def _commit_meta_locked(self: Any, conn: Any, frame: Frame, counted: bool, version: int,
+                            staleness: int) -> dict[str, Any]:  # fmt: skip
+        meta = {"version": version, "staleness": staleness, **self._directives}
+        if counted:
+            meta["epoch_batches"] = self._epoch_batches[(conn.attempt, frame.meta["epoch"])] + frame.meta["batches"]
+        return meta
+
+    def _applied_locked(self: Any, conn: Any, frame: Frame, meta: dict[str, Any], buffers: list) -> UpdateRecord:
+        """Count an applied commit (caller holds the lock): version, epoch batches, the update record."""
+        self._version = conn.last_version = meta["version"]
+        if "epoch_batches" in meta:
+            self._epoch_batches[(conn.attempt, frame.meta["epoch"])] = meta["epoch_batches"]
+        return self._record(conn, frame, meta["version"], meta["staleness"], frame_size(buffers), "commit")
+
+    def _commit_in_place(self: Any, conn: Any, frame: Frame) -> None:
+        """Apply a commit in place (``trainer.ps.center``: two-phase over the tensor locks) and reply from
+        the connection's reply buffer after every lock is released."""
+        counted, malformed = self._counted(conn, frame)
+        if malformed is not None:
+            self._reply_error(conn, malformed)
+            return
+        out, payload, per = self._reply_buffer(conn), frame.arrays, self._payload_arrays
+        center, apply = self._center.arrays, self._algorithm.server_apply
+        staleness = 0
+        buffers: list = []
+        record: UpdateRecord | None = None
+
+        def start() -> None:
+            nonlocal staleness
+            with self._lock:
+                staleness = self._version - conn.last_version
+
+        def step(i: int) -> str | None:
+            apply(center[i:i + 1], payload[per * i:per * (i + 1)], staleness, out[i:i + 1])
+            return center_problem(i, out[i], self._names)
+
+        def finish() -> None:
+            nonlocal buffers, record
+            with self._lock:
+                meta = self._commit_meta_locked(conn, frame, counted, self._version + 1, staleness)
+                buffers = encode(Msg.OK, meta, out)
+                record = self._applied_locked(conn, frame, meta, buffers)
+
+        try:
+            with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not printed
+                refused = self._center.apply(start, step, finish, out)
+        except Exception as exc:
+            log.exception("parameter server: server_apply failed")
+            self._send(conn, encode(Msg.ERROR, {"error": f"server_apply failed: {type(exc).__name__}: {exc}"}))
+            return
+        if refused is not None:  # a non-finite payload is named as such, an overflow by the center array
+            self._refuse_commit(conn, frame, *(self._check_commit(frame) or (refused, True)))
+            return
+        assert record is not None
+        self._notify(record)
+        self._send(conn, buffers)
+
+    def _commit_async(self: Any, conn: Any, frame: Frame) -> None:
+        """A rule without ``server_apply``: ``server_commit`` under the server's lock; the center is replaced."""
+        counted, malformed = self._counted(conn, frame)
+        if malformed is not None:
+            self._reply_error(conn, malformed)
+            return
+        with self._lock:
+            staleness = self._version - conn.last_version
+            record = refused = None
+            try:
+                new_center, reply = self._algorithm.server_commit(list(self._center.arrays), frame.arrays, staleness)
+                new_center = freeze(new_center)
+                refused = check_center(new_center, self._names)
+                meta = self._commit_meta_locked(conn, frame, counted, self._version + 1, staleness)
+                buffers = encode(Msg.OK, meta, reply)
+            except Exception as exc:
+                log.exception("parameter server: server_commit failed")
+                buffers = encode(Msg.ERROR, {"error": f"server_commit failed: {type(exc).__name__}: {exc}"})
+            else:
+                if refused is None:
+                    self._center.arrays = new_center
+                    record = self._applied_locked(conn, frame, meta, buffers)
+        if refused is not None:
+            self._refuse_commit(conn, frame, refused, diverged=True)
+            return
+        if record is not None:
+            self._notify(record)
+        self._send(conn, buffers)
