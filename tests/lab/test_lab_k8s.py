@@ -161,10 +161,10 @@ def test_shared_claim_is_mounted_by_workers_and_jupyter(rendered):
 
 
 def test_mlflow_server_is_the_tracking_uri_of_the_lab(rendered):
-    """Jupyter logs to the Service `mlflow`; the server gets no secret and no service links (MLFLOW_PORT)."""
+    """Jupyter logs to the Service `mlflow`; the server gets no secret; no service links (MLFLOW_PORT)."""
     name, _, docs = rendered
-    (config,) = by_kind(docs, "ConfigMap").values()
-    uri = config["data"]["MLFLOW_TRACKING_URI"]
+    jupyter = pod_specs(docs)["jupyter"]["containers"][0]
+    uri = {e["name"]: e.get("value") for e in jupyter["env"]}["MLFLOW_TRACKING_URI"]
     service = by_kind(docs, "Service")["mlflow"]["spec"]
     assert uri == f"http://mlflow:{service['ports'][0]['port']}" == "http://mlflow:5000", uri
     deployment = by_kind(docs, "Deployment")["mlflow"]
@@ -186,10 +186,9 @@ def test_mlflow_server_is_the_tracking_uri_of_the_lab(rendered):
         assert pod_specs(docs)[pod_name]["enableServiceLinks"] is False, (
             f"{name}:{pod_name}: the Service `mlflow` would set MLFLOW_PORT=tcp://..., which MLflow's CLI reads"
         )
-    jupyter = pod_specs(docs)["jupyter"]["containers"][0]
-    assert {"configMapRef": {"name": next(iter(by_kind(docs, "ConfigMap")))}} in jupyter["envFrom"], (
-        "Jupyter gets MLFLOW_TRACKING_URI from lab-config"
-    )
+    (config,) = by_kind(docs, "ConfigMap").values()
+    assert "MLFLOW_TRACKING_URI" not in config["data"], "the master and the workers log nothing (as in compose)"
+    assert config["data"]["MLFLOW_LOCAL_HOSTNAMES"] == ""
 
 
 def test_gpu_limit_only_in_the_gpu_overlay(rendered):
@@ -265,7 +264,7 @@ def test_network_policies_admit_only_the_labs_pods(rendered):
         "spark-master": {int(data["SPARK_MASTER_PORT"]), int(data["SPARK_MASTER_WEBUI_PORT"])},
         "jupyter": {int(data["SPARK_DRIVER_PORT"]), int(data["SPARK_BLOCKMANAGER_PORT"]), *range(ps, ps + 10)},
         "spark-worker": None,  # worker RPC and executor block managers use ephemeral ports
-        "mlflow": {int(data["MLFLOW_TRACKING_URI"].rsplit(":", 1)[1])},  # Jupyter's fits log there
+        "mlflow": {5000},  # Jupyter's fits log there (http://mlflow:5000)
     }
     pods = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
             for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
