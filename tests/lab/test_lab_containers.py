@@ -449,14 +449,15 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
 
     The killed container stays down (Docker does not restart a killed container), so the
     job's retry waits --retry-timeout for the lost slot, then goes on with the 2 workers
-    left from the parameter server's weights, and still writes its results.
+    left from the parameter server's weights, and still writes its results. With --mlflow
+    it logs them to the lab's MLflow server too (MLFLOW_TRACKING_URI of the submit container).
     """
     if not (REPO / "jobs" / "mnist.py").exists():
         pytest.fail("jobs/mnist.py does not exist yet: `make submit JOB=mnist` has nothing to run")
     checkpoint = "/checkpoints/lab-kill/cnn-3w/checkpoint.npz"
     lab.exec("jupyter", "rm", "-rf", "/checkpoints/lab-kill", check=False)
     args = (f"ARGS=--limit 3000 --epochs 3 --workers {LAB_WORKERS} --no-baseline "
-            "--checkpoint-dir /checkpoints/lab-kill --retry-timeout 20")
+            "--checkpoint-dir /checkpoints/lab-kill --retry-timeout 20 --mlflow")
     ARTIFACTS.mkdir(exist_ok=True)
     log = (ARTIFACTS / "lab-submit.log").open("w")
     submit = subprocess.Popen(["make", "--no-print-directory", "submit", "JOB=mnist", args], env=lab.env,
@@ -484,6 +485,16 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
     (row,) = json.loads(next(copied.rglob("mnist.json")).read_text())["rows"]
     assert row["workers"] == LAB_WORKERS and row["retries"] >= 1, row
     assert row["metric_value"] > 0.5, f"accuracy {row['metric_value']} after the kill"
+    status, body = http_post_json(f"{lab.mlflow_url}/api/2.0/mlflow/runs/search",
+                                  {"experiment_ids": ["0"], "filter": "tags.`trainer.job` = 'mnist'"})
+    assert status == 200, body[:300]
+    (logged,) = json.loads(body).get("runs", [None])
+    assert logged is not None and logged["info"]["status"] == "FINISHED", f"no finished mnist run in MLflow: {body[:300]}"
+    params = {p["key"]: p["value"] for p in logged["data"]["params"]}
+    assert float(params["retry_timeout"]) == 20 and params["workers"] == str(LAB_WORKERS), params
+    metrics = {m["key"]: m["value"] for m in logged["data"]["metrics"]}
+    accuracy = [v for k, v in metrics.items() if k.endswith(f".{LAB_WORKERS}w.metric_value")]
+    assert accuracy == [pytest.approx(row["metric_value"])], f"the run's metrics differ from the results: {metrics}"
 
 
 def chromium(*args: str) -> subprocess.CompletedProcess:
