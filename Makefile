@@ -178,18 +178,18 @@ up: ## start master, WORKERS workers, Jupyter and MLflow; returns when WORKERS w
 	ml=$$($(LAB_COMPOSE) port mlflow 5000 | sed 's/^0\.0\.0\.0:/127.0.0.1:/'); \
 	echo "lab up in $${SECONDS}s with $(WORKERS) ALIVE worker(s)"; \
 	echo "  Spark UI: http://$$ui"; \
-	echo "  MLflow:   http://$$ml  (no login; notebooks and jobs log to it)"; \
 	if [ -n "$${JUPYTER_TOKEN:-}" ]; then echo "  Jupyter:  http://$$nb/lab  (token: your JUPYTER_TOKEN)"; \
 	elif [ -n "$$generated" ]; then \
 	    echo "  Jupyter:  http://$$nb/lab?token=$$(compose/lab-secrets.sh get $(LAB_SECRETS) JUPYTER_TOKEN)"; \
 	    echo "  (the new token is shown this once; it stays in $(LAB_SECRETS))"; \
 	else echo "  Jupyter:  http://$$nb/lab  (token: JUPYTER_TOKEN in $(LAB_SECRETS))"; fi; \
+	echo "  MLflow:   http://$$ml  (no login; notebooks and jobs log to it)"; \
 	case "$$nb" in 127.*|localhost:*) ;; *) echo "  Jupyter answers only to loopback addresses, localhost and" \
 	    "the names in JUPYTER_LOCAL_HOSTNAMES ($${JUPYTER_LOCAL_HOSTNAMES:-none}): browse via one of them (docs/lab.md)";; esac; \
 	case "$$ml" in 127.*|localhost:*) ;; *) echo "  MLflow answers only to loopback addresses, localhost and" \
 	    "the names in MLFLOW_LOCAL_HOSTNAMES ($${MLFLOW_LOCAL_HOSTNAMES:-none}); it has no login (docs/security.md)";; esac
 
-down: ## stop the lab: no containers or networks left (PURGE=1 also deletes the data/checkpoints/results volumes)
+down: ## stop the lab: no containers or networks left (PURGE=1 also deletes the data/checkpoints/results/mlflow volumes)
 	$(LAB_COMPOSE) --profile tools down --remove-orphans $(if $(PURGE),--volumes)
 
 ps: ## list the lab's containers

@@ -209,7 +209,7 @@ case "$role" in
                 continue
             fi
             hosts+=",$name,$name:*"
-            origins+="${origins:+,}http://$name,http://$name:*"
+            origins+="${origins:+,}http://$name,http://$name:*,https://$name,https://$name:*"
         done
         # No GenAI job runner (huey) and no telemetry in an offline lab; one worker process on a small machine.
         export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
