@@ -198,7 +198,8 @@ def test_mlflow_refuses_host_names_and_origins_that_are_not_local(lab):
         status, body = http_get(url, headers={"Host": host})
         assert status == 200 and "experiments" in json.loads(body), f"Host {host} must be accepted: {body[:200]}"
     search = f"{lab.mlflow_url}/api/2.0/mlflow/experiments/search"
-    for origin, expected in (("http://evil.example", 403), (f"http://{LAB_HOSTNAME}:{port}", 200),
+    for origin, expected in (("http://evil.example", 403), (f"http://{LAB_HOSTNAME}.evil.example", 403),
+                             (f"http://{LAB_HOSTNAME}:{port}", 200), (f"https://{LAB_HOSTNAME}", 200),
                              (f"http://127.0.0.1:{port}", 200)):
         status, body = http_post_json(search, {"max_results": 1}, headers={"Origin": origin})
         assert status == expected, f"POST with Origin {origin}: expected {expected}, got {status}: {body[:200]}"
