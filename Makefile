@@ -21,7 +21,7 @@ SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core bench-ps clean lock dist
+.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core bench-ps clean lock lock-mlflow-server dist
 
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,7 +39,7 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 
 venv: $(VENV)/.installed ## create the virtualenv with the pinned dependencies (constraints.txt)
 
-lock: venv ## regenerate constraints.txt and requirements/matrix-*.txt from pyproject.toml's ranges (uv)
+lock: venv ## regenerate constraints.txt, requirements/matrix-*.txt and mlflow-server.txt from the ranges (uv)
 	$(PIP) install --quiet -c $(CONSTRAINTS) uv
 	$(VENV)/bin/uv pip compile --quiet pyproject.toml --all-extras --python-version 3.11 \
 	    --python-platform x86_64-unknown-linux-gnu --no-header --output-file $(CONSTRAINTS).tmp
@@ -50,6 +50,17 @@ lock: venv ## regenerate constraints.txt and requirements/matrix-*.txt from pypr
 	    $(VENV)/bin/uv pip compile --quiet pyproject.toml --extra tf --extra data --extra test -c $$in \
 	        --python-version $${py:-3.11} --python-platform x86_64-unknown-linux-gnu --no-header \
 	        --output-file $${in%.in}.txt; done
+	$(MAKE) --no-print-directory lock-mlflow-server
+
+lock-mlflow-server: venv ## regenerate requirements/mlflow-server.txt (the lab's MLflow server venv) at constraints.txt's MLflow version
+	$(PIP) install --quiet -c $(CONSTRAINTS) uv
+	@version=$$(sed -n 's/^mlflow-skinny==//p' $(CONSTRAINTS)); \
+	[ -n "$$version" ] || { echo "no mlflow-skinny pin in $(CONSTRAINTS): run make lock"; exit 1; }; \
+	pin=$$(mktemp); trap 'rm -f "$$pin"' EXIT; echo "mlflow==$$version" >"$$pin"; \
+	$(VENV)/bin/uv pip compile --quiet requirements/mlflow-server.in -c "$$pin" --python-version 3.11 \
+	    --python-platform x86_64-unknown-linux-gnu --no-header --output-file requirements/mlflow-server.txt; \
+	sed -i "s|-c $$pin|-c mlflow-skinny==$$version in $(CONSTRAINTS)|" requirements/mlflow-server.txt; \
+	echo "requirements/mlflow-server.txt: mlflow==$$version"
 
 dist: venv ## build the wheel and the sdist into dist/
 	rm -rf dist build
@@ -88,7 +99,7 @@ clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./d
 	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info dist build .matrix
 
 ##@ Lab (containers) -- owned by the lab section below
-# One image (images/Dockerfile) runs every role: master, worker, jupyter, submit.
+# One image (images/Dockerfile) runs every role: master, worker, jupyter, submit, mlflow.
 # Compose v1 (docker-compose 1.29) and v2 (docker compose) both work; no registry
 # is needed: `base-image` builds Debian bookworm locally with debootstrap.
 DOCKER        ?= docker
@@ -146,7 +157,7 @@ build-image: # the build itself, without the lock (use `make build`)
 	$(DOCKER) build -f images/Dockerfile --build-arg BASE_IMAGE=$(BASE_IMAGE) --build-arg variant=$(VARIANT) -t $(LAB_IMAGE) . ; \
 	echo "built $(LAB_IMAGE) in $${SECONDS}s: $$($(DOCKER) image inspect -f '{{.Size}}' $(LAB_IMAGE) | awk '{printf "%.2f GB", $$1/1e9}')"
 
-up: ## start master, WORKERS workers and Jupyter; returns when WORKERS workers are ALIVE, then prints the URLs
+up: ## start master, WORKERS workers, Jupyter and MLflow; returns when WORKERS workers are ALIVE, then prints the URLs
 	@$(DOCKER) image inspect $(LAB_IMAGE) >/dev/null 2>&1 || $(MAKE) --no-print-directory build
 	@generated=$$(compose/lab-secrets.sh ensure $(LAB_SECRETS)); \
 	if [ -n "$$generated" ]; then \
@@ -160,8 +171,11 @@ up: ## start master, WORKERS workers and Jupyter; returns when WORKERS workers a
 	    echo "make up: $(WORKERS) worker(s) did not become ALIVE within $(UP_MAX_TRIES) tries; see the logs above (make logs)"; exit 1; fi; \
 	$(LAB_COMPOSE) exec -T jupyter entrypoint.sh wait-url http://localhost:8888/api $(UP_MAX_TRIES) \
 	    || { $(LAB_COMPOSE) logs --tail=30 jupyter; echo "make up: Jupyter did not answer"; exit 1; }; \
+	$(LAB_COMPOSE) exec -T mlflow entrypoint.sh wait-url http://localhost:5000/health $(UP_MAX_TRIES) \
+	    || { $(LAB_COMPOSE) logs --tail=30 mlflow; echo "make up: MLflow did not answer"; exit 1; }; \
 	ui=$$($(LAB_COMPOSE) port master 8080 | sed 's/^0\.0\.0\.0:/127.0.0.1:/'); \
 	nb=$$($(LAB_COMPOSE) port jupyter 8888 | sed 's/^0\.0\.0\.0:/127.0.0.1:/'); \
+	ml=$$($(LAB_COMPOSE) port mlflow 5000 | sed 's/^0\.0\.0\.0:/127.0.0.1:/'); \
 	echo "lab up in $${SECONDS}s with $(WORKERS) ALIVE worker(s)"; \
 	echo "  Spark UI: http://$$ui"; \
 	if [ -n "$${JUPYTER_TOKEN:-}" ]; then echo "  Jupyter:  http://$$nb/lab  (token: your JUPYTER_TOKEN)"; \
@@ -169,10 +183,13 @@ up: ## start master, WORKERS workers and Jupyter; returns when WORKERS workers a
 	    echo "  Jupyter:  http://$$nb/lab?token=$$(compose/lab-secrets.sh get $(LAB_SECRETS) JUPYTER_TOKEN)"; \
 	    echo "  (the new token is shown this once; it stays in $(LAB_SECRETS))"; \
 	else echo "  Jupyter:  http://$$nb/lab  (token: JUPYTER_TOKEN in $(LAB_SECRETS))"; fi; \
+	echo "  MLflow:   http://$$ml  (no login; notebooks and jobs log to it)"; \
 	case "$$nb" in 127.*|localhost:*) ;; *) echo "  Jupyter answers only to loopback addresses, localhost and" \
-	    "the names in JUPYTER_LOCAL_HOSTNAMES ($${JUPYTER_LOCAL_HOSTNAMES:-none}): browse via one of them (docs/lab.md)";; esac
+	    "the names in JUPYTER_LOCAL_HOSTNAMES ($${JUPYTER_LOCAL_HOSTNAMES:-none}): browse via one of them (docs/lab.md)";; esac; \
+	case "$$ml" in 127.*|localhost:*) ;; *) echo "  MLflow answers only to loopback addresses, localhost and" \
+	    "the names in MLFLOW_LOCAL_HOSTNAMES ($${MLFLOW_LOCAL_HOSTNAMES:-none}); it has no login (docs/security.md)";; esac
 
-down: ## stop the lab: no containers or networks left (PURGE=1 also deletes the data/checkpoints/results volumes)
+down: ## stop the lab: no containers or networks left (PURGE=1 also deletes the data/checkpoints/results/mlflow volumes)
 	$(LAB_COMPOSE) --profile tools down --remove-orphans $(if $(PURGE),--volumes)
 
 ps: ## list the lab's containers

@@ -5,6 +5,9 @@
 #   worker [MASTER_URL]    Spark standalone worker; cores/memory from SPARK_WORKER_CORES/_MEMORY
 #   jupyter                JupyterLab, a Spark driver the executors can reach (spark.driver.host)
 #   submit JOB [ARGS...]   run jobs/JOB.py (python) against $SPARK_MASTER_URL, e.g. `submit mnist --epochs 1`
+#   mlflow [ARGS...]       the MLflow tracking server (UI + REST API) on $MLFLOW_SERVER_PORT (5000): SQLite store
+#                          and artifacts under $MLFLOW_DATA_DIR (/mlflow); answers only Host headers that are
+#                          loopback, localhost, `mlflow` (the lab's service name) or in MLFLOW_LOCAL_HOSTNAMES
 #   wait-workers N [S]     poll the master's JSON until N workers are ALIVE (at most S tries, 1 s apart)
 #   wait-url URL [S]       poll URL until it answers 2xx (at most S tries, 1 s apart)
 #   anything else          exec'd as is (bash, python, spark-submit ...)
@@ -15,7 +18,8 @@
 # environment (SPARK_DRIVER_* variables, SPARK_AUTH_SECRET and SPARK_CONF), so
 # compose and Kubernetes configure Spark through env vars only. The Spark roles
 # (master, worker, jupyter, submit) refuse to start without SPARK_AUTH_SECRET
-# unless SPARK_AUTHENTICATE=false says so (docs/security.md).
+# unless SPARK_AUTHENTICATE=false says so (docs/security.md). The `mlflow` role
+# needs no secret and gets none.
 set -eo pipefail
 
 SPARK_MASTER_PORT="${SPARK_MASTER_PORT:-7077}"
@@ -24,6 +28,10 @@ SPARK_MASTER_URL="${SPARK_MASTER_URL:-spark://master:${SPARK_MASTER_PORT}}"
 SPARK_WORKER_WEBUI_PORT="${SPARK_WORKER_WEBUI_PORT:-8081}"
 JUPYTER_PORT="${JUPYTER_PORT:-8888}"
 TRAINER_JOBS_DIR="${TRAINER_JOBS_DIR:-/opt/trainer/jobs}"
+MLFLOW_SERVER_PORT="${MLFLOW_SERVER_PORT:-5000}"
+MLFLOW_DATA_DIR="${MLFLOW_DATA_DIR:-/mlflow}"
+# The full mlflow of the server's own venv (images/Dockerfile); the other roles use /opt/venv's.
+MLFLOW_SERVER_BIN="${MLFLOW_SERVER_BIN:-/opt/mlflow/bin/mlflow}"
 
 log() { echo "entrypoint: $*" >&2; }
 
@@ -172,6 +180,49 @@ case "$role" in
         [[ " ${args[*]} " == *" --master "* || " ${args[*]} " == *" --master="* ]] || args=(--master "$SPARK_MASTER_URL" "${args[@]}")
         run python "$script" "${args[@]}"
         ;;
+    mlflow)
+        shift
+        # Nothing of Spark's or Jupyter's is needed here (compose gives none; be sure).
+        unset SPARK_AUTH_SECRET JUPYTER_TOKEN
+        if [[ ! "$MLFLOW_SERVER_PORT" =~ ^[0-9]+$ ]]; then
+            # Kubernetes' service links would set MLFLOW_PORT=tcp://IP:5000 (the pods set enableServiceLinks: false).
+            log "MLFLOW_SERVER_PORT must be a port number, got '$MLFLOW_SERVER_PORT'"
+            exit 2
+        fi
+        if [ ! -x "$MLFLOW_SERVER_BIN" ]; then
+            log "no MLflow server at $MLFLOW_SERVER_BIN: the image installs the full mlflow there (images/Dockerfile)"
+            exit 2
+        fi
+        mkdir -p "$MLFLOW_DATA_DIR/artifacts" || {
+            log "cannot write $MLFLOW_DATA_DIR as UID $(id -u): mount a volume there that UID 185 may write"
+            exit 2
+        }
+        # Host header check (DNS rebinding): loopback names on any port (the published port is the host's
+        # choice), `mlflow` on the server's port (the lab's service name, what MLFLOW_TRACKING_URI names), and
+        # the names a browser may use (MLFLOW_LOCAL_HOSTNAMES, space- or comma-separated), which are also
+        # the origins allowed to POST from a browser (MLflow admits the loopback origins itself).
+        hosts="localhost,localhost:*,127.0.0.1,127.0.0.1:*,[::1],[[]::1]:*,mlflow,mlflow:$MLFLOW_SERVER_PORT"
+        origins=""
+        for name in ${MLFLOW_LOCAL_HOSTNAMES//,/ }; do
+            if [[ ! "$name" =~ ^[A-Za-z0-9.-]+$ ]]; then
+                log "ignoring MLFLOW_LOCAL_HOSTNAMES entry '$name': expected a host name (letters, digits, '.', '-')"
+                continue
+            fi
+            hosts+=",$name,$name:*"
+            origins+="${origins:+,}http://$name,http://$name:*,https://$name,https://$name:*"
+        done
+        # No GenAI job runner (huey) and no telemetry in an offline lab; one worker process on a small machine.
+        export MLFLOW_SERVER_ENABLE_JOB_EXECUTION="${MLFLOW_SERVER_ENABLE_JOB_EXECUTION:-false}"
+        export MLFLOW_DISABLE_TELEMETRY="${MLFLOW_DISABLE_TELEMETRY:-true}"
+        CMD=("$MLFLOW_SERVER_BIN" server
+            --host 0.0.0.0 --port "$MLFLOW_SERVER_PORT" --workers "${MLFLOW_WORKERS:-1}"
+            --backend-store-uri "sqlite:///$MLFLOW_DATA_DIR/mlflow.db"
+            --serve-artifacts --artifacts-destination "$MLFLOW_DATA_DIR/artifacts"
+            --allowed-hosts "$hosts")
+        [ -n "$origins" ] && CMD+=(--cors-allowed-origins "$origins")
+        CMD+=("$@")
+        run "${CMD[@]}"
+        ;;
     wait-workers)
         shift
         want="${1:?usage: wait-workers N [MAX_SECONDS]}"
@@ -206,7 +257,7 @@ case "$role" in
         exit 1
         ;;
     "")
-        log "usage: master | worker [spark://HOST:PORT] | jupyter | submit JOB [ARGS] | wait-workers N [S] | wait-url URL [S] | COMMAND..."
+        log "usage: master | worker [spark://HOST:PORT] | jupyter | submit JOB [ARGS] | mlflow [ARGS] | wait-workers N [S] | wait-url URL [S] | COMMAND..."
         exit 2
         ;;
     *)

@@ -2,7 +2,8 @@
 
 The container tests drive the lab exactly as a user does (`make build`,
 `make up WORKERS=3`, `make submit`, `make down`), under a project name and host
-ports of their own so that they never touch a lab a developer has running.
+ports of their own so that they never touch a lab a developer has running
+(LAB_TEST_PROJECT names the project, for two checkouts sharing one engine).
 
 A missing tool (Docker engine, kubectl, chromium, a validator) skips the tests
 that need it on a developer's machine, with the reason; under CI (env var `CI`
@@ -46,8 +47,10 @@ def lab_env(tmp_path_factory) -> dict[str, str]:
         LAB_SECRETS=str(out / "lab-secrets.env"),
         SPARK_UI_PORT=str(free_port()),
         JUPYTER_HOST_PORT=str(free_port()),
+        MLFLOW_HOST_PORT=str(free_port()),
         JUPYTER_TOKEN=secrets.token_hex(12),
         JUPYTER_LOCAL_HOSTNAMES=LAB_HOSTNAME,
+        MLFLOW_LOCAL_HOSTNAMES=LAB_HOSTNAME,
         OUT=str(out),
     )
     return env

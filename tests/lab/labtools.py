@@ -15,7 +15,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-LAB_PROJECT = "trainer-lab-test"
+# The compose project of the test lab; LAB_TEST_PROJECT gives a checkout its own (two test runs on one engine).
+LAB_PROJECT = os.environ.get("LAB_TEST_PROJECT") or "trainer-lab-test"
 LAB_WORKERS = 3
 # A host name the test lab's Jupyter accepts besides localhost (JUPYTER_LOCAL_HOSTNAMES).
 LAB_HOSTNAME = "lab-test.example"
@@ -93,6 +94,10 @@ class Lab:
     @property
     def jupyter_url(self) -> str:
         return f"http://127.0.0.1:{self.env['JUPYTER_HOST_PORT']}"
+
+    @property
+    def mlflow_url(self) -> str:
+        return f"http://127.0.0.1:{self.env['MLFLOW_HOST_PORT']}"
 
     @property
     def token(self) -> str:

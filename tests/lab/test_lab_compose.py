@@ -14,6 +14,9 @@ from .labtools import REPO, require_tool, run
 COMPOSE = REPO / "compose" / "compose.yaml"
 GPU = REPO / "compose" / "gpu.yaml"
 SPARK_ROLES = ("master", "worker", "jupyter", "submit")
+SERVICES = (*SPARK_ROLES, "mlflow")
+DRIVERS = ("jupyter", "submit")
+TRACKING_URI = "http://mlflow:5000"
 
 
 @pytest.fixture(scope="module")
@@ -49,19 +52,24 @@ def test_docker_compose_config_accepts_the_files(files):
     env = {"PATH": os.environ["PATH"], "SPARK_AUTH_SECRET": "s" * 32, "JUPYTER_TOKEN": "t" * 24}
     out = run(["docker-compose", "-p", "trainer-lab", *args, "config"], env=env).stdout
     config = yaml.safe_load(out)
-    assert set(config["services"]) == set(SPARK_ROLES)
+    assert set(config["services"]) == set(SERVICES)
     # The resolved file (merge keys, overrides) keeps the hardening and the secrets.
     for name, svc in config["services"].items():
         assert svc["cap_drop"] == ["ALL"] and svc["security_opt"] == ["no-new-privileges:true"], name
-        assert svc["environment"]["SPARK_AUTH_SECRET"] == "s" * 32, name
+        if name in SPARK_ROLES:
+            assert svc["environment"]["SPARK_AUTH_SECRET"] == "s" * 32, name
+        else:
+            assert "s" * 32 not in str(svc) and "t" * 24 not in str(svc), f"{name} gets no secret"
         assert all(":7077" not in str(p) for p in svc.get("ports", [])), name
     assert config["services"]["jupyter"]["environment"]["JUPYTER_TOKEN"] == "t" * 24
+    for name in DRIVERS:  # merged from the x-driver-env anchor, also under the GPU override
+        assert config["services"][name]["environment"]["MLFLOW_TRACKING_URI"] == TRACKING_URI, name
 
 
 def test_services_share_one_image(spec):
     images = {name: svc["image"] for name, svc in spec["services"].items()}
     assert len(set(images.values())) == 1, f"every role must run the same image: {images}"
-    assert {svc["command"][0] for svc in spec["services"].values()} == {"master", "worker", "jupyter", "submit"}
+    assert {svc["command"][0] for svc in spec["services"].values()} == set(SERVICES)
 
 
 def test_worker_service_can_scale(spec):
@@ -75,14 +83,19 @@ def test_worker_service_can_scale(spec):
     assert env["SPARK_WORKER_MEMORY"].startswith("${WORKER_MEMORY")
 
 
-def test_master_and_jupyter_publish_their_uis_only(spec):
+def test_master_jupyter_and_mlflow_publish_their_uis_only(spec):
     master_ports = spec["services"]["master"]["ports"]
     assert master_ports == ["${LAB_BIND:-127.0.0.1}:${SPARK_UI_PORT:-8080}:8080"], (
         "the master publishes its UI only: RPC 7077 must stay inside the lab network"
     )
     assert spec["services"]["jupyter"]["ports"] == ["${LAB_BIND:-127.0.0.1}:${JUPYTER_HOST_PORT:-8888}:8888"]
+    assert spec["services"]["mlflow"]["ports"] == ["${LAB_BIND:-127.0.0.1}:${MLFLOW_HOST_PORT:-5000}:5000"], (
+        "the MLflow UI is published on LAB_BIND like the other UIs"
+    )
     published = {name for name, svc in spec["services"].items() if svc.get("ports")}
-    assert published == {"master", "jupyter"}, "workers and submit publish nothing"
+    assert published == {"master", "jupyter", "mlflow"}, "workers and submit publish nothing"
+    example = (REPO / "compose" / ".env.example").read_text()
+    assert "MLFLOW_HOST_PORT=5000" in example and "MLFLOW_LOCAL_HOSTNAMES=" in example
     assert "7077" not in (REPO / "compose" / ".env.example").read_text(), "SPARK_RPC_PORT is gone"
 
 
@@ -112,7 +125,7 @@ def test_spark_roles_get_the_secret_and_only_jupyter_the_token(spec):
 
 
 def test_every_long_running_service_has_a_healthcheck(spec):
-    for name in ("master", "worker", "jupyter"):
+    for name in ("master", "worker", "jupyter", "mlflow"):
         check = spec["services"][name].get("healthcheck")
         assert check and check["test"][0] == "CMD", f"{name} needs a healthcheck"
 
@@ -127,10 +140,29 @@ def test_jupyter_is_a_driver_the_executors_reach(spec):
 
 
 def test_shared_volumes_for_data_checkpoints_results(spec):
-    assert set(spec["volumes"]) == {"data", "checkpoints", "results"}
+    assert set(spec["volumes"]) == {"data", "checkpoints", "results", "mlflow"}
     for name in ("worker", "jupyter", "submit"):
         mounts = spec["services"][name]["volumes"]
         assert {"data:/data", "checkpoints:/checkpoints", "results:/results"} <= set(mounts), name
+        assert not any(m.startswith("mlflow:") for m in mounts), f"{name}: artifacts go through the MLflow server"
+    assert spec["services"]["mlflow"]["volumes"] == ["mlflow:/mlflow"], "MLflow keeps its store on a volume of its own"
+
+
+def test_mlflow_is_the_labs_tracking_server(spec):
+    """Drivers log to http://mlflow:5000 by default; the server needs no secret and starts before them."""
+    mlflow = spec["services"]["mlflow"]
+    assert mlflow["command"] == ["mlflow"] and mlflow["hostname"] == "mlflow"
+    assert mlflow["restart"] == "unless-stopped"
+    assert "/health" in " ".join(mlflow["healthcheck"]["test"])
+    assert mlflow["environment"] == {"MLFLOW_LOCAL_HOSTNAMES": "${MLFLOW_LOCAL_HOSTNAMES:-}"}, (
+        "MLflow gets neither the Spark secret nor the Jupyter token"
+    )
+    for name in DRIVERS:
+        svc = spec["services"][name]
+        assert svc["environment"]["MLFLOW_TRACKING_URI"] == TRACKING_URI, f"{name} logs to the lab's server"
+        assert "mlflow" in svc["depends_on"], f"{name} starts the server with it"
+    for name in ("master", "worker"):
+        assert "MLFLOW_TRACKING_URI" not in spec["services"][name]["environment"], f"{name} logs nothing"
 
 
 def test_submit_is_a_one_off_tool(spec):

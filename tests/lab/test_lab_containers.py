@@ -9,6 +9,7 @@ test-artifacts/.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import tempfile
@@ -28,6 +29,16 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2700)]
 def http_get(url: str, timeout: float = 10, headers: dict | None = None) -> tuple[int, str]:
     try:
         with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+
+
+def http_post_json(url: str, payload: dict, timeout: float = 10, headers: dict | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
             return resp.status, resp.read().decode("utf-8", "replace")
     except urllib.error.HTTPError as err:
         return err.code, err.read().decode("utf-8", "replace")
@@ -86,6 +97,7 @@ def test_submit_unknown_job_names_the_available_ones(lab_image):
 def test_make_up_generates_the_secrets_once_and_prints_the_urls(lab):
     assert f"{LAB_WORKERS} ALIVE worker(s)" in lab.up_output
     assert f"Spark UI: {lab.ui_url}" in lab.up_output
+    assert f"MLflow:   {lab.mlflow_url}  (no login" in lab.up_output
     assert "generated a Jupyter token and a Spark secret" in lab.up_output, "the first `make up` creates the file"
     # The test's JUPYTER_TOKEN (environment) wins over the generated one, so no token is printed.
     assert f"Jupyter:  {lab.jupyter_url}/lab  (token: your JUPYTER_TOKEN)" in lab.up_output
@@ -105,10 +117,16 @@ def test_master_rpc_port_is_not_published_on_the_host(lab):
     published = json.loads(run(inspect).stdout)
     assert published.get("7077/tcp") is None, f"the master's RPC port must stay inside the lab network: {published}"
     assert published["8080/tcp"][0]["HostIp"] == "127.0.0.1", "the UI is published on LAB_BIND only"
+    inspect[-1] = lab.container_id("mlflow")
+    published = json.loads(run(inspect).stdout)
+    bindings = [(p["HostIp"], p["HostPort"]) for p in published["5000/tcp"]]
+    assert bindings == [("127.0.0.1", lab.env["MLFLOW_HOST_PORT"])], (
+        f"the MLflow UI is published on LAB_BIND only, on MLFLOW_HOST_PORT: {published}"
+    )
 
 
 def test_lab_containers_run_as_uid_185_under_tini_without_capabilities(lab):
-    for name, cid in lab.container_ids("master", "worker", "jupyter").items():
+    for name, cid in lab.container_ids("master", "worker", "jupyter", "mlflow").items():
         info = json.loads(run(["docker", "inspect", cid]).stdout)[0]
         assert info["HostConfig"]["CapDrop"] == ["ALL"] and not info["HostConfig"]["CapAdd"], name
         assert "no-new-privileges:true" in info["HostConfig"]["SecurityOpt"], name
@@ -163,6 +181,34 @@ def test_jupyter_refuses_host_names_that_are_not_local(lab):
     for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"{LAB_HOSTNAME}:{port}"):
         status, body = http_get(url, headers={"Host": host})
         assert status == 200, f"Host {host} must be accepted (JUPYTER_LOCAL_HOSTNAMES={LAB_HOSTNAME}): {body[:200]}"
+
+
+def test_mlflow_refuses_host_names_and_origins_that_are_not_local(lab):
+    """MLflow has no login; its Host check (DNS rebinding) and its cross-origin check are what a browser meets.
+
+    The API answers loopback names, `mlflow` (inside the lab) and MLFLOW_LOCAL_HOSTNAMES; any other Host gets
+    403. A state-changing request from another site's page (its Origin) gets 403 too.
+    """
+    port = lab.env["MLFLOW_HOST_PORT"]
+    url = f"{lab.mlflow_url}/api/2.0/mlflow/experiments/search?max_results=5"
+    for host in (f"evil.example:{port}", f"mlflow.evil.example:{port}", f"192.0.2.7:{port}", f"10.1.2.3:{port}"):
+        status, body = http_get(url, headers={"Host": host})
+        assert status == 403 and "DNS rebinding" in body, f"Host {host} must be refused, got {status}: {body[:200]}"
+    for host in (f"127.0.0.1:{port}", f"localhost:{port}", f"{LAB_HOSTNAME}:{port}"):
+        status, body = http_get(url, headers={"Host": host})
+        assert status == 200 and "experiments" in json.loads(body), f"Host {host} must be accepted: {body[:200]}"
+    search = f"{lab.mlflow_url}/api/2.0/mlflow/experiments/search"
+    for origin, expected in (("http://evil.example", 403), (f"http://{LAB_HOSTNAME}.evil.example", 403),
+                             (f"http://{LAB_HOSTNAME}:{port}", 200), (f"https://{LAB_HOSTNAME}", 200),
+                             (f"http://127.0.0.1:{port}", 200)):
+        status, body = http_post_json(search, {"max_results": 1}, headers={"Origin": origin})
+        assert status == expected, f"POST with Origin {origin}: expected {expected}, got {status}: {body[:200]}"
+    # Inside the lab the drivers use the service name, as MLFLOW_TRACKING_URI says.
+    uri = lab.exec("jupyter", "printenv", "MLFLOW_TRACKING_URI").stdout.strip()
+    assert uri == "http://mlflow:5000"
+    probe = lab.exec("jupyter", "curl", "-sS", "-o", "/dev/null", "-w", "%{http_code}",
+                     f"{uri}/api/2.0/mlflow/experiments/search?max_results=1")
+    assert probe.stdout.strip() == "200", f"Jupyter cannot reach {uri}: {probe.stdout} {probe.stderr}"
 
 
 SECRET_PROBE = textwrap.dedent(
@@ -222,6 +268,14 @@ def test_spark_settings_are_private_and_the_secret_stays_out_of_argv_env_logs_an
     for page in ("/", "/json/"):
         status, body = http_get(lab.ui_url + page)
         assert status == 200 and secret not in body, f"the master UI {page} shows the secret"
+    # MLflow needs neither secret: none in its container's configuration, processes or log.
+    mlflow = lab.container_id("mlflow")
+    environs = run(["docker", "exec", mlflow, "bash", "-c", "cat /proc/[0-9]*/environ 2>/dev/null | tr '\\0' '\\n'"])
+    assert "MLFLOW_SERVER_ALLOWED_HOSTS" in environs.stdout, "the probe read no MLflow process's environment"
+    logs = run(["docker", "logs", mlflow])
+    for text, where in ((run(["docker", "inspect", mlflow]).stdout, "docker inspect"), (environs.stdout, "environ"),
+                        (logs.stdout + logs.stderr, "log")):
+        assert secret not in text and token not in text, f"mlflow: a lab secret is in its {where}"
 
 
 INTRUDER = textwrap.dedent(
@@ -354,6 +408,41 @@ def test_example_notebook_runs_against_the_cluster(lab):
         "".join(o.get("text", "")) for c in executed["cells"] if c["cell_type"] == "code" for o in c["outputs"]
     )
     assert "loss" in last_outputs or "accuracy" in last_outputs, "the notebook must print the evaluation metrics"
+    assert "MLflow tracking URI: http://mlflow:5000" in last_outputs, "the notebook logs to the lab's server by default"
+    assert "the model loaded from MLflow predicts as the Pipeline's KerasModel" in last_outputs
+    accuracy = float(re.search(r"pipeline accuracy: ([0-9.]+)", last_outputs).group(1))
+    assert accuracy > 0.8, f"the Pipeline's KerasModel predicts badly: {accuracy}"
+    (run_id,) = re.findall(r"MLflow run ([0-9a-f]{32})", last_outputs)
+    check_the_notebooks_mlflow_run(lab, run_id)
+
+
+def check_the_notebooks_mlflow_run(lab, run_id: str) -> None:
+    """The run is in the lab's MLflow server (its REST API, from the host): params, metrics, the model's files."""
+    status, body = http_get(f"{lab.mlflow_url}/api/2.0/mlflow/runs/get?run_id={run_id}")
+    assert status == 200, f"the lab's MLflow server has no run {run_id}: {status} {body[:300]}"
+    run_ = json.loads(body)["run"]
+    assert run_["info"]["status"] == "FINISHED" and run_["info"]["run_name"] == "digits pipeline", run_["info"]
+    params = {p["key"]: p["value"] for p in run_["data"]["params"]}
+    assert (params["algorithm"], params["num_workers"], params["epochs"]) == ("adag", "2", "4"), params
+    metrics = {m["key"] for m in run_["data"]["metrics"]}
+    assert {"loss", "accuracy", "val_loss", "val_accuracy", "epoch_time_s"} <= metrics, metrics
+    experiment_id = run_["info"]["experiment_id"]
+    status, body = http_get(f"{lab.mlflow_url}/api/2.0/mlflow/experiments/get?experiment_id={experiment_id}")
+    assert status == 200 and json.loads(body)["experiment"]["name"] == "lab-notebook", body[:300]
+    status, body = http_post_json(f"{lab.mlflow_url}/api/2.0/mlflow/runs/search",
+                                  {"experiment_ids": [experiment_id], "filter": "attributes.status = 'FINISHED'"})
+    assert status == 200 and run_id in [r["info"]["run_id"] for r in json.loads(body).get("runs", [])], body[:300]
+    history = f"{lab.mlflow_url}/api/2.0/mlflow/metrics/get-history?run_id={run_id}&metric_key=val_loss"
+    status, body = http_get(history)
+    assert status == 200 and [m["step"] for m in json.loads(body)["metrics"]] == [0, 1, 2, 3], body[:300]
+    status, body = http_post_json(f"{lab.mlflow_url}/api/2.0/mlflow/logged-models/search",
+                                  {"experiment_ids": [experiment_id]})
+    assert status == 200, body[:300]
+    models = [m["info"] for m in json.loads(body).get("models", []) if m["info"].get("source_run_id") == run_id]
+    assert len(models) == 1, f"expected the run's one logged model: {body[:500]}"
+    # The artifacts went through the server onto its own volume: the model's MLmodel file is there.
+    found = lab.exec("mlflow", "find", "/mlflow/artifacts", "-name", "MLmodel", "-path", f"*{models[0]['model_id']}*")
+    assert found.stdout.strip(), f"no MLmodel of {models[0]['model_id']} under the server's /mlflow/artifacts"
 
 
 def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
@@ -361,14 +450,15 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
 
     The killed container stays down (Docker does not restart a killed container), so the
     job's retry waits --retry-timeout for the lost slot, then goes on with the 2 workers
-    left from the parameter server's weights, and still writes its results.
+    left from the parameter server's weights, and still writes its results. With --mlflow
+    it logs them to the lab's MLflow server too (MLFLOW_TRACKING_URI of the submit container).
     """
     if not (REPO / "jobs" / "mnist.py").exists():
         pytest.fail("jobs/mnist.py does not exist yet: `make submit JOB=mnist` has nothing to run")
     checkpoint = "/checkpoints/lab-kill/cnn-3w/checkpoint.npz"
     lab.exec("jupyter", "rm", "-rf", "/checkpoints/lab-kill", check=False)
     args = (f"ARGS=--limit 3000 --epochs 3 --workers {LAB_WORKERS} --no-baseline "
-            "--checkpoint-dir /checkpoints/lab-kill --retry-timeout 20")
+            "--checkpoint-dir /checkpoints/lab-kill --retry-timeout 20 --mlflow")
     ARTIFACTS.mkdir(exist_ok=True)
     log = (ARTIFACTS / "lab-submit.log").open("w")
     submit = subprocess.Popen(["make", "--no-print-directory", "submit", "JOB=mnist", args], env=lab.env,
@@ -396,28 +486,59 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
     (row,) = json.loads(next(copied.rglob("mnist.json")).read_text())["rows"]
     assert row["workers"] == LAB_WORKERS and row["retries"] >= 1, row
     assert row["metric_value"] > 0.5, f"accuracy {row['metric_value']} after the kill"
+    status, body = http_post_json(f"{lab.mlflow_url}/api/2.0/mlflow/runs/search",
+                                  {"experiment_ids": ["0"], "filter": "tags.`trainer.job` = 'mnist'"})
+    assert status == 200, body[:300]
+    (logged,) = json.loads(body).get("runs", [None])
+    assert logged is not None and logged["info"]["status"] == "FINISHED", f"no finished mnist run in MLflow: {body[:300]}"
+    params = {p["key"]: p["value"] for p in logged["data"]["params"]}
+    assert float(params["retry_timeout"]) == 20 and params["workers"] == str(LAB_WORKERS), params
+    metrics = {m["key"]: m["value"] for m in logged["data"]["metrics"]}
+    accuracy = [v for k, v in metrics.items() if k.endswith(f".{LAB_WORKERS}w.metric_value")]
+    assert accuracy == [pytest.approx(row["metric_value"])], f"the run's metrics differ from the results: {metrics}"
 
 
-def screenshot(url: str, dest: Path) -> subprocess.CompletedProcess:
-    chromium = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if chromium is None:
+def chromium(*args: str) -> subprocess.CompletedProcess:
+    """Headless chromium with a throw-away profile; the page gets 15 s of virtual time to render."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if binary is None:
         require_tool("chromium", "run .ci/install-docker.sh (installs chromium)")
     with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
         return run([
-            chromium, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
             "--disable-background-networking", "--disable-component-update", "--disable-sync",
             "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,900",
-            "--virtual-time-budget=15000", f"--screenshot={dest}", url,
+            "--virtual-time-budget=15000", *args,
         ], timeout=180, check=False)
+
+
+def screenshot(url: str, dest: Path) -> subprocess.CompletedProcess:
+    return chromium(f"--screenshot={dest}", url)
+
+
+def visible_text(url: str) -> str:
+    """The text of the page's DOM once its scripts ran (chromium --dump-dom), without tags, scripts and styles."""
+    proc = chromium("--dump-dom", url)
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", proc.stdout, flags=re.S)
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+
+def dominant_colour_share(png: Path) -> float:
+    """The share of the screenshot's pixels in its most common colour: near 1.0 for a blank page."""
+    from PIL import Image  # deferred: only the screenshot tests read images
+
+    with Image.open(png) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 24)
+    return max(count for count, _ in colours) / sum(count for count, _ in colours)
 
 
 @pytest.mark.parametrize(
     "page,path",
-    [("spark-ui", ""), ("jupyterlab", "/lab?token={token}")],
-    ids=["spark-ui", "jupyterlab"],
+    [("spark-ui", ""), ("jupyterlab", "/lab?token={token}"), ("mlflow", "/#/experiments")],
+    ids=["spark-ui", "jupyterlab", "mlflow"],
 )
 def test_headless_chromium_renders_the_uis(lab, page, path):
-    base = lab.ui_url if page == "spark-ui" else lab.jupyter_url
+    base = {"spark-ui": lab.ui_url, "jupyterlab": lab.jupyter_url, "mlflow": lab.mlflow_url}[page]
     ARTIFACTS.mkdir(exist_ok=True)
     dest = ARTIFACTS / f"lab-{page}.png"
     dest.unlink(missing_ok=True)
@@ -425,6 +546,13 @@ def test_headless_chromium_renders_the_uis(lab, page, path):
     assert dest.exists(), f"chromium wrote no screenshot (rc={proc.returncode}):\n{proc.stderr[-3000:]}"
     data = dest.read_bytes()
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, "the screenshot is not a rendered page"
+    share = dominant_colour_share(dest)
+    assert share < 0.95, f"the screenshot is {share:.0%} one colour: a blank page"
+    if page == "mlflow":
+        # The UI is a single-page app: its experiment list comes from the REST API it calls through the
+        # published port (Host 127.0.0.1:PORT passes the Host check); the fresh server's Default is in it.
+        text = visible_text(base + path)
+        assert "Experiments" in text and "Default" in text, f"the MLflow UI did not list the experiments: {text[:500]}"
 
 
 def test_make_up_again_reuses_the_secrets_and_the_generated_token(lab):

@@ -19,11 +19,11 @@ EXPECTED_KINDS = {
     "Namespace": 1,
     "ConfigMap": 1,
     "Secret": 1,  # lab-secrets: JUPYTER_TOKEN, SPARK_AUTH_SECRET
-    "PersistentVolumeClaim": 1,
-    "Deployment": 2,  # spark-master, jupyter
+    "PersistentVolumeClaim": 2,  # lab-shared, lab-mlflow
+    "Deployment": 3,  # spark-master, jupyter, mlflow
     "StatefulSet": 1,  # spark-worker
-    "Service": 4,  # spark-master, spark-worker (headless), spark-driver (headless), jupyter
-    "NetworkPolicy": 4,  # default-deny-ingress, spark-master, spark-driver, spark-worker
+    "Service": 5,  # spark-master, spark-worker (headless), spark-driver (headless), jupyter, mlflow
+    "NetworkPolicy": 5,  # default-deny-ingress, spark-master, spark-driver, spark-worker, mlflow
 }
 WORKER_REPLICAS = {"default": 2, "workers-3": 3, "gpu": 2}
 # What `make k8s-secrets` writes to k8s/base/lab-secrets.env, with fixed test values.
@@ -144,15 +144,51 @@ def test_every_container_has_probes_resources_and_runs_non_root(rendered):
             assert csc["allowPrivilegeEscalation"] is False and csc["capabilities"]["drop"] == ["ALL"], where
 
 
+def claims_of(spec: dict) -> set[str]:
+    return {v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
+
+
 def test_shared_claim_is_mounted_by_workers_and_jupyter(rendered):
     _, _, docs = rendered
-    claim = next(iter(by_kind(docs, "PersistentVolumeClaim")))
+    assert set(by_kind(docs, "PersistentVolumeClaim")) == {"lab-shared", "lab-mlflow"}
     for pod_name in ("spark-worker", "jupyter"):
         spec = pod_specs(docs)[pod_name]
-        claims = {v["persistentVolumeClaim"]["claimName"] for v in spec["volumes"] if "persistentVolumeClaim" in v}
-        assert claims == {claim}, pod_name
+        assert claims_of(spec) == {"lab-shared"}, pod_name
         mounts = {m["mountPath"] for m in spec["containers"][0]["volumeMounts"]}
         assert {"/data", "/checkpoints", "/results"} <= mounts, pod_name
+    assert claims_of(pod_specs(docs)["mlflow"]) == {"lab-mlflow"}, "only the MLflow server mounts its store"
+    assert not claims_of(pod_specs(docs)["spark-master"])
+
+
+def test_mlflow_server_is_the_tracking_uri_of_the_lab(rendered):
+    """Jupyter logs to the Service `mlflow`; the server gets no secret; no service links (MLFLOW_PORT)."""
+    name, _, docs = rendered
+    jupyter = pod_specs(docs)["jupyter"]["containers"][0]
+    uri = {e["name"]: e.get("value") for e in jupyter["env"]}["MLFLOW_TRACKING_URI"]
+    service = by_kind(docs, "Service")["mlflow"]["spec"]
+    assert uri == f"http://mlflow:{service['ports'][0]['port']}" == "http://mlflow:5000", uri
+    deployment = by_kind(docs, "Deployment")["mlflow"]
+    assert service["selector"] == deployment["spec"]["selector"]["matchLabels"]
+    assert deployment["spec"]["replicas"] == 1 and deployment["spec"]["strategy"]["type"] == "Recreate", (
+        "one SQLite writer at a time"
+    )
+    spec = deployment["spec"]["template"]["spec"]
+    (container,) = spec["containers"]
+    assert container["args"] == ["mlflow"] and container["ports"] == [{"name": "http", "containerPort": 5000}]
+    assert container["securityContext"]["readOnlyRootFilesystem"] is True
+    assert {m["mountPath"] for m in container["volumeMounts"]} == {"/tmp", "/home/spark", "/mlflow"}
+    for probe in ("readinessProbe", "livenessProbe"):
+        assert container[probe]["httpGet"]["path"] == "/health", f"{probe}: the path MLflow's Host check exempts"
+    assert "envFrom" not in container and {e["name"] for e in container["env"]} == {"MLFLOW_LOCAL_HOSTNAMES"}, (
+        "the server gets neither the Spark secret nor the Jupyter token"
+    )
+    for pod_name in ("mlflow", "jupyter"):
+        assert pod_specs(docs)[pod_name]["enableServiceLinks"] is False, (
+            f"{name}:{pod_name}: the Service `mlflow` would set MLFLOW_PORT=tcp://..., which MLflow's CLI reads"
+        )
+    (config,) = by_kind(docs, "ConfigMap").values()
+    assert "MLFLOW_TRACKING_URI" not in config["data"], "the master and the workers log nothing (as in compose)"
+    assert config["data"]["MLFLOW_LOCAL_HOSTNAMES"] == ""
 
 
 def test_gpu_limit_only_in_the_gpu_overlay(rendered):
@@ -178,7 +214,7 @@ def test_spark_secret_and_token_come_from_the_secret(rendered):
     assert secret_name.startswith("lab-secrets-"), "the name's content hash rolls the pods when the values change"
     assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == TEST_SECRETS
     wanted = {"spark-master": {"SPARK_AUTH_SECRET"}, "spark-worker": {"SPARK_AUTH_SECRET"},
-              "jupyter": {"SPARK_AUTH_SECRET", "JUPYTER_TOKEN"}}
+              "jupyter": {"SPARK_AUTH_SECRET", "JUPYTER_TOKEN"}, "mlflow": set()}
     for pod_name, spec in pod_specs(docs).items():
         env = {e["name"]: e for e in spec["containers"][0].get("env", [])}
         for key in wanted[pod_name]:
@@ -186,6 +222,8 @@ def test_spark_secret_and_token_come_from_the_secret(rendered):
             assert ref == {"name": secret_name, "key": key}, f"{name}:{pod_name}: {key} must come from the Secret"
         assert "JUPYTER_TOKEN" in env or pod_name != "jupyter"
         assert pod_name == "jupyter" or "JUPYTER_TOKEN" not in env, f"{pod_name} has no use for the Jupyter token"
+        refs = {e["name"] for e in env.values() if "secretKeyRef" in e.get("valueFrom", {})}
+        assert refs == wanted[pod_name], f"{name}:{pod_name}: secrets {refs}"
     (config,) = by_kind(docs, "ConfigMap").values()
     assert not {"JUPYTER_TOKEN", "SPARK_AUTH_SECRET"} & set(config["data"]), "secrets never go in the ConfigMap"
     for value in TEST_SECRETS.values():
@@ -226,6 +264,7 @@ def test_network_policies_admit_only_the_labs_pods(rendered):
         "spark-master": {int(data["SPARK_MASTER_PORT"]), int(data["SPARK_MASTER_WEBUI_PORT"])},
         "jupyter": {int(data["SPARK_DRIVER_PORT"]), int(data["SPARK_BLOCKMANAGER_PORT"]), *range(ps, ps + 10)},
         "spark-worker": None,  # worker RPC and executor block managers use ephemeral ports
+        "mlflow": {5000},  # Jupyter's fits log there (http://mlflow:5000)
     }
     pods = {d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
             for d in docs if d["kind"] in ("Deployment", "StatefulSet")}

@@ -153,3 +153,41 @@ def test_entrypoint_refuses_jupyter_without_a_token(tmp_path):
     env = {"PATH": os.environ["PATH"], "SPARK_CONF_DIR": str(tmp_path), "SPARK_AUTH_SECRET": "s" * 32}
     proc = subprocess.run(["bash", str(ENTRYPOINT), "jupyter"], capture_output=True, text=True, env=env, timeout=60)
     assert proc.returncode == 2 and "JUPYTER_TOKEN is empty" in proc.stderr, proc.stderr
+
+
+# --- the MLflow server: its own venv, its own lock, the entrypoint's checks ------
+
+
+def pins_of(path) -> dict[str, str]:
+    lines = [line.split("#")[0].strip() for line in path.read_text().splitlines()]
+    return dict(line.split("==", 1) for line in lines if "==" in line)
+
+
+def test_mlflow_server_lock_is_the_clients_mlflow_release():
+    """The server venv (requirements/mlflow-server.txt) runs the MLflow release the trainer's clients import."""
+    client = pins_of(REPO / "constraints.txt")
+    server = pins_of(REPO / "requirements" / "mlflow-server.txt")
+    assert server["mlflow"] == server["mlflow-skinny"] == client["mlflow-skinny"], (
+        f"server mlflow {server.get('mlflow')} vs clients' mlflow-skinny {client.get('mlflow-skinny')}: run make lock"
+    )
+    assert "mlflow" not in client, "the full mlflow stays out of the trainer's venv (it caps pyarrow)"
+    dockerfile = (REPO / "images" / "Dockerfile").read_text()
+    assert "requirements/mlflow-server.txt" in dockerfile and "--extras lab,data,mlflow" in dockerfile
+    assert "!requirements/mlflow-server.txt" in (REPO / ".dockerignore").read_text().splitlines()
+
+
+def entrypoint_mlflow(tmp_path, **env) -> subprocess.CompletedProcess:
+    base = {"PATH": os.environ["PATH"], "MLFLOW_DATA_DIR": str(tmp_path / "store")}
+    return subprocess.run(["bash", str(ENTRYPOINT), "mlflow"], capture_output=True, text=True, timeout=60,
+                          env={**base, **env})
+
+
+def test_entrypoint_refuses_a_service_link_as_the_mlflow_port(tmp_path):
+    """Kubernetes' service links look like MLFLOW_PORT=tcp://10.0.0.7:5000; a port must be a number."""
+    proc = entrypoint_mlflow(tmp_path, MLFLOW_SERVER_PORT="tcp://10.0.0.7:5000")
+    assert proc.returncode == 2 and "MLFLOW_SERVER_PORT must be a port number" in proc.stderr, proc.stderr
+
+
+def test_entrypoint_names_the_missing_mlflow_server(tmp_path):
+    proc = entrypoint_mlflow(tmp_path, MLFLOW_SERVER_BIN=str(tmp_path / "none" / "mlflow"))
+    assert proc.returncode == 2 and f"no MLflow server at {tmp_path}/none/mlflow" in proc.stderr, proc.stderr
