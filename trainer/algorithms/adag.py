@@ -15,11 +15,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, add, add_into, check_window, sub
+from trainer.algorithms.base import check_window
+from trainer.algorithms.delta import DeltaRule
 
 
 @dataclass(frozen=True)
-class ADAG(Algorithm):
+class ADAG(DeltaRule):
     window: int = 12
 
     name: ClassVar[str] = "adag"
@@ -27,15 +28,5 @@ class ADAG(Algorithm):
     def __post_init__(self) -> None:
         check_window(self.window, allow_epoch=False)
 
-    def worker_payload(self, weights, anchor):
-        return sub(weights, anchor, scale=1.0 / self.window)
-
-    def worker_apply(self, weights, anchor, reply):
-        return list(reply), list(reply)  # adopt the center as received: no copies (see base)
-
-    def server_commit(self, center, payload, staleness):
-        new_center = add(center, payload)
-        return new_center, new_center
-
-    def server_apply(self, center, payload, staleness, out):
-        add_into(out, center, payload)
+    def worker_scale(self) -> float:
+        return 1.0 / self.window

@@ -22,13 +22,9 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainer.algorithms.adag import ADAG
 from trainer.algorithms.base import Algorithm, AlgorithmConfigError
 from trainer.algorithms.compression import Codec, compress_with_feedback, parse_compression
-from trainer.algorithms.downpour import DOWNPOUR
-from trainer.algorithms.dynsgd import DynSGD
-
-DELTA_RULES = (DOWNPOUR, ADAG, DynSGD)
+from trainer.algorithms.delta import DeltaRule
 
 
 @dataclass(frozen=True)
@@ -40,7 +36,7 @@ class Compressed(Algorithm):
     error_feedback: bool = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.inner, DELTA_RULES):
+        if not isinstance(self.inner, DeltaRule):
             raise AlgorithmConfigError(
                 f"Compression applies to rules whose workers commit deltas (downpour, adag, dynsgd). Received: "
                 f"{getattr(self.inner, 'name', type(self.inner).__name__)}. Fix: use one of those rules or "

@@ -12,27 +12,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, add, add_into, sub
+from trainer.algorithms.delta import DeltaRule
 
 
 @dataclass(frozen=True)
-class DynSGD(Algorithm):
+class DynSGD(DeltaRule):
     window: int | None = 5
 
     name: ClassVar[str] = "dynsgd"
 
-    def worker_payload(self, weights, anchor):
-        return sub(weights, anchor)
-
-    def worker_apply(self, weights, anchor, reply):
-        return list(reply), list(reply)  # adopt the center as received: no copies (see base)
-
-    def server_commit(self, center, payload, staleness):
-        new_center = add(center, payload, scale=_scale(staleness))
-        return new_center, new_center
-
-    def server_apply(self, center, payload, staleness, out):
-        add_into(out, center, payload, scale=_scale(staleness))
+    def server_scale(self, staleness: int) -> float:
+        return _scale(staleness)
 
 
 def _scale(staleness: int) -> float:

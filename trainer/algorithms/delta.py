@@ -1,0 +1,40 @@
+"""`DeltaRule`: the shared shape of DOWNPOUR, ADAG and DynSGD.
+
+A worker commits its progress since its last exchange, ``delta = scale_w *
+(W - W0)``; the server adds it, ``C += scale_s(staleness) * delta``, and replies
+with the new center, which the worker adopts as its weights and its anchor
+(no copies: see the contract in ``trainer.algorithms.base``). The three rules
+differ only in the two scales.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from trainer.algorithms.base import Algorithm, add, add_into, sub
+
+
+@dataclass(frozen=True)
+class DeltaRule(Algorithm):
+    """Base of the delta rules; subclasses set `worker_scale` and `server_scale`."""
+
+    def worker_scale(self) -> float:
+        """What the worker multiplies its progress by before committing it."""
+        return 1.0
+
+    def server_scale(self, staleness: int) -> float:
+        """What the server multiplies a commit by before adding it to the center."""
+        return 1.0
+
+    def worker_payload(self, weights, anchor):
+        return sub(weights, anchor, scale=self.worker_scale())
+
+    def worker_apply(self, weights, anchor, reply):
+        return list(reply), list(reply)  # adopt the center as received
+
+    def server_commit(self, center, payload, staleness):
+        new_center = add(center, payload, scale=self.server_scale(staleness))
+        return new_center, new_center
+
+    def server_apply(self, center, payload, staleness, out):
+        add_into(out, center, payload, scale=self.server_scale(staleness))
