@@ -240,7 +240,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    start_logging(args)
+    start_logging(args, keras=False)  # it only starts the jobs
     out = Path(args.out)
     steps = plan(out, quick=args.quick, skip_mnist=args.skip_mnist, skip_forecast=args.skip_forecast)
     if args.dry_run:

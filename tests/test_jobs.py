@@ -25,6 +25,7 @@ import importlib
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -76,17 +77,17 @@ def jobs_cluster():
         cluster.stop()
 
 
-def run_job(name: str, args: list[str], out: Path) -> dict:
-    """Run jobs/<name>.py with `args` and ``--out out`` at TRAINER_LOG=info; return its JSON results (metadata,
-    rows) after checking that Spark never warned of a large task."""
+def run_job(name: str, args: list[str], out: Path, log_level: str | None = "info") -> dict:
+    """Run jobs/<name>.py with `args` and ``--out out`` at TRAINER_LOG=`log_level` (None: the default, quiet);
+    return its JSON results (metadata, rows) after checking that Spark never warned of a large task."""
     log_path = out.parent / f"{out.name}.log"
+    env = {k: v for k, v in os.environ.items() if k != "TRAINER_LOG"}
+    env.update(PYTHONUNBUFFERED="1", TRAINER_DATA_DIR=str(out.parent / "data"), **({"TRAINER_LOG": log_level}
+                                                                                  if log_level else {}))
     with open(log_path, "w") as log:
         proc = subprocess.run(
             [sys.executable, str(JOBS / f"{name}.py"), *args, "--out", str(out)],
-            stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, "PYTHONUNBUFFERED": "1", "TRAINER_DATA_DIR": str(out.parent / "data"),
-                 "TRAINER_LOG": "info"},
-            timeout=JOB_TIMEOUT_S, cwd=JOBS.parent,
+            stdout=log, stderr=subprocess.STDOUT, env=env, timeout=JOB_TIMEOUT_S, cwd=JOBS.parent,
         )
     text = log_path.read_text(errors="replace")
     assert proc.returncode == 0, f"{name} exited with {proc.returncode}; last output:\n{text[-6000:]}"
@@ -370,6 +371,27 @@ def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
         assert r["metric_name"] == "accuracy" and 0.1 < r["metric_value"] <= 1.0
         assert r["timing_valid"] is True  # an external master: the job cannot tell, so it trusts it
     assert "| model |" in (out / "mnist.md").read_text()
+
+
+# What `make demo` must never show: Spark's log lines, TensorFlow's and absl's banners, py4j's chatter.
+CHATTER = re.compile(r"\b(WARN|INFO|DEBUG)\b|oneDNN|cpu_feature_guard|This TensorFlow binary|absl::|"
+                     r"py4j|Using Spark's default log4j|NativeCodeLoader|W0000|I0000")
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_demo_output_is_quiet(tmp_path):
+    """The demo's command on its own embedded cluster, at the default log level: cluster up, progress, the
+    result table and where the files went; not one line of Spark, TensorFlow or py4j chatter."""
+    out = tmp_path / "demo"
+    result = run_job("mnist", ["--workers", "1,2", "--epochs", "1", "--limit", "1000", "--no-baseline"], out,
+                     log_level=None)
+    assert sorted(r["workers"] for r in result["rows"]) == [1, 2]
+    text = (tmp_path / "demo.log").read_text(errors="replace")
+    noise = [line for line in text.splitlines() if CHATTER.search(line)]
+    assert not noise, "\n".join(noise[:20])
+    assert str(out) in text  # says where the results are
+    assert len(text.splitlines()) < 60, text  # one screen
 
 
 @pytest.mark.spark

@@ -66,3 +66,27 @@ def test_driver_log4j_levels(monkeypatch):
     assert "rootLogger.level = error" in verbosity.spark_log4j(logging.WARNING)
     assert "rootLogger.level = warn" in verbosity.spark_log4j(logging.INFO)
     assert "rootLogger.level = info" in verbosity.spark_log4j(logging.DEBUG)
+
+
+IMPORT_KERAS = textwrap.dedent("""
+    import os, sys
+    from trainer import verbosity
+    os.write(2, b"before\\n")
+    verbosity.import_keras_quietly()
+    import keras
+    os.write(2, b"after " + keras.__version__.encode() + b"\\n")
+""")
+
+
+@pytest.mark.parametrize("level", ["warning", "info"])
+def test_keras_import_banners_are_dropped_unless_asked_for(level):
+    proc = subprocess.run([sys.executable, "-c", IMPORT_KERAS], capture_output=True, text=True, timeout=120,
+                          env={"TRAINER_LOG": level, "PATH": "/usr/bin:/bin"})
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0] == "before" and lines[-1].startswith("after 3.")
+    banners = [line for line in lines if any(b.decode() in line for b in verbosity.TF_BANNERS)]
+    if level == "warning":
+        assert banners == [], banners
+    else:  # the banners TensorFlow prints on this CPU are passed on (x86 builds print oneDNN's)
+        assert len(lines) - 2 == len(banners)

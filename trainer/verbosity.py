@@ -19,6 +19,7 @@ import contextlib
 import logging
 import os
 import sys
+import tempfile
 import threading
 import warnings
 from typing import Iterator
@@ -28,6 +29,15 @@ JVM_NOISE = (
     b"WARNING: Using incubator modules",
     b"Setting default log level to",
     b"To adjust logging level use sc.setLogLevel",
+)
+
+#: Lines TensorFlow (2.20+) prints at import through absl before any log level is read: TF_CPP_MIN_LOG_LEVEL
+#: does not silence them.
+TF_BANNERS = (
+    b"All log messages before absl::InitializeLog() is called",
+    b"oneDNN custom operations are on",
+    b"This TensorFlow binary is optimized",
+    b"To enable the following instructions",
 )
 
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
@@ -77,6 +87,32 @@ def configure_logging(verbose: bool = False) -> int:
         logging.getLogger(name).setLevel(library)
     apply_quiet_env(chosen)
     return chosen
+
+
+def import_keras_quietly() -> None:
+    """Import Keras (and TensorFlow behind it) now, dropping TensorFlow's import banners (`TF_BANNERS`) unless
+    TRAINER_LOG asks for INFO; every other line it prints passes through.
+
+    For commands that will build a model anyway: the import happens here, with this process's stderr
+    captured for its duration, instead of in the middle of the user's output.
+    """
+    if "keras" in sys.modules or level() <= logging.INFO:
+        import keras  # noqa: F401  (deferred: TensorFlow starts only for commands that train)
+        return
+    sys.stderr.flush()
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as captured:
+        os.dup2(captured.fileno(), 2)
+        try:
+            import keras  # noqa: F401  (deferred, as above)
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            captured.seek(0)
+            for line in captured:
+                if not any(banner in line for banner in TF_BANNERS):
+                    os.write(2, line)
 
 
 def spark_log4j(log_level: int | None = None) -> str:

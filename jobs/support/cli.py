@@ -10,7 +10,7 @@ from typing import Any, Callable
 from trainer import SyncAveraging, get_algorithm
 from trainer.algorithms import parse_compression, with_compression
 from trainer.checkpoint import has_checkpoint
-from trainer.verbosity import configure_logging
+from trainer.verbosity import configure_logging, import_keras_quietly
 
 log = logging.getLogger("trainer_jobs")
 
@@ -48,9 +48,12 @@ def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
                              "(TRAINER_LOG=debug shows everything)")
 
 
-def start_logging(args: argparse.Namespace) -> None:
-    """Quiet logging for a job, or verbose with --verbose (see ``trainer.verbosity``)."""
+def start_logging(args: argparse.Namespace, keras: bool = True) -> None:
+    """Quiet logging for a job, or verbose with --verbose (see ``trainer.verbosity``); with `keras` (a job that
+    trains), Keras is imported now and TensorFlow's import banners dropped."""
     configure_logging(getattr(args, "verbose", False))
+    if keras:
+        import_keras_quietly()
 
 
 def add_trainer_args(parser) -> None:

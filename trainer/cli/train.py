@@ -20,7 +20,7 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from trainer.verbosity import configure_logging
+from trainer.verbosity import configure_logging, import_keras_quietly
 
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
@@ -110,6 +110,7 @@ def _check_args(args: argparse.Namespace) -> tuple[Any, Any]:
 def train_model(args: argparse.Namespace) -> int:
     """Fit, print the per-epoch table (and the validation metrics), save when asked; returns the exit code."""
     configure_logging(args.verbose)
+    import_keras_quietly()
     try:
         model, algorithm = _check_args(args)
     except ValueError as exc:
