@@ -131,11 +131,16 @@ class Channel:
             return send_buffers(self.sock, buffers)
         hasher = new_mac(self.mac, self._send_key, seq)  # type: ignore[arg-type]
         written = 0
-        for piece in _pieces(buffers, MAC_PIECE):
+        pieces = list(_pieces(buffers, MAC_PIECE))
+        for piece in pieces[:-1]:
             for b in piece:
                 hasher.update(b)
             written += send_buffers(self.sock, piece)
-        return written + send_buffers(self.sock, [TRAILER.pack(seq, hasher.digest())])
+        last = pieces[-1] if pieces else []
+        for b in last:
+            hasher.update(b)
+        # The last piece and the trailer in one call: a small frame is one system call, not two.
+        return written + send_buffers(self.sock, [*last, TRAILER.pack(seq, hasher.digest())])
 
     def send_frame(self, msg: Msg, meta: dict[str, Any] | None = None, arrays: Sequence[Any] = ()) -> int:
         return self.send(encode(msg, meta, arrays))
