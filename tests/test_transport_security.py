@@ -21,7 +21,7 @@ from trainer.ps import ParameterServer, PSClient, RemoteError
 from trainer.selection.hopper import HopperClient, HopperServer
 from trainer.transport import tls as tls_module
 from trainer.transport.handshake import Credentials, proof, session_keys, transcript
-from trainer.transport.session import MAC_ALGORITHMS, TRAILER, Channel
+from trainer.transport.session import DEFAULT_MAC, MAC_ALGORITHMS, TRAILER, Channel
 from trainer.transport.tls import TlsIdentity, TlsUnavailable
 from trainer.transport.wire import (
     HEADER, MAGIC, PROTOCOL_VERSION, AuthenticationError, ConnectionClosed, IntegrityError, Msg, TransportError,
@@ -150,14 +150,14 @@ class FakeServer:
         with sock:
             nonce = new_nonce()
             write_frame(sock, Msg.CHALLENGE, {"protocol": PROTOCOL_VERSION, "nonce": nonce.hex(),
-                                              "mac": "hmac-sha256", "num_workers": 1})
+                                              "mac": DEFAULT_MAC, "num_workers": 1})
             auth = read_frame(sock, 4096)
             self.frames.append(auth.msg)
             guess = new_secret()
-            t = transcript(PROTOCOL_VERSION, nonce, bytes.fromhex(auth.meta["nonce"]), 0, 0, "hmac-sha256", None)
+            t = transcript(PROTOCOL_VERSION, nonce, bytes.fromhex(auth.meta["nonce"]), 0, 0, DEFAULT_MAC, None)
             if self.answer == "sealed":  # a correctly built OK, with keys and a proof from the wrong secret
                 c2s, s2c = session_keys(guess, t)
-                Channel(sock, mac="hmac-sha256", send_key=s2c, recv_key=c2s, peer="w").send_frame(
+                Channel(sock, mac=DEFAULT_MAC, send_key=s2c, recv_key=c2s, peer="w").send_frame(
                     Msg.OK, {"version": 0, "proof": proof(guess, "server", t).hex()})
             else:  # echo the client's own proof back, with a made-up MAC
                 write_frame(sock, Msg.OK, {"version": 0, "proof": auth.meta["proof"]})
@@ -391,3 +391,14 @@ def test_a_frame_larger_than_a_mac_piece_keeps_its_tag_and_a_flipped_byte_in_any
                     with pytest.raises(IntegrityError, match="bad MAC"):
                         receiver.recv(1 << 24)
                 feeder.join(10)
+
+
+def test_the_frame_mac_option_is_checked_before_any_cluster_work():
+    from trainer import Trainer
+    from trainer.transport.session import check_frame_mac
+
+    assert [check_frame_mac(v) for v in (True, False, 0, "poly1305", "hmac-sha256")] == \
+        [True, False, False, "poly1305", "hmac-sha256"]
+    for bad in ("md5", "POLY1305", None, 1.5):
+        with pytest.raises(ValueError, match="`frame_mac` must be True, False or one of 'poly1305'"):
+            Trainer(lambda: None, num_workers=1, frame_mac=bad)

@@ -69,6 +69,7 @@ from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_r
 from trainer.spark.memory import task_memory_bytes
 from trainer.spark.resources import check_gpus_per_worker, stage_profile
 from trainer.tracking import RunLogger, epoch_logger, fit_params
+from trainer.transport.session import check_frame_mac
 from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret
 
@@ -169,8 +170,10 @@ class Trainer:
         tls: Bool. Encrypt the connections between the workers and the
             parameter server with TLS (a throw-away certificate per fit,
             pinned by the workers); see docs/security.md.
-        frame_mac: Bool. A MAC on every frame between the workers and the
-            parameter server (on by default; its cost is in docs/security.md).
+        frame_mac: Bool or String. A MAC on every frame between the workers
+            and the parameter server: True (the default, Poly1305), False, or
+            ``"poly1305"``, ``"hmac-sha256"``, ``"blake2b"``; its cost is in
+            docs/security.md.
         history_size: Integer. Parameter-server updates kept in
             ``history.update_log`` (the totals count every update).
         feed: String. How each worker holds its shard: ``"memory"`` (numpy
@@ -228,7 +231,7 @@ class Trainer:
         mlflow: bool = False,
         checkpoint_keep: int = 2,
         tls: bool = False,
-        frame_mac: bool = True,
+        frame_mac: bool | str = True,
         history_size: int = DEFAULT_HISTORY_SIZE,
         feed: str = "auto",
         shard_budget_mb: float | None = None,
@@ -273,7 +276,7 @@ class Trainer:
         self.mlflow = bool(mlflow)
         self.checkpoint_keep = _positive_int("checkpoint_keep", checkpoint_keep)
         self.tls = bool(tls)
-        self.frame_mac = bool(frame_mac)
+        self.frame_mac = check_frame_mac(frame_mac)
         self.history_size = _positive_int("history_size", history_size)
         if feed not in FEEDS:
             raise ValueError(f"`feed` must be one of {', '.join(map(repr, FEEDS))}. Received: feed={feed!r}")

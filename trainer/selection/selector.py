@@ -52,6 +52,7 @@ from trainer.spark.connect import share_with_tasks
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
 from trainer.spark.resources import check_gpus_per_worker, stage_profile
 from trainer.tracking import RunLogger, SearchLogger
+from trainer.transport.session import check_frame_mac
 from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret
 
@@ -100,7 +101,8 @@ class ModelSelector:
             ``trainer.tracking``.
         tls: Bool. Encrypt the driver's connections with TLS (a throw-away
             certificate per search, pinned by the tasks); see docs/security.md.
-        frame_mac: Bool. A MAC on every frame between the tasks and the driver.
+        frame_mac: Bool or String. A MAC on every frame between the tasks and
+            the driver (True: Poly1305; see ``Trainer``).
     """
 
     def __init__(self, model_fn: Callable[[dict[str, Any]], Any], search: Search, *, strategy: str = "mop",
@@ -110,7 +112,7 @@ class ModelSelector:
                  ps_host: str | None = None, ps_port: int | None = None, ps_bind_host: str | None = None,
                  io_timeout: float = 3600.0, slot_timeout: float = 10.0, max_retries: int = 2,
                  check_data: bool = True, gpus_per_worker: int = 0, verbose: bool = True,
-                 mlflow: bool = False, tls: bool = False, frame_mac: bool = True) -> None:  # fmt: skip
+                 mlflow: bool = False, tls: bool = False, frame_mac: bool | str = True) -> None:  # fmt: skip
         if not callable(model_fn):
             raise SelectionError(
                 f"model_fn must be a function params -> compiled keras.Model. Received {type(model_fn).__name__}. "
@@ -154,7 +156,7 @@ class ModelSelector:
         self.verbose = bool(verbose)
         self.mlflow = bool(mlflow)
         self.tls = bool(tls)
-        self.frame_mac = bool(frame_mac)
+        self.frame_mac = check_frame_mac(frame_mac)
         #: Set to True (e.g. from a SelectionCallback) to stop the running search gracefully.
         self.stop_search = False
         self._used = False

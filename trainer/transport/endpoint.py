@@ -94,7 +94,7 @@ class AuthenticatedServer:
     they may override the other hooks (``_new_connection``, ``_refuse_worker``,
     ``_welcome``, ``_recv_buffer``, ``_closed``, ``_note``, ``_stopping_locked``, ``_stopped``).
 
-    ``frame_mac``: True (HMAC-SHA256 on every frame), False (none) or an
+    ``frame_mac``: True (Poly1305 on every frame), False (none) or an
     algorithm name; ``tls``: False, True (a throw-away certificate made now) or
     a :class:`~trainer.transport.tls.TlsIdentity`. Tasks get both through
     :attr:`credentials`.
