@@ -402,3 +402,14 @@ def test_the_frame_mac_option_is_checked_before_any_cluster_work():
     for bad in ("md5", "POLY1305", None, 1.5):
         with pytest.raises(ValueError, match="`frame_mac` must be True, False or one of 'poly1305'"):
             Trainer(lambda: None, num_workers=1, frame_mac=bad)
+
+
+def test_without_cryptography_the_default_mac_says_what_to_install(monkeypatch):
+    from trainer.transport import session
+
+    monkeypatch.setattr(session, "Poly1305", None)
+    with pytest.raises(ValueError, match="needs the cryptography package.*frame_mac='hmac-sha256'"):
+        server()
+    with server(frame_mac="hmac-sha256") as ps:  # the standard library's MACs still serve
+        with PSClient(*ps.address, ps.credentials, 0, timeout=10) as c:
+            assert c.pull()[1] == 0

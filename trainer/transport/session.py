@@ -36,7 +36,10 @@ import hmac
 import struct
 from typing import Any, Iterator, Sequence
 
-from cryptography.hazmat.primitives.poly1305 import Poly1305
+try:
+    from cryptography.hazmat.primitives.poly1305 import Poly1305
+except ImportError:  # installed without its dependencies: the standard library's MACs still work
+    Poly1305 = None
 
 from trainer.transport.wire import (
     HEADER_SIZE,
@@ -63,6 +66,9 @@ _SEQ = struct.Struct("!Q")
 
 def check_mac_algorithm(name: Any) -> str | None:
     """`name` if it is a known MAC algorithm or None (no MAC); ValueError otherwise."""
+    if name == "poly1305" and Poly1305 is None:
+        raise ValueError("the frame MAC poly1305 (the default) needs the cryptography package, a dependency of "
+                         "spark-keras-trainer: pip install cryptography, or pass frame_mac='hmac-sha256'")
     if name is None or name in MAC_ALGORITHMS:
         return name
     raise ValueError(f"unknown frame MAC algorithm {name!r:.40}; expected one of {list(MAC_ALGORITHMS)} or None")

@@ -8,10 +8,11 @@ tasks with the shared secret (:class:`~trainer.transport.handshake.Credentials`)
 and a task accepts only a server presenting exactly that certificate: no
 certificate authority and no host name are involved. TLS 1.3 only.
 
-Making the certificate needs the ``cryptography`` package (the ``tls`` extra:
-``pip install 'spark-keras-trainer[tls]'``) or, failing that, the ``openssl``
-command; with neither, asking for TLS fails with :class:`TlsUnavailable`
-saying what to install.
+Making the certificate uses the ``cryptography`` package (a dependency, for the
+frame MAC too; the ``tls`` extra still names it for installs made before) or,
+where it is missing (an install with ``--no-deps``), the ``openssl`` command;
+with neither, asking for TLS fails with :class:`TlsUnavailable` saying what to
+install.
 """
 
 from __future__ import annotations
