@@ -37,6 +37,7 @@ import sys
 from pathlib import Path
 
 import trainer.algorithms as algorithms
+from trainer.transport.session import MAC_ALGORITHMS
 from trainer_jobs.support.ps_bench import frame_bytes, measure_ps, measure_raw, model_layout, rule_seconds
 from trainer_jobs.support.report import markdown_table, run_metadata
 
@@ -79,12 +80,12 @@ def parse_shards(text: str) -> list[int]:
     return parse_counts(text, "--shards", "1,2")
 
 
-def parse_macs(text: str) -> list[bool]:
-    """'on,off' -> [True, False]."""
-    values = {"on": True, "off": False}
+def parse_macs(text: str) -> list[bool | str]:
+    """'on,off' -> [True, False]; an algorithm name (hmac-sha256, ...) measures that MAC instead of the default."""
+    values: dict[str, bool | str] = {"on": True, "off": False, **{name: name for name in MAC_ALGORITHMS}}
     names = [t.strip().lower() for t in text.split(",") if t.strip()]
     if not names or any(n not in values for n in names):
-        raise argparse.ArgumentTypeError(f"--mac expects on, off or on,off; received {text!r}")
+        raise argparse.ArgumentTypeError(f"--mac expects a list of {', '.join(values)}; received {text!r}")
     return [values[n] for n in dict.fromkeys(names)]
 
 
@@ -100,7 +101,7 @@ def parse_codecs(text: str) -> list[str]:
 
 
 def run(params: list[int], clients: list[int], seconds: float, codecs: list[str], shards: list[int] = (1,),
-        macs: list[bool] = (True,)) -> list[dict]:  # fmt: skip
+        macs: list[bool | str] = (True,)) -> list[dict]:  # fmt: skip
     """Raw, then the server in every (shards, MAC) set-up, for each client count: each raw cell is next to its
     PS cells in time. Rows come out grouped by (params, codec, shards, MAC)."""
     rows = []
@@ -120,7 +121,7 @@ def run(params: list[int], clients: list[int], seconds: float, codecs: list[str]
                         ps = measure_ps(shapes, k, seconds, codec, shards=s, frame_mac=mac)
                         first.setdefault((s, mac), ps)
                         row = {
-                            "params": p, "compression": codec, "shards": s, "mac": "on" if mac else "off",
+                            "params": p, "compression": codec, "shards": s, "mac": {True: "on", False: "off"}.get(mac, mac),
                             "clients": k, "mb_in": bytes_in / 1e6, "mb_out": bytes_out / 1e6, "raw_per_s": raw,
                             "ps_per_s": ps, "ps_gb_s": ps * (bytes_in + bytes_out) / 1e9, "vs_raw": ps / raw,
                             "vs_raw_1": ps / raw_1, "vs_1_client": ps / first[(s, mac)],
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=parse_shards, default=[1, 2],
                         help="parameter-server shards to measure (default 1,2)")
     parser.add_argument("--mac", type=parse_macs, default=[True],
-                        help="the frame MAC: on, off or on,off (default on)")
+                        help="frame MACs to measure: on (the default, poly1305), off, or an algorithm such as "
+                             "hmac-sha256; comma-separated (default on)")
     parser.add_argument("--out", default="results/bench_ps", help="results directory (default results/bench_ps)")
     args = parser.parse_args(argv)
     if not args.seconds > 0:

@@ -208,12 +208,12 @@ def measure_raw(bytes_in: int, bytes_out: int, clients: int, seconds: float) -> 
 
 
 def measure_ps(shapes, clients: int, seconds: float, compression: str | None = None, shards: int = 1,
-               frame_mac: bool = True) -> float:
+               frame_mac: bool | str = True) -> float:
     """Commits per second of `clients` processes against a real ParameterServer (or one of `shards` shards)
-    in this process, with or without the frame MAC."""
+    in this process, with the default frame MAC (True), none (False) or the one named."""
     rule, center, _ = _payload(shapes, compression)  # a bad codec fails here, before any process starts
     secret = new_secret()
-    options = {} if frame_mac else {"frame_mac": False}  # older trees have no option: the MAC is on
+    options = {} if frame_mac is True else {"frame_mac": frame_mac}  # older trees have no option: the MAC is on
     if shards > 1:
         server = trainer.ps.ShardedParameterServer(rule, center, clients, secret, shards=shards, io_timeout=120.0,
                                                    **options)
