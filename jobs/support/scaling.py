@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from trainer import LocalCluster, spark_session
-from trainer.verbosity import quiet_env
+from trainer.verbosity import import_keras_quietly, quiet_env
 from trainer_jobs.support.report import speedup_rows
 
 
@@ -54,7 +54,8 @@ def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, q
         "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
         "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": backend, **quiet_env(),
     })
-    import keras  # after the thread settings: TensorFlow reads them when it starts
+    import_keras_quietly()  # after the thread settings: TensorFlow reads them when it starts
+    import keras
 
     keras.utils.set_random_seed(seed)
     model = builder()
