@@ -65,6 +65,7 @@ def test_compressed_commits_train_digits_with_a_fraction_of_the_bytes(digits):
         assert w["exchange_s"]["round_trip"] > 0 and w["exchange_s"]["payload"] > 0
 
 
+@pytest.mark.core
 @pytest.mark.timeout(300)
 def test_transform_evaluate_and_second_fit(digits, spark):
     train, test = digits
