@@ -81,9 +81,10 @@ def run_job(name: str, args: list[str], out: Path, log_level: str | None = "info
     """Run jobs/<name>.py with `args` and ``--out out`` at TRAINER_LOG=`log_level` (None: the default, quiet);
     return its JSON results (metadata, rows) after checking that Spark never warned of a large task."""
     log_path = out.parent / f"{out.name}.log"
-    env = {k: v for k, v in os.environ.items() if k != "TRAINER_LOG"}
-    env.update(PYTHONUNBUFFERED="1", TRAINER_DATA_DIR=str(out.parent / "data"), **({"TRAINER_LOG": log_level}
-                                                                                  if log_level else {}))
+    env = {**os.environ, "PYTHONUNBUFFERED": "1", "TRAINER_DATA_DIR": str(out.parent / "data")}
+    env.pop("TRAINER_LOG", None)
+    if log_level:
+        env["TRAINER_LOG"] = log_level
     with open(log_path, "w") as log:
         proc = subprocess.run(
             [sys.executable, str(JOBS / f"{name}.py"), *args, "--out", str(out)],

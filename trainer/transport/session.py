@@ -171,12 +171,11 @@ class Channel:
             return send_buffers(self.sock, buffers)
         hasher = new_mac(self.mac, self._send_key, seq)  # type: ignore[arg-type]
         written = 0
-        pieces = list(_pieces(buffers, MAC_PIECE))
-        for piece in pieces[:-1]:
+        *pieces, last = _pieces(buffers, MAC_PIECE)  # a frame always has its header
+        for piece in pieces:
             for b in piece:
                 hasher.update(b)
             written += send_buffers(self.sock, piece)
-        last = pieces[-1] if pieces else []
         for b in last:
             hasher.update(b)
         # The last piece and the trailer in one call: a small frame is one system call, not two.
