@@ -8,8 +8,9 @@ raw TCP echo server that moves the same bytes (one COMMIT frame in, one reply
 out). --compression adds rows for encoded commits (bf16 halves the bytes in;
 the reply, the center, stays dense); --shards (default 1,2) runs the server
 as S shards in this process, each client sending the S parts of a commit at
-once; --mac (default on) adds rows with the frame MAC off, which tell the
-server's own cost from the MAC's (HMAC-SHA256 of every frame on both ends).
+once; --mac lists the frame MACs to measure (default on, the default MAC,
+Poly1305; off, or an algorithm such as hmac-sha256): rows with it off tell
+the server's own cost from the MAC's (every frame hashed on both ends).
 
 Columns: ``raw_per_s`` and ``ps_per_s`` (round trips and commits per second,
 all clients together), ``ps_gb_s`` (bytes in + out), ``vs_raw`` (PS / raw at
