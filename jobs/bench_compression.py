@@ -25,9 +25,10 @@ from trainer_jobs.support.report import markdown_table, run_metadata
 JOBS_DIR = Path(__file__).resolve().parent
 CODECS = ["none", "bf16", "fp16", "topk:0.01"]
 FULL = {"mnist": ["--workers", "2", "--no-baseline"],
-        "forecast": ["--workers", "2", "--no-baseline"]}
+        "forecast": ["--workers", "2", "--no-baseline", "--algorithm", "dynsgd"]}  # codecs need a delta rule
 QUICK = {"mnist": ["--workers", "2", "--no-baseline", "--limit", "3000", "--epochs", "1"],
-         "forecast": ["--workers", "2", "--no-baseline", "--limit", "1500", "--epochs", "1", "--models", "lstm"]}
+         "forecast": ["--workers", "2", "--no-baseline", "--algorithm", "dynsgd", "--limit", "1500", "--epochs", "1",
+                      "--models", "lstm"]}
 COLUMNS = ["job", "model", "compression", "seed", "workers", "metric_name", "metric_value", "vs_none",
            "epoch_time_s", "bytes", "bytes_vs_none", "seconds"]
 

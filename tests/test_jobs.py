@@ -159,9 +159,9 @@ def test_the_security_benchmark_flags_and_its_update_rows(tmp_path, capsys):
     assert all(r["ms_per_update"] > 0 for r in rows)
 
 
-def test_forecast_flags_and_defaults(forecast_job):
+def test_forecast_flags_and_defaults(forecast_job, capsys):
     args = forecast_job.parse_args([])
-    assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("dynsgd", 5, 4, 32)
+    assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("sync", 5, 4, 32)
     assert (args.learning_rate, args.lr_schedule, args.lr_scaling) == (2e-3, "cosine", "linear")
     assert args.worker_counts == [1, 2] and args.model_names == ["lstm", "gru"]
     args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
@@ -169,8 +169,11 @@ def test_forecast_flags_and_defaults(forecast_job):
     assert trainer_options(args, "gru", 2) == (
         {"retry_timeout": 60.0, "share_epochs": True, "seed": 0, "compression": "none", "tls": False,
          "frame_mac": True}, {})
-    assert trainer_options(forecast_job.parse_args(["--compression", "TopK:0.01"]), "gru", 2)[0]["compression"] \
-        == "topk:0.01"
+    assert trainer_options(forecast_job.parse_args(["--algorithm", "dynsgd", "--compression", "TopK:0.01"]), "gru",
+                           2)[0]["compression"] == "topk:0.01"
+    with pytest.raises(SystemExit):  # the default, averaging, sends whole models: nothing to compress
+        forecast_job.parse_args(["--compression", "bf16"])
+    assert "commit deltas (downpour, adag, dynsgd)" in capsys.readouterr().err
     assert trainer_options(forecast_job.parse_args(["--seed", "3"]), "gru", 2)[0]["seed"] == 3
     assert trainer_options(forecast_job.parse_args(["--fixed-epochs"]), "gru", 2)[0]["share_epochs"] is False
     assert args.repeats == 1 and forecast_job.parse_args(["--repeats", "3"]).repeats == 3
