@@ -97,6 +97,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=_positive, default=5, help="DOWNPOUR window in batches (default 5)")
     parser.add_argument("--workers", default="1,2", help="worker counts (default 1,2)")
     parser.add_argument("--compression", default="none", help="none, fp16, bf16 or topk:F (default none)")
+    parser.add_argument("--overlap", choices=["off", "on", "both"], default="off",
+                        help="workers commit in the background (Trainer overlap=True): off, on, or both one "
+                             "after the other (default off)")
     parser.add_argument("--skip-single", action="store_true", help="only the worker set-ups")
     parser.add_argument("--profile", action="store_true", help="cProfile worker 0's last epoch (in the JSON)")
     parser.add_argument("--out", default="results/overhead", help="results directory (default results/overhead)")
@@ -116,12 +119,15 @@ def main(argv: list[str] | None = None) -> int:
             rows.append({"setup": mode, "workers": 0, "epoch_s": epoch, "samples_s_per_worker": len(x) / epoch,
                          "cores_used": r["cores_used"]})
             print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+    overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
     for n in counts:
-        results = run_workers(n, builder, algorithm, x, y, epochs=args.epochs, batch_size=args.batch_size,
-                              profile=args.profile)
-        rows.append(worker_row(results, n, args.epochs, f"workers={n}"))
-        profiles[n] = next((r["profile"] for r in results if r.get("profile")), "")
-        print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+        for overlap in overlaps:
+            label = f"workers={n}" + (" overlap" if overlap else "")
+            results = run_workers(n, builder, algorithm, x, y, epochs=args.epochs, batch_size=args.batch_size,
+                                  profile=args.profile, overlap=overlap)
+            rows.append(worker_row(results, n, args.epochs, label))
+            profiles[label] = next((r["profile"] for r in results if r.get("profile")), "")
+            print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
     plain = [r["samples_s_per_worker"] for r in rows if r["setup"] == "plain"]
     for r in rows:
         r["vs_plain"] = r["samples_s_per_worker"] / plain[0] if plain else None

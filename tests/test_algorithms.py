@@ -215,3 +215,22 @@ def test_only_the_delta_rules_have_an_in_place_form():
         assert getattr(rule, "server_apply", None) is None
     with pytest.raises(ValueError, match="staleness"):
         DynSGD().server_apply(arr(1.0), arr(1.0), -1, arr(0.0))
+
+
+def test_a_late_reply_is_folded_with_the_progress_it_has_not_seen():
+    from trainer.algorithms import with_compression
+    from trainer.algorithms.delta import fold_late, overlappable
+
+    rule = DOWNPOUR(window=2)
+    center = [np.array([1.0, 2.0], np.float32)]
+    anchor = [np.array([0.5, 0.5], np.float32)]  # where this window started
+    weights = [np.array([0.75, 1.0], np.float32)]  # after it: progress (0.25, 0.5), committed without waiting
+    folded = fold_late(center, weights, anchor)
+    np.testing.assert_allclose(folded[0], [1.25, 2.5])
+    assert folded[0].dtype == np.float32
+    # What the worker commits next measures from the folded weights: nothing is sent twice.
+    np.testing.assert_allclose(rule.worker_payload(folded, folded)[0], [0.0, 0.0])
+    assert overlappable(DOWNPOUR(window=5)) and overlappable(DynSGD(window=5)) and overlappable(ADAG(window=5))
+    assert overlappable(with_compression(DynSGD(window=5), "bf16"))
+    assert not overlappable(SyncAveraging(every=5)) and not overlappable(EASGD(window=5))
+    assert not overlappable(DynSGD(window=None))  # one exchange per epoch: nothing to overlap with

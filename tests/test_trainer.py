@@ -162,6 +162,27 @@ def test_a_sharded_parameter_server_trains_and_every_shard_applies_every_commit(
     assert len(history.epochs) == 4 and history.loss[-1] < history.loss[0]
 
 
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(("algorithm", "options"), [
+    pytest.param(DOWNPOUR(window=4), {}, id="downpour"),
+    pytest.param(DynSGD(window=4), {"compression": "topk:0.1", "ps_shards": 2}, id="dynsgd-topk-2-shards"),
+])
+def test_overlapped_commits_train_digits_and_count_every_commit(digits, algorithm, options):
+    """overlap=True: each commit's round trip runs while the next window trains, its reply folded in later."""
+    train, test = digits
+    updates = []
+    fitted = Trainer(digits_model(0.005), algorithm=algorithm, num_workers=2, batch_size=32, epochs=4,
+                     verbose=False, overlap=True, on_update=updates.append, **options).fit(train)
+    history = fitted.history
+    assert fitted.evaluate(test)["accuracy"] >= 0.88
+    assert len(history.epochs) == 4 and history.loss[-1] < history.loss[0]
+    commits = sum(w["commits"] for w in history.workers)
+    assert commits > 0 and history.num_updates == commits == len(updates)  # every reply waited for
+    budget = 2 * 24  # 1,500 rows, 2 workers, batch 32
+    for epoch in history.epochs:  # the end of a shared epoch is seen one window late
+        assert budget <= epoch["batches"] <= budget + 2 * 2 * 4, history.epochs
+
+
 # -- bad input: a clear error within seconds, before any training job -------------
 
 def _fails_fast(df, match, **kwargs):
@@ -207,6 +228,8 @@ def test_bad_arguments_are_named():
         Trainer("model.h5")
     with pytest.raises(ValueError, match="ps_shards` must be a positive integer"):
         Trainer(digits_model(), ps_shards=0)
+    with pytest.raises(ValueError, match="overlap=True` needs a delta rule with a window"):
+        Trainer(digits_model(), algorithm=SyncAveraging(every=4), overlap=True)
     with pytest.raises(ValueError, match="cannot be sharded"):
         Trainer(digits_model(), algorithm=SyncAveraging(average_optimizer_state=True), ps_shards=2)
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from trainer.algorithms import Algorithm, get_algorithm, with_compression
+from trainer.algorithms.delta import overlappable
 from trainer.callbacks import EpochCallbacks, check_callbacks
 from trainer.checkpoint import Checkpoint, Checkpointer, load_checkpoint
 from trainer.data.validate import DataSpec, prepare_frame
@@ -198,6 +199,13 @@ class Trainer:
             driver has a free core per shard (docs/guide.md); 1 (the default)
             is one endpoint. Not for rules that keep optimizer state on the
             server (``SyncAveraging(average_optimizer_state=True)``).
+        overlap: Bool. Hide the round trip of each commit: a worker sends its
+            commit on a thread of its own and trains the next window meanwhile,
+            then folds the reply in (the center plus the progress it has not
+            seen). Its view of the center is one window older, and DynSGD's
+            staleness does not count the commits made during that window. For
+            delta rules with a window (DOWNPOUR, ADAG, DynSGD, compressed or
+            not); False (the default) waits for every reply.
     """
 
     def __init__(
@@ -237,6 +245,7 @@ class Trainer:
         shard_budget_mb: float | None = None,
         on_epoch_end: EpochEndHook | None = None,
         ps_shards: int = 1,
+        overlap: bool = False,
     ) -> None:
         self.algorithm = with_compression(get_algorithm(algorithm), compression)
         self.ps_shards = check_shards(ps_shards, self.algorithm)
@@ -287,6 +296,10 @@ class Trainer:
                              f"shard_budget_mb={shard_budget_mb!r}")
         self.shard_budget_mb = shard_budget_mb
         self.on_epoch_end = on_epoch_end
+        self.overlap = bool(overlap)
+        if self.overlap and not overlappable(self.algorithm):
+            raise ValueError(f"`overlap=True` needs a delta rule with a window (downpour, adag, dynsgd). Received: "
+                             f"{self.algorithm.describe()}. Fix: use one of those rules or overlap=False.")
 
     # -- planning ---------------------------------------------------------------
     def _driver_model(self):
@@ -434,6 +447,7 @@ class Trainer:
                 input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=attempt,
                 seed=self.seed, io_timeout=self.io_timeout, keras_backend=keras.backend.backend(),
                 share_epochs=self.share_epochs, feed=self.feed, shard_budget=shard_budget, task_memory=task_memory,
+                overlap=self.overlap,
             ))
 
         def on_retry(workers: int) -> None:

@@ -103,7 +103,7 @@ def _server(algorithm, center, workers: int, secret: bytes, address_queue, stop,
 
 
 def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int, batch_size: int, seed: int,
-            profile: bool, queue) -> None:
+            profile: bool, overlap: bool, queue) -> None:
     _one_thread()
     import keras  # deferred: after the thread settings
 
@@ -122,7 +122,7 @@ def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int,
         client.connect()
         center, _ = client.hello()
         load_state(model, list(center), with_optimizer=False, strict=False)
-        callback = make_sync_callback(client, algorithm, worker, record, None)
+        callback = make_sync_callback(client, algorithm, worker, record, None, overlap=overlap)
         callback.begin(model)
         feed = ShardFeed(x, y, seed=seed + worker)
         timer = _epoch_timer(times)
@@ -169,7 +169,7 @@ def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: 
 
 
 def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_size: int, seed: int = 0,
-                profile: bool = False) -> list[dict[str, Any]]:
+                profile: bool = False, overlap: bool = False) -> list[dict[str, Any]]:
     """`workers` worker processes and a server process; every worker trains on its 1/N of the rows."""
     center = [np.asarray(w) for w in builder().get_weights()]
     ctx = multiprocessing.get_context("spawn")
@@ -180,7 +180,7 @@ def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_si
     address = address_queue.get(timeout=120)
     shards = np.array_split(np.arange(len(x)), workers)
     procs = [ctx.Process(target=_worker, args=(builder, algorithm, address, secret, w, x[s], y[s], epochs,
-                                                batch_size, seed, profile and w == 0, queue))
+                                                batch_size, seed, profile and w == 0, overlap, queue))
              for w, s in enumerate(shards)]
     for p in procs:
         p.start()

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from trainer.algorithms.base import Algorithm, add, add_into, sub
+from trainer.algorithms.base import Algorithm, Arrays, add, add_into, sub
 
 
 @dataclass(frozen=True)
@@ -38,3 +38,22 @@ class DeltaRule(Algorithm):
 
     def server_apply(self, center, payload, staleness, out):
         add_into(out, center, payload, scale=self.server_scale(staleness))
+
+
+def overlappable(algorithm: Algorithm) -> bool:
+    """Whether a worker may commit in the background and fold the reply a window later (`fold_late`):
+    a delta rule with a window, possibly compressed."""
+    inner = getattr(algorithm, "inner", algorithm)  # trainer.algorithms.compressed wraps a delta rule
+    return isinstance(inner, DeltaRule) and algorithm.window is not None
+
+
+def fold_late(reply, weights, anchor) -> Arrays:
+    """A delta rule's reply (the center) that arrives one window late, folded into the worker's weights.
+
+    The worker committed ``weights - anchor`` meanwhile without waiting, so
+    its new weights are the center plus that progress, which the center has
+    not seen yet: ``reply + (weights - anchor)``.
+    """
+    folded = sub(weights, anchor)
+    add_into(folded, reply, folded)  # in place: no second 4 MB temporary per exchange
+    return folded

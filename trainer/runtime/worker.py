@@ -37,6 +37,7 @@ import json
 import math
 import os
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
@@ -45,6 +46,7 @@ import pyarrow as pa
 from pyspark import BarrierTaskContext
 
 from trainer.algorithms import Algorithm
+from trainer.algorithms.delta import fold_late, overlappable
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.arrow import ValidationRows
 from trainer.runtime.inference import validation_logs
@@ -82,6 +84,7 @@ class WorkerConfig:
     feed: str = "auto"  # how the shard is held: trainer.runtime.shard
     shard_budget: int | None = None  # bytes; None: derived from task_memory or the worker's limit
     task_memory: int | None = None  # spark.executor.memory per task slot, in bytes, if known
+    overlap: bool = False  # commit in the background, fold the reply a window later (delta rules)
 
 
 def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> int:
@@ -90,12 +93,16 @@ def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> 
 
 
 def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, budget: int | None,
-                       validation: tuple | None = None, validation_batch_size: int = 256):
+                       validation: tuple | None = None, validation_batch_size: int = 256, overlap: bool = False):
     """Build the Keras callback (imported lazily: keras must load after configure_process).
 
     `budget` is the number of minibatches in one epoch over all workers when
     the workers share each epoch (asynchronous rules with a window), else None;
-    `validation` is this worker's (x, y) validation rows, or None.
+    `validation` is this worker's (x, y) validation rows, or None. With
+    `overlap` (delta rules with a window only) a commit's round trip runs on a
+    thread of its own while the next window trains; its reply is folded in at
+    the next exchange (``trainer.algorithms.delta.fold_late``), and every
+    epoch end waits for it.
     """
     import keras  # deferred: TensorFlow starts only when a model is needed
 
@@ -118,6 +125,9 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             self.logs: dict[str, float] = {}
             self.anchor: list[np.ndarray] = []
             self.residual: list[np.ndarray] | None = None  # what a lossy codec left for the next commit
+            self.overlap = overlap and overlappable(algorithm)
+            self.in_flight: Future | None = None  # the commit whose reply is not folded in yet (overlap)
+            self.sender = ThreadPoolExecutor(1, thread_name_prefix="ps-commit") if self.overlap else None
 
         def begin(self, model) -> None:
             self.set_model(model)
@@ -150,6 +160,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             return float("nan") if tracker is None else float(tracker.result())
 
         def finish_epoch(self) -> None:
+            self.fold_in_flight()
             if algorithm.window is None and not self.stopped:
                 self.exchange(self.logs)
             if self.stopped:
@@ -179,6 +190,9 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
         def finish(self) -> None:
             if self.since and not self.stopped:
                 self.exchange(self.logs)
+            self.fold_in_flight()
+            if self.sender is not None:
+                self.sender.shutdown()
 
         def exchange(self, logs) -> None:
             started = time.perf_counter()
@@ -190,13 +204,27 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             meta = {"worker": worker, "epoch": self.epoch, "step": self.step, "loss": loss}
             if budget is not None:
                 meta["batches"] = self.since
-            reply, reply_meta = client.commit(payload, meta)
-            replied = time.perf_counter()
-            self.follow(reply_meta)
-            if self.stopped and not reply:  # a synchronous round ended by the driver: nothing to apply
-                return
-            new_weights, self.anchor = algorithm.worker_apply(weights, self.anchor, reply)
-            load_state(self.model, new_weights, with_optimizer=self.with_optimizer, strict=False)
+            if self.overlap:
+                reply, reply_meta = self.wait_in_flight()
+                self.in_flight = self.sender.submit(client.commit, payload, meta)
+                replied = time.perf_counter()
+                self.follow(reply_meta)
+                if reply is None:  # nothing was in flight: the weights stay, the progress is on its way
+                    self.anchor = weights
+                else:
+                    self.anchor = fold_late(reply, weights, self.anchor)
+                    # A copy: TensorFlow may adopt an aligned numpy array's memory as the variable's own
+                    # (no copy on assign) and then train in it, which would move the anchor with the weights.
+                    load_state(self.model, [a.copy() for a in self.anchor], with_optimizer=self.with_optimizer,
+                               strict=False)
+            else:
+                reply, reply_meta = client.commit(payload, meta)
+                replied = time.perf_counter()
+                self.follow(reply_meta)
+                if self.stopped and not reply:  # a synchronous round ended by the driver: nothing to apply
+                    return
+                new_weights, self.anchor = algorithm.worker_apply(weights, self.anchor, reply)
+                load_state(self.model, new_weights, with_optimizer=self.with_optimizer, strict=False)
             self.since = 0
             record["commits"] += 1
             done = time.perf_counter()
@@ -204,9 +232,33 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             for part, seconds in (("state", got_state - started), ("payload", encoded - got_state),
                                   ("round_trip", replied - encoded), ("load", done - replied)):
                 record["exchange_s"][part] += seconds
-            if budget is not None and reply_meta.get("epoch_batches", budget) >= budget:
+            self.check_epoch_over(reply_meta)
+
+        def check_epoch_over(self, reply_meta: dict) -> None:
+            """A shared epoch ends once the server counted its batches; ({}: no reply, nothing to check)."""
+            if budget is not None and reply_meta and reply_meta.get("epoch_batches", budget) >= budget:
                 self.epoch_over = True
                 self.model.stop_training = True
+
+        def wait_in_flight(self) -> tuple[list[np.ndarray] | None, dict]:
+            """The reply of the commit in flight (an error it met is raised here), or (None, {})."""
+            pending, self.in_flight = self.in_flight, None
+            return pending.result() if pending is not None else (None, {})
+
+        def fold_in_flight(self) -> None:
+            """Wait for the commit in flight and fold its reply in; the weights then have no progress in
+            flight, so the anchor is the center itself."""
+            if self.in_flight is None:
+                return
+            started = time.perf_counter()
+            reply, reply_meta = self.wait_in_flight()
+            weights = model_state(self.model, self.with_optimizer)
+            load_state(self.model, fold_late(reply, weights, self.anchor), with_optimizer=self.with_optimizer,
+                       strict=False)
+            self.anchor = list(reply)
+            record["comm_s"] += time.perf_counter() - started
+            self.follow(reply_meta)
+            self.check_epoch_over(reply_meta)
 
     return ParameterServerSync()
 
@@ -257,7 +309,8 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         budget = epoch_batches_budget(shard.padded_rows, config.batch_size, len(sizes)) if shared else None
         record["shared_epochs"] = shared
         callback = make_sync_callback(client, config.algorithm, worker, record, budget,
-                                      validation if len(validation[0]) else None, config.validation_batch_size)
+                                      validation if len(validation[0]) else None, config.validation_batch_size,
+                                      overlap=config.overlap)
         callback.begin(model)
         feed = shard.feed(seed=config.seed + 1000 * config.attempt + worker)
         train_start = time.time()
