@@ -168,7 +168,11 @@ def test_forecast_flags_and_defaults(forecast_job, capsys):
     assert args.model_names == ["gru"] and args.worker_counts == [1, 2, 4] and args.limit == 600
     assert trainer_options(args, "gru", 2) == (
         {"retry_timeout": 60.0, "share_epochs": True, "seed": 0, "compression": "none", "tls": False,
-         "frame_mac": True}, {})
+         "frame_mac": True, "overlap": False}, {})
+    assert trainer_options(forecast_job.parse_args(["--algorithm", "dynsgd", "--overlap"]), "gru", 2)[0]["overlap"]
+    with pytest.raises(SystemExit):  # averaging waits for every worker at every round: nothing to overlap
+        forecast_job.parse_args(["--overlap"])
+    assert "--overlap needs a delta rule with a window" in capsys.readouterr().err
     assert trainer_options(forecast_job.parse_args(["--algorithm", "dynsgd", "--compression", "TopK:0.01"]), "gru",
                            2)[0]["compression"] == "topk:0.01"
     with pytest.raises(SystemExit):  # the default, averaging, sends whole models: nothing to compress

@@ -9,6 +9,7 @@ from typing import Any, Callable
 
 from trainer import SyncAveraging, get_algorithm
 from trainer.algorithms import parse_compression, with_compression
+from trainer.algorithms.delta import overlappable
 from trainer.checkpoint import has_checkpoint
 from trainer.verbosity import configure_logging, import_keras_quietly
 
@@ -57,8 +58,8 @@ def start_logging(args: argparse.Namespace, keras: bool = True) -> None:
 
 
 def add_trainer_args(parser) -> None:
-    """--seed, --fixed-epochs, --checkpoint-dir, --resume, --compression, --retry-timeout, --tls and
-    --no-frame-mac for a job's argument parser."""
+    """--seed, --fixed-epochs, --checkpoint-dir, --resume, --compression, --overlap, --retry-timeout, --tls
+    and --no-frame-mac for a job's argument parser."""
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the runs (plain Keras uses it, worker i of a distributed run seed + i; "
                              "default 0): repeat a run with other seeds to see its run-to-run spread")
@@ -74,6 +75,9 @@ def add_trainer_args(parser) -> None:
     parser.add_argument("--compression", default="none", type=compression_arg,
                         help="lossy encoding of the workers' commits (downpour, adag, dynsgd): none, fp16, bf16 "
                              "or topk:F (the largest fraction F of each tensor), with error feedback (default none)")
+    parser.add_argument("--overlap", action="store_true",
+                        help="workers send each commit from a thread of their own and fold the reply in a window "
+                             "later (downpour, adag, dynsgd; Trainer overlap=True)")
     parser.add_argument("--retry-timeout", type=positive_float, default=60.0,
                         help="seconds a retry after lost executors waits for their slots before it continues "
                              "on the workers left (default 60)")
@@ -93,13 +97,17 @@ def check_checkpoint_args(parser, args) -> None:
 
 def check_trainer_args(parser, args) -> None:
     """Exit through `parser.error` on Trainer flags that do not go together: checkpoints, and
-    --compression with an algorithm whose workers send full weights."""
+    --compression or --overlap with an algorithm whose workers send full weights."""
     check_checkpoint_args(parser, args)
-    if getattr(args, "compression", "none") != "none":
-        try:
-            with_compression(algorithm_from_args(args.algorithm, args.window), args.compression)
-        except ValueError as exc:
-            parser.error(str(exc))
+    try:
+        algorithm = algorithm_from_args(args.algorithm, args.window)
+        if getattr(args, "compression", "none") != "none":
+            algorithm = with_compression(algorithm, args.compression)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if getattr(args, "overlap", False) and not overlappable(algorithm):
+        parser.error(f"--overlap needs a delta rule with a window (downpour, adag, dynsgd); received "
+                     f"{algorithm.describe()}. Fix: pass --algorithm dynsgd (or downpour, adag), or drop --overlap.")
 
 
 def trainer_options(args, model_name: str, workers: int, seed: int | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -108,7 +116,8 @@ def trainer_options(args, model_name: str, workers: int, seed: int | None = None
     seed = args.seed if seed is None else seed
     options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs,
                                "seed": seed, "compression": getattr(args, "compression", "none"),
-                               "tls": getattr(args, "tls", False), "frame_mac": not getattr(args, "no_frame_mac", False)}
+                               "tls": getattr(args, "tls", False), "frame_mac": not getattr(args, "no_frame_mac", False),
+                               "overlap": getattr(args, "overlap", False)}
     if args.checkpoint_dir is None:
         return options, {}
     directory = Path(args.checkpoint_dir) / f"{model_name}-{workers}w{'' if seed == args.seed else f'-seed{seed}'}"
