@@ -264,7 +264,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     try:
         args.worker_counts = parse_workers(args.workers)
         args.model_names = parse_models(args.models)
-        algorithm_from_args(args.algorithm, args.window)  # fail on a bad name before loading anything
     except ValueError as exc:
         parser.error(str(exc))
     if args.limit is not None and args.limit < N_IN + TEST_HOURS + 1:

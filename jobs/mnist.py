@@ -128,7 +128,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if not 0 < args.target_accuracy <= 1:
         parser.error(f"--target-accuracy must be in (0, 1]; received {args.target_accuracy}.")
     args.worker_counts = parse_workers(args.workers)
-    algorithm_from_args(args.algorithm, args.window)  # fail on a bad name before loading anything
     return args
 
 

@@ -96,8 +96,9 @@ def check_checkpoint_args(parser, args) -> None:
 
 
 def check_trainer_args(parser, args) -> None:
-    """Exit through `parser.error` on Trainer flags that do not go together: checkpoints, and
-    --compression or --overlap with an algorithm whose workers send full weights."""
+    """Exit through `parser.error` on Trainer flags that are wrong or do not go together: an unknown
+    --algorithm, checkpoints, and --compression or --overlap with an algorithm whose workers send full
+    weights. Runs before anything is loaded."""
     check_checkpoint_args(parser, args)
     try:
         algorithm = algorithm_from_args(args.algorithm, args.window)

@@ -213,10 +213,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                     self.anchor = weights
                 else:
                     self.anchor = fold_late(reply, weights, self.anchor)
-                    # A copy: TensorFlow may adopt an aligned numpy array's memory as the variable's own
-                    # (no copy on assign) and then train in it, which would move the anchor with the weights.
-                    load_state(self.model, [a.copy() for a in self.anchor], with_optimizer=self.with_optimizer,
-                               strict=False)
+                    load_state(self.model, self.anchor, with_optimizer=self.with_optimizer, strict=False)
             else:
                 reply, reply_meta = client.commit(payload, meta)
                 replied = time.perf_counter()
