@@ -186,16 +186,27 @@ def test_training_survives_a_killed_executor(local_cluster_2, spark, digits, fee
             reached[record.worker] = max(reached.get(record.worker, 0), record.epoch or 0)
         return len(reached) == 2 and min(reached.values()) >= 2
 
+    killed = threading.Event()
+
     def kill_one() -> None:
         deadline = time.monotonic() + 300
         while not both_past_epoch_one() and time.monotonic() < deadline:
             time.sleep(0.05)
         os.kill(executors[0], signal.SIGKILL)
+        killed.set()
+
+    def slow_server(record) -> None:
+        # Twelve epochs of digits train in half a second, less than two tasks' start-up can differ by
+        # (a cold executor importing TensorFlow): until the kill, every commit waits on the server, so
+        # that both tasks are still training when it comes.
+        updates.append(record)
+        if not killed.is_set():
+            time.sleep(0.05)
 
     killer = threading.Thread(target=kill_one, daemon=True)
     killer.start()
     fitted = Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=12, verbose=False,
-                     max_retries=2, on_update=updates.append, feed=feed).fit(train)
+                     max_retries=2, on_update=slow_server, feed=feed).fit(train)
     killer.join()
     failures = [e for e in fitted.history.events if e.get("event") == "attempt_failed"]
     assert failures and failures[0]["retry"], fitted.history.events
