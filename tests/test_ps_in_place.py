@@ -162,3 +162,23 @@ def test_dynsgd_in_place_scales_by_the_staleness_of_each_connection():
             assert meta == {"version": 2, "staleness": 1} and uniform(reply) == 1.5
             assert uniform(c0.commit(constant(3.0), {})[0]) == 3.0  # c0 is stale by one too
         assert uniform(ps.center()) == 3.0
+
+
+@pytest.mark.timeout(60)
+def test_dynsgd_counts_the_commits_an_overlapped_payload_reports_unseen():
+    """A worker that overlaps its commits built its payload on an older reply: the commits it says it has
+    not seen (meta "unseen") add to the staleness the server measures since its last reply."""
+    with ParameterServer(DynSGD(), zeros(), 2, SECRET) as ps:
+        with PSClient(*ps.address, SECRET, 0, timeout=10).connect() as c0, \
+                PSClient(*ps.address, SECRET, 1, timeout=10).connect() as c1:
+            c0.hello(), c1.hello()
+            c0.commit(constant(1.0), {})  # version 1, c0's last reply
+            reply, meta = c0.commit(constant(3.0), {"unseen": 1})
+            assert meta == {"version": 2, "staleness": 1} and uniform(reply) == 2.5  # 1 + 3 / (1 + 1)
+            assert c1.commit(constant(1.0), {})[1]["staleness"] == 2
+            # capped at the version of c0's last reply (2): a sharded worker counts on shard 0's versions
+            assert c0.commit(constant(1.0), {"unseen": 99})[1]["staleness"] == 1 + 2
+            with pytest.raises(RemoteError, match="'unseen' must be an int >= 0, received -1"):
+                c0.commit(constant(1.0), {"unseen": -1})
+            assert ps.version == 4  # the malformed commit changed nothing
+        assert [r.staleness for r in ps.updates] == [0, 1, 2, 3]

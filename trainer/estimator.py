@@ -202,8 +202,9 @@ class Trainer:
         overlap: Bool. Hide the round trip of each commit: a worker sends its
             commit on a thread of its own and trains the next window meanwhile,
             then folds the reply in (the center plus the progress it has not
-            seen). Its view of the center is one window older, and DynSGD's
-            staleness does not count the commits made during that window. For
+            seen). Its view of the center is one window older; it tells the
+            server the commits it has not seen, so DynSGD's staleness counts
+            them. For
             delta rules with a window (DOWNPOUR, ADAG, DynSGD, compressed or
             not); False (the default) waits for every reply.
     """

@@ -45,6 +45,20 @@ class AsynchronousCommits:
         return True, (f"a COMMIT that counts 'batches' needs 'epoch' and 'batches' as ints >= 0, received "
                       f"epoch={epoch!r:.20} and batches={batches!r:.20}")
 
+    def _unseen(self: Any, conn: Any, frame: Frame) -> tuple[int, str | None]:
+        """(commits of the others that the payload's base has not seen beyond the connection's last
+        reply, why the field is malformed or None).
+
+        A worker that overlaps its commits (``Trainer(overlap=True)``) computes a payload on the center
+        of the reply before last: the commits between that reply and its last one count toward its
+        staleness too. It says how many in ``meta["unseen"]`` (0 when absent), counted on shard 0's
+        versions when the center is sharded: hence capped at this connection's version, not refused.
+        """
+        unseen = frame.meta.get("unseen", 0)
+        if type(unseen) is int and unseen >= 0:
+            return min(unseen, conn.last_version), None
+        return 0, f"a COMMIT's 'unseen' must be an int >= 0, received {unseen!r:.20}"
+
     def _commit_meta_locked(self: Any, conn: Any, frame: Frame, counted: bool, version: int,
                             staleness: int) -> dict[str, Any]:  # fmt: skip
         meta = {"version": version, "staleness": staleness, **self._directives}
@@ -63,8 +77,9 @@ class AsynchronousCommits:
         """Apply a commit in place (``trainer.ps.center``: two-phase over the tensor locks) and reply from
         the connection's reply buffer after every lock is released."""
         counted, malformed = self._counted(conn, frame)
-        if malformed is not None:
-            self._reply_error(conn, malformed)
+        unseen, bad_unseen = self._unseen(conn, frame)
+        if malformed or bad_unseen:
+            self._reply_error(conn, malformed or bad_unseen)
             return
         out, payload, per = self._reply_buffer(conn), frame.arrays, self._payload_arrays
         center, apply = self._center.arrays, self._algorithm.server_apply
@@ -75,7 +90,7 @@ class AsynchronousCommits:
         def start() -> None:
             nonlocal staleness
             with self._lock:
-                staleness = self._version - conn.last_version
+                staleness = self._version - conn.last_version + unseen
 
         def step(i: int) -> str | None:
             apply(center[i:i + 1], payload[per * i:per * (i + 1)], staleness, out[i:i + 1])
@@ -105,11 +120,12 @@ class AsynchronousCommits:
     def _commit_async(self: Any, conn: Any, frame: Frame) -> None:
         """A rule without ``server_apply``: ``server_commit`` under the server's lock; the center is replaced."""
         counted, malformed = self._counted(conn, frame)
-        if malformed is not None:
-            self._reply_error(conn, malformed)
+        unseen, bad_unseen = self._unseen(conn, frame)
+        if malformed or bad_unseen:
+            self._reply_error(conn, malformed or bad_unseen)
             return
         with self._lock:
-            staleness = self._version - conn.last_version
+            staleness = self._version - conn.last_version + unseen
             record = refused = None
             try:
                 new_center, reply = self._algorithm.server_commit(list(self._center.arrays), frame.arrays, staleness)

@@ -6,7 +6,9 @@ workers commit over TCP:
 
 * asynchronous rules: a payload is applied as soon as it arrives;
   staleness is the number of center updates since the committing connection
-  last received the center. Rules with an in-place form (``server_apply``:
+  last received the center (plus, for a worker that overlaps its commits,
+  the updates its payload's older base missed: COMMIT meta ``"unseen"``,
+  ``trainer.ps.commits``). Rules with an in-place form (``server_apply``:
   DOWNPOUR, ADAG, DynSGD, compressed) update the center in place, tensor by
   tensor under one lock per tensor, into a reply buffer per connection that
   is sent without copies after every lock is released; the server's lock

@@ -127,9 +127,15 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             self.residual: list[np.ndarray] | None = None  # what a lossy codec left for the next commit
             self.overlap = overlap and overlappable(algorithm)
             self.in_flight: Future | None = None  # the commit whose reply is not folded in yet (overlap)
+            # Center versions: of the connection's last reply, and of the center the weights stem from
+            # (older with a commit in flight, or after a validation pull); the difference is staleness
+            # the server cannot see (COMMIT meta "unseen", trainer.ps.commits).
+            self.seen_version = self.base_version = 0
             self.sender = ThreadPoolExecutor(1, thread_name_prefix="ps-commit") if self.overlap else None
 
-        def begin(self, model) -> None:
+        def begin(self, model, version: int = 0) -> None:
+            """Start from the center of version `version` (HELLO's) already loaded into `model`."""
+            self.seen_version = self.base_version = version
             self.set_model(model)
             if self.with_optimizer:
                 model.optimizer.build(model.trainable_variables)
@@ -172,7 +178,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
 
         def validate_center(self) -> dict[str, float]:
             """The center's metrics on this worker's validation rows (its own weights stay)."""
-            center, _ = client.pull()
+            center, self.seen_version = client.pull()
             own = self.model.get_weights()
             self.model.set_weights(list(center[: len(own)]))
             logs = validation_logs(self.model, *validation, validation_batch_size)
@@ -206,6 +212,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                 meta["batches"] = self.since
             if self.overlap:
                 reply, reply_meta = self.wait_in_flight()
+                self.note_unseen(meta, reply_meta, in_flight=reply is not None)
                 self.in_flight = self.sender.submit(client.commit, payload, meta)
                 replied = time.perf_counter()
                 self.follow(reply_meta)
@@ -214,8 +221,11 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                 else:
                     self.anchor = fold_late(reply, weights, self.anchor)
                     load_state(self.model, self.anchor, with_optimizer=self.with_optimizer, strict=False)
+                    self.base_version = self.seen_version
             else:
+                self.note_unseen(meta, {}, in_flight=False)
                 reply, reply_meta = client.commit(payload, meta)
+                self.base_version = self.seen_version = reply_meta.get("version", self.seen_version)
                 replied = time.perf_counter()
                 self.follow(reply_meta)
                 if self.stopped and not reply:  # a synchronous round ended by the driver: nothing to apply
@@ -237,6 +247,15 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                 self.epoch_over = True
                 self.model.stop_training = True
 
+        def note_unseen(self, meta: dict, reply_meta: dict, in_flight: bool) -> None:
+            """Tell the server the commits of the others that the payload's base has not seen beyond the
+            last reply: with a commit in flight (its reply is `reply_meta`, which includes that commit
+            itself), or after a validation pull."""
+            self.seen_version = reply_meta.get("version", self.seen_version)
+            unseen = self.seen_version - self.base_version - int(in_flight)
+            if unseen > 0 and not algorithm.synchronous:
+                meta["unseen"] = unseen
+
         def wait_in_flight(self) -> tuple[list[np.ndarray] | None, dict]:
             """The reply of the commit in flight (an error it met is raised here), or (None, {})."""
             pending, self.in_flight = self.in_flight, None
@@ -253,6 +272,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             load_state(self.model, fold_late(reply, weights, self.anchor), with_optimizer=self.with_optimizer,
                        strict=False)
             self.anchor = list(reply)
+            self.base_version = self.seen_version = reply_meta.get("version", self.seen_version)
             record["comm_s"] += time.perf_counter() - started
             self.follow(reply_meta)
             self.check_epoch_over(reply_meta)
@@ -308,7 +328,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         callback = make_sync_callback(client, config.algorithm, worker, record, budget,
                                       validation if len(validation[0]) else None, config.validation_batch_size,
                                       overlap=config.overlap)
-        callback.begin(model)
+        callback.begin(model, int(meta.get("version", 0)))
         feed = shard.feed(seed=config.seed + 1000 * config.attempt + worker)
         train_start = time.time()
         for epoch in range(start_epoch, config.epochs):

@@ -1,0 +1,69 @@
+"""The worker's Keras callback (trainer.runtime.worker) against a real parameter server, without Spark.
+
+The callback is driven by hand, exchange by exchange, so that another
+client's commits land exactly between them: the staleness the server records
+for the worker must count every commit its weights have not seen, also those
+before its last reply (a commit in flight with `overlap`, a validation pull).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trainer.algorithms import DynSGD
+from trainer.ps import ParameterServer, PSClient
+from trainer.transport.wire import new_secret
+
+SECRET = new_secret()
+
+
+def tiny_model():
+    import keras
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def run(overlap: bool, validation=None) -> list[tuple[int, int]]:
+    """Worker 0's callback and a bare client for worker 1 on one DynSGD server; returns (worker,
+    staleness) of every update. Worker 1 commits once right after the HELLOs."""
+    from trainer.runtime.worker import make_sync_callback
+
+    model = tiny_model()
+    algorithm = DynSGD(window=1)
+    record = {"epochs": [], "commits": 0, "comm_s": 0.0, "rows": 8,
+              "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0}}
+    with ParameterServer(algorithm, model.get_weights(), 2, SECRET) as ps:
+        with PSClient(*ps.address, SECRET, 0, timeout=10).connect() as c0, \
+                PSClient(*ps.address, SECRET, 1, timeout=10).connect() as c1:
+            _, meta = c0.hello()
+            c1.hello()
+            callback = make_sync_callback(c0, algorithm, 0, record, None, validation, overlap=overlap)
+            callback.begin(model, meta["version"])
+            callback.start_epoch(0)
+            c1.commit([np.full_like(w, 0.5) for w in model.get_weights()], {})  # version 1
+            if validation is not None:
+                callback.validate_center()  # pulls version 1, keeps the worker's own weights (version 0)
+            for _ in range(2):
+                callback.since = 1
+                callback.exchange(None)
+                if callback.in_flight is not None:
+                    callback.in_flight.result()  # applied before the next exchange, reply not folded yet
+            callback.finish()
+        return [(r.worker, r.staleness) for r in ps.updates]
+
+
+@pytest.mark.timeout(120)
+def test_an_overlapped_commit_counts_the_commits_before_its_base_reply():
+    # Worker 0's first commit is version 2 (stale by worker 1's); its second was computed on
+    # the HELLO's center plus its own first commit, so worker 1's commit is still unseen.
+    assert run(overlap=True) == [(1, 0), (0, 1), (0, 1)]
+    assert run(overlap=False) == [(1, 0), (0, 1), (0, 0)]  # the reply of version 2 was applied
+
+
+@pytest.mark.timeout(120)
+def test_a_commit_after_a_validation_pull_counts_what_the_pull_showed_but_the_weights_did_not_take():
+    validation = (np.zeros((8, 4), np.float32), np.zeros((8, 1), np.float32))
+    assert run(overlap=False, validation=validation) == [(1, 0), (0, 1), (0, 0)]
