@@ -117,6 +117,11 @@ def test_a_poisoned_commit_to_a_synchronous_round_is_refused():
 
 def test_non_finite_counts_only_when_the_fast_check_fails():
     assert non_finite(np.full(10, 3e38, "f4")) is None, "a sum that overflows is not a non-finite array"
+    assert non_finite(np.full((3, 4), 1e20, "f4")) is None, "nor one whose squares overflow"
+    for dtype in ("f4", "f8"):
+        a = np.zeros((50, 40), dtype)
+        a[7, 3], a[9, 1], a[20, 20] = np.nan, np.inf, -np.inf
+        assert non_finite(a) == (1, 2) and non_finite(a[:, ::2]) == (0, 1)  # a strided view takes the sum
     assert non_finite(np.array([1, np.nan, np.inf, -np.inf], "f2")) == (1, 2)
     assert non_finite(np.arange(5)) is None and non_finite(np.zeros(0, "f4")) is None
     problem, diverged = check_commit(good()[:1], center(), 2, NAMES, with_optimizer=False)
