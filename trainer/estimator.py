@@ -204,9 +204,8 @@ class Trainer:
             then folds the reply in (the center plus the progress it has not
             seen). Its view of the center is one window older; it tells the
             server the commits it has not seen, so DynSGD's staleness counts
-            them. For
-            delta rules with a window (DOWNPOUR, ADAG, DynSGD, compressed or
-            not); False (the default) waits for every reply.
+            them. For delta rules with a window (DOWNPOUR, ADAG, DynSGD,
+            compressed or not); False (the default) waits for every reply.
     """
 
     def __init__(
