@@ -45,6 +45,12 @@ class AsynchronousCommits:
         return True, (f"a COMMIT that counts 'batches' needs 'epoch' and 'batches' as ints >= 0, received "
                       f"epoch={epoch!r:.20} and batches={batches!r:.20}")
 
+    def _commit_fields(self: Any, conn: Any, frame: Frame) -> tuple[bool, int, str | None]:
+        """(does it count batches, its unseen commits, why its meta is malformed or None) of a COMMIT."""
+        counted, malformed = self._counted(conn, frame)
+        unseen, bad_unseen = self._unseen(conn, frame)
+        return counted, unseen, malformed or bad_unseen
+
     def _unseen(self: Any, conn: Any, frame: Frame) -> tuple[int, str | None]:
         """(commits of the others that the payload's base has not seen beyond the connection's last
         reply, why the field is malformed or None).
@@ -76,10 +82,9 @@ class AsynchronousCommits:
     def _commit_in_place(self: Any, conn: Any, frame: Frame) -> None:
         """Apply a commit in place (``trainer.ps.center``: two-phase over the tensor locks) and reply from
         the connection's reply buffer after every lock is released."""
-        counted, malformed = self._counted(conn, frame)
-        unseen, bad_unseen = self._unseen(conn, frame)
-        if malformed or bad_unseen:
-            self._reply_error(conn, malformed or bad_unseen)
+        counted, unseen, malformed = self._commit_fields(conn, frame)
+        if malformed is not None:
+            self._reply_error(conn, malformed)
             return
         out, payload, per = self._reply_buffer(conn), frame.arrays, self._payload_arrays
         center, apply = self._center.arrays, self._algorithm.server_apply
@@ -119,10 +124,9 @@ class AsynchronousCommits:
 
     def _commit_async(self: Any, conn: Any, frame: Frame) -> None:
         """A rule without ``server_apply``: ``server_commit`` under the server's lock; the center is replaced."""
-        counted, malformed = self._counted(conn, frame)
-        unseen, bad_unseen = self._unseen(conn, frame)
-        if malformed or bad_unseen:
-            self._reply_error(conn, malformed or bad_unseen)
+        counted, unseen, malformed = self._commit_fields(conn, frame)
+        if malformed is not None:
+            self._reply_error(conn, malformed)
             return
         with self._lock:
             staleness = self._version - conn.last_version + unseen

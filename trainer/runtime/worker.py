@@ -212,7 +212,8 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                 meta["batches"] = self.since
             if self.overlap:
                 reply, reply_meta = self.wait_in_flight()
-                self.note_unseen(meta, reply_meta, in_flight=reply is not None)
+                self.seen_version = reply_meta.get("version", self.seen_version)
+                self.note_unseen(meta, in_flight=reply is not None)
                 self.in_flight = self.sender.submit(client.commit, payload, meta)
                 replied = time.perf_counter()
                 self.follow(reply_meta)
@@ -223,10 +224,10 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                     load_state(self.model, self.anchor, with_optimizer=self.with_optimizer, strict=False)
                     self.base_version = self.seen_version
             else:
-                self.note_unseen(meta, {}, in_flight=False)
+                self.note_unseen(meta, in_flight=False)
                 reply, reply_meta = client.commit(payload, meta)
-                self.base_version = self.seen_version = reply_meta.get("version", self.seen_version)
                 replied = time.perf_counter()
+                self.stem_from(reply_meta)
                 self.follow(reply_meta)
                 if self.stopped and not reply:  # a synchronous round ended by the driver: nothing to apply
                     return
@@ -247,14 +248,17 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                 self.epoch_over = True
                 self.model.stop_training = True
 
-        def note_unseen(self, meta: dict, reply_meta: dict, in_flight: bool) -> None:
+        def note_unseen(self, meta: dict, in_flight: bool) -> None:
             """Tell the server the commits of the others that the payload's base has not seen beyond the
-            last reply: with a commit in flight (its reply is `reply_meta`, which includes that commit
-            itself), or after a validation pull."""
-            self.seen_version = reply_meta.get("version", self.seen_version)
+            last reply: with a commit in flight, whose reply counted that commit too (hence the
+            -1), or after a validation pull."""
             unseen = self.seen_version - self.base_version - int(in_flight)
             if unseen > 0 and not algorithm.synchronous:
                 meta["unseen"] = unseen
+
+        def stem_from(self, reply_meta: dict) -> None:
+            """The weights now stem from this reply's center, the connection's last."""
+            self.base_version = self.seen_version = reply_meta.get("version", self.seen_version)
 
         def wait_in_flight(self) -> tuple[list[np.ndarray] | None, dict]:
             """The reply of the commit in flight (an error it met is raised here), or (None, {})."""
@@ -272,7 +276,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             load_state(self.model, fold_late(reply, weights, self.anchor), with_optimizer=self.with_optimizer,
                        strict=False)
             self.anchor = list(reply)
-            self.base_version = self.seen_version = reply_meta.get("version", self.seen_version)
+            self.stem_from(reply_meta)
             record["comm_s"] += time.perf_counter() - started
             self.follow(reply_meta)
             self.check_epoch_over(reply_meta)
