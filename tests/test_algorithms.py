@@ -230,6 +230,14 @@ def test_a_late_reply_is_folded_with_the_progress_it_has_not_seen():
     assert folded[0].dtype == np.float32
     # What the worker commits next measures from the folded weights: nothing is sent twice.
     np.testing.assert_allclose(rule.worker_payload(folded, folded)[0], [0.0, 0.0])
+    # Into the worker's own copy of its weights (no temporaries), or new arrays where it is read-only.
+    own = [w.copy() for w in weights]
+    assert fold_late(center, own, anchor, out=own)[0] is own[0]
+    np.testing.assert_array_equal(own[0], folded[0])
+    frozen = [w.copy() for w in weights]
+    frozen[0].flags.writeable = False
+    np.testing.assert_array_equal(fold_late(center, frozen, anchor, out=frozen)[0], folded[0])
+    np.testing.assert_array_equal(frozen[0], weights[0])
     assert overlappable(DOWNPOUR(window=5)) and overlappable(DynSGD(window=5)) and overlappable(ADAG(window=5))
     assert overlappable(with_compression(DynSGD(window=5), "bf16"))
     assert not overlappable(SyncAveraging(every=5)) and not overlappable(EASGD(window=5))

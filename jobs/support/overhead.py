@@ -104,7 +104,9 @@ def _server(algorithm, center, workers: int, secret: bytes, address_queue, stop,
 
 def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int, batch_size: int, seed: int,
             profile: bool, overlap: bool, queue) -> None:
-    _one_thread()
+    from trainer.runtime.process import configure_process
+
+    configure_process(1, None, "tensorflow", {})  # as a Spark task with one core sets up its process
     import keras  # deferred: after the thread settings
 
     from trainer.ps.client import PSClient

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from trainer.algorithms.base import Algorithm, Arrays, add, add_into, sub
 
 
@@ -47,13 +49,18 @@ def overlappable(algorithm: Algorithm) -> bool:
     return isinstance(inner, DeltaRule) and algorithm.window is not None
 
 
-def fold_late(reply, weights, anchor) -> Arrays:
+def fold_late(reply, weights, anchor, out=None) -> Arrays:
     """A delta rule's reply (the center) that arrives one window late, folded into the worker's weights.
 
     The worker committed ``weights - anchor`` meanwhile without waiting, so
     its new weights are the center plus that progress, which the center has
-    not seen yet: ``reply + (weights - anchor)``.
+    not seen yet: ``reply + (weights - anchor)``. Written into the arrays of
+    `out` (it may be `weights` itself, the worker's own copy: no 4 MB
+    temporaries per exchange); new arrays where `out` is None or read-only.
     """
-    folded = sub(weights, anchor)
-    add_into(folded, reply, folded)  # in place: no second 4 MB temporary per exchange
-    return folded
+    out = [o if isinstance(o, np.ndarray) and o.flags.writeable else np.empty_like(np.asarray(w))
+           for o, w in zip(out if out is not None else [None] * len(weights), weights, strict=True)]
+    for o, w, a, r in zip(out, weights, anchor, reply, strict=True):
+        np.subtract(w, a, out=o)
+        np.add(r, o, out=o)
+    return out

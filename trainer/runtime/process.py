@@ -1,4 +1,4 @@
-"""Set up a task's Python process before TensorFlow starts: threads, GPUs, backend, log levels.
+"""Set up a task's Python process before TensorFlow starts: threads, GPUs, backend, log levels, allocator.
 
 TensorFlow and OpenMP read these variables when they start; a reused Python
 worker that already loaded TensorFlow keeps the pools of its first task,
@@ -8,6 +8,7 @@ Spark assigned it (``TaskContext.resources()["gpu"]``, requested with
 ``CUDA_VISIBLE_DEVICES``; a Python worker that already started TensorFlow
 keeps the devices of its first task (Spark assigns an executor's tasks the
 same addresses again when it has only as many GPUs as task slots).
+The C allocator keeps freed blocks of up to 32 MiB (``trainer.runtime.allocator``).
 """
 
 from __future__ import annotations
@@ -15,10 +16,13 @@ from __future__ import annotations
 import os
 
 from trainer import verbosity
+from trainer.runtime.allocator import keep_freed_memory
 
 
 def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env: dict[str, str]) -> None:
-    """Thread counts, GPU visibility, backend and quiet logs for this process (see the module docstring)."""
+    """Thread counts, GPU visibility, backend, quiet logs and the allocator of this process (see the module
+    docstring)."""
+    keep_freed_memory()
     os.environ.update(env)
     verbosity.apply_quiet_env()
     os.environ["KERAS_BACKEND"] = keras_backend

@@ -220,7 +220,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                 if reply is None:  # nothing was in flight: the weights stay, the progress is on its way
                     self.anchor = weights
                 else:
-                    self.anchor = fold_late(reply, weights, self.anchor)
+                    self.anchor = fold_late(reply, weights, self.anchor, out=weights)
                     load_state(self.model, self.anchor, with_optimizer=self.with_optimizer, strict=False)
                     self.base_version = self.seen_version
             else:
@@ -273,7 +273,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             started = time.perf_counter()
             reply, reply_meta = self.wait_in_flight()
             weights = model_state(self.model, self.with_optimizer)
-            load_state(self.model, fold_late(reply, weights, self.anchor), with_optimizer=self.with_optimizer,
+            load_state(self.model, fold_late(reply, weights, self.anchor, out=weights), with_optimizer=self.with_optimizer,
                        strict=False)
             self.anchor = list(reply)
             self.stem_from(reply_meta)
