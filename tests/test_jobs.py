@@ -378,6 +378,10 @@ def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
     for r in rows:
         assert r["metric_name"] == "accuracy" and 0.1 < r["metric_value"] <= 1.0
         assert r["timing_valid"] is True  # an external master: the job cannot tell, so it trusts it
+        # every epoch's time is kept; s/epoch leaves the first (tracing) out when there are several
+        times = r["epoch_times_s"]
+        assert len(times) == (2 if r["mode"] == "distributed" else 1)
+        assert r["epoch_time_s"] == pytest.approx(times[-1])
     assert "| model |" in (out / "mnist.md").read_text()
 
 

@@ -105,11 +105,12 @@ def fitted_row(model_name: str, fitted, *, workers: int, rows: int, epochs: int,
                valid: bool, **extra: Any) -> dict[str, Any]:
     """One result row for a distributed run."""
     history = fitted.history
-    epoch_time = steady_epoch_time([e["time_s"] for e in history.epochs])
+    epoch_times = [e["time_s"] for e in history.epochs]
+    epoch_time = steady_epoch_time(epoch_times)
     return {
         "model": model_name, "mode": "distributed", "workers": workers,
         "algorithm": history.algorithm, "time_s": history.timings["wall_s"],
-        "train_s": history.timings["train_s"], "epoch_time_s": epoch_time,
+        "train_s": history.timings["train_s"], "epoch_time_s": epoch_time, "epoch_times_s": epoch_times,
         "data_delivery_s": history.timings["data_delivery_s"],
         "samples_per_s_per_worker": rows / workers / epoch_time if epoch_time else float("nan"),
         "metric_name": metric, "metric_value": value, "updates": history.num_updates,
@@ -126,7 +127,8 @@ def baseline_row(model_name: str, result: dict[str, Any], *, rows: int, epochs: 
     return {
         "model": model_name, "mode": f"plain keras ({threads} thread{'s' if threads > 1 else ''})",
         "workers": 0, "algorithm": "none", "time_s": result["train_s"], "train_s": result["train_s"],
-        "epoch_time_s": epoch_time, "data_delivery_s": 0.0, "samples_per_s_per_worker": rows / epoch_time,
+        "epoch_time_s": epoch_time, "epoch_times_s": list(result["epoch_times"]), "data_delivery_s": 0.0,
+        "samples_per_s_per_worker": rows / epoch_time,
         "metric_name": metric, "metric_value": value, "updates": 0, "bytes": 0, "timing_valid": True,
         "epochs": epochs, **extra,
     }
