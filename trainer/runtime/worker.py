@@ -214,7 +214,6 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                 reply, reply_meta = self.wait_in_flight()
                 self.seen_version = reply_meta.get("version", self.seen_version)
                 self.note_unseen(meta, in_flight=reply is not None)
-                self.in_flight = self.sender.submit(client.commit, payload, meta)
                 replied = time.perf_counter()
                 self.follow(reply_meta)
                 if reply is None:  # nothing was in flight: the weights stay, the progress is on its way
@@ -223,6 +222,9 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
                     self.anchor = fold_late(reply, weights, self.anchor, out=weights)
                     load_state(self.model, self.anchor, with_optimizer=self.with_optimizer, strict=False)
                     self.base_version = self.seen_version
+                # Sent once the reply is loaded: sealing and sending 4 MB on the other thread meanwhile
+                # would compete with the fold and the load for the GIL and the memory bus.
+                self.in_flight = self.sender.submit(client.commit, payload, meta)
             else:
                 self.note_unseen(meta, in_flight=False)
                 reply, reply_meta = client.commit(payload, meta)
@@ -273,8 +275,8 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
             started = time.perf_counter()
             reply, reply_meta = self.wait_in_flight()
             weights = model_state(self.model, self.with_optimizer)
-            load_state(self.model, fold_late(reply, weights, self.anchor, out=weights), with_optimizer=self.with_optimizer,
-                       strict=False)
+            folded = fold_late(reply, weights, self.anchor, out=weights)
+            load_state(self.model, folded, with_optimizer=self.with_optimizer, strict=False)
             self.anchor = list(reply)
             self.stem_from(reply_meta)
             record["comm_s"] += time.perf_counter() - started
