@@ -58,9 +58,10 @@ def fold_late(reply, weights, anchor, out=None) -> Arrays:
     `out` (it may be `weights` itself, the worker's own copy: no 4 MB
     temporaries per exchange); new arrays where `out` is None or read-only.
     """
-    out = [o if isinstance(o, np.ndarray) and o.flags.writeable else np.empty_like(np.asarray(w))
-           for o, w in zip(out if out is not None else [None] * len(weights), weights, strict=True)]
-    for o, w, a, r in zip(out, weights, anchor, reply, strict=True):
+    if out is None:
+        out = [None] * len(weights)
+    out = [o if o is not None and o.flags.writeable else np.empty_like(w) for o, w in zip(out, weights, strict=True)]
+    for o, w, a in zip(out, weights, anchor, strict=True):
         np.subtract(w, a, out=o)
-        np.add(r, o, out=o)
+    add_into(out, reply, out)  # the shared in-place add (its dtype rules too)
     return out
