@@ -1,156 +1,27 @@
-"""Tests of the parameter server and its client over loopback (trainer.ps.server, trainer.ps.client).
+"""Tests of the parameter server and its client over loopback (trainer.ps.server, trainer.ps.client):
+lifecycle, asynchronous requests and synchronous rounds. Hostile peers: test_ps_server_peers.py.
 
-The update rules are tiny fakes defined here (async: center += payload,
-sync: mean of the payloads) so these tests do not depend on the real rules.
+The update rules are the fakes of tests/ps_fakes.py, so these tests do not depend on the real rules.
 """
 
 from __future__ import annotations
 
-import errno
 import logging
 import socket
 import threading
 import time
-from typing import Any
 
 import numpy as np
 import pytest
+from ps_fakes import (
+    SECRET, AddRule, BadReplyRule, BrokenRoundRule, BrokenRule, MeanRule, StatefulRule, client, initial_center, ones,
+    raw_auth, raw_connect, run_in_thread, server, still_serves, wait_for,
+)
 
 from trainer.ps import ParameterServer, PSClient, PSNotStartedError, RemoteError
 from trainer.ps.server import completed_epochs, uniform_progress
 from trainer.transport import wire
-from trainer.transport.handshake import client_handshake
-from trainer.transport.session import TRAILER, Channel
-from trainer.transport.wire import (
-    HEADER, MAGIC, AuthenticationError, ConnectionClosed, Msg, ServerBusy, TransportError, new_secret, read_frame,
-)
-
-SECRET = new_secret()
-SHAPES = [(3,), (2, 2)]
-
-
-def initial_center() -> list[np.ndarray]:
-    return [np.zeros(SHAPES[0], "f4"), np.zeros(SHAPES[1], "f8")]
-
-
-def ones(scale: float = 1.0) -> list[np.ndarray]:
-    return [np.full(SHAPES[0], scale, "f4"), np.full(SHAPES[1], scale, "f8")]
-
-
-class AddRule:
-    """Asynchronous fake: center += payload; reply = new center."""
-
-    name = "add"
-    synchronous = False
-    exchanges_optimizer_state = False
-
-    def __init__(self) -> None:
-        self.staleness: list[int] = []
-
-    def server_commit(self, center, payload, staleness):
-        self.staleness.append(staleness)
-        new = [c + p for c, p in zip(center, payload)]
-        return new, new
-
-
-class MeanRule:
-    """Synchronous fake: center = mean of payloads; each worker gets the mean and its index."""
-
-    name = "mean"
-    synchronous = True
-    exchanges_optimizer_state = False
-
-    def server_round(self, center, payloads):
-        mean = [np.mean([p[i] for p in payloads], axis=0).astype(center[i].dtype) for i in range(len(center))]
-        return mean, [mean + [np.array(k, "i8")] for k in range(len(payloads))]
-
-
-class StatefulRule(AddRule):
-    """Asynchronous fake that appends optimizer state after the weights."""
-
-    exchanges_optimizer_state = True
-
-    def server_commit(self, center, payload, staleness):
-        new = [c + p for c, p in zip(center, payload)] + [np.array(p, copy=True) for p in payload[len(center):]]
-        return new, new
-
-
-class BrokenRule(AddRule):
-    def server_commit(self, center, payload, staleness):
-        raise RuntimeError("boom")
-
-
-class BadReplyRule(AddRule):
-    def server_commit(self, center, payload, staleness):
-        return [c + p for c, p in zip(center, payload)], [np.array(["not a number"])]
-
-
-class BrokenRoundRule(MeanRule):
-    def server_round(self, center, payloads):
-        raise RuntimeError("round boom")
-
-
-def server(rule: Any = None, num_workers: int = 1, **kw) -> ParameterServer:
-    return ParameterServer(rule if rule is not None else AddRule(), initial_center(), num_workers, SECRET, **kw)
-
-
-def client(ps: ParameterServer, worker: int = 0, attempt: int = 0, secret: bytes = SECRET, timeout=10.0) -> PSClient:
-    host, port = ps.address
-    return PSClient(host, port, secret, worker, attempt=attempt, timeout=timeout).connect()
-
-
-def raw_connect(ps: ParameterServer, timeout: float = 10.0) -> socket.socket:
-    sock = socket.create_connection(ps.address, timeout=timeout)
-    return sock
-
-
-def raw_auth(ps: ParameterServer, worker: int = 0) -> tuple[socket.socket, Channel]:
-    """Do the handshake on a plain socket; returns it with its channel (which seals and opens frames)."""
-    sock = raw_connect(ps)
-    channel, welcome, _, _ = client_handshake(sock, ps.credentials, worker, 0, where="test", service="the server",
-                                              deadline=time.monotonic() + 5)
-    assert "version" in welcome
-    return sock, channel
-
-
-def closed_by_peer(sock: socket.socket, within: float) -> bool:
-    """True if the peer closes `sock` within `within` seconds (frames before EOF are skipped)."""
-    sock.settimeout(within)
-    deadline = time.monotonic() + within
-    try:
-        while time.monotonic() < deadline:
-            if not sock.recv(65536):
-                return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except TimeoutError:
-        return False
-    return False
-
-
-def half_close(sock: socket.socket) -> None:
-    """Send EOF; the server may have reset the connection already (ENOTCONN), which is fine."""
-    try:
-        sock.shutdown(socket.SHUT_WR)
-    except OSError as e:
-        if e.errno != errno.ENOTCONN:
-            raise
-
-
-def still_serves(ps: ParameterServer, worker: int = 0) -> None:
-    with client(ps, worker) as c:
-        arrays, version = c.pull()
-        assert version == ps.version
-        assert [a.shape for a in arrays[: len(SHAPES)]] == SHAPES
-
-
-def wait_for(predicate, timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
+from trainer.transport.wire import ConnectionClosed, Msg, TransportError
 
 
 # -- lifecycle -----------------------------------------------------------------------
@@ -372,139 +243,7 @@ def test_worker_mismatch_and_bad_epoch_done_are_errors():
             assert channel.recv(1 << 20).msg is Msg.OK
 
 
-# -- authentication and hostile peers -----------------------------------------------------
-
-
-@pytest.mark.timeout(20)
-def test_silent_unauthenticated_peer_is_closed_after_handshake_timeout():
-    with server(handshake_timeout=0.5) as ps:
-        sock = raw_connect(ps)
-        with sock:
-            start = time.monotonic()
-            assert closed_by_peer(sock, within=5)
-            assert time.monotonic() - start < 4
-        still_serves(ps)
-        assert any(e["kind"] == "auth_failed" for e in ps.events)
-
-
-@pytest.mark.timeout(20)
-def test_trickling_peer_cannot_extend_the_handshake():
-    with server(handshake_timeout=0.6) as ps:
-        sock = raw_connect(ps)
-        with sock:
-            read_frame(sock, 4096)
-            start = time.monotonic()
-            header = HEADER.pack(MAGIC, int(Msg.AUTH), 100, 0)
-            closed = False
-            for byte in header:  # one byte every 0.2 s: each recv is quick, the frame is not
-                try:
-                    sock.send(bytes([byte]))
-                except OSError:
-                    closed = True
-                    break
-                time.sleep(0.2)
-            assert closed or closed_by_peer(sock, within=3)
-            assert time.monotonic() - start < 4.5
-        still_serves(ps)
-
-
-@pytest.mark.timeout(20)
-@pytest.mark.parametrize(
-    "garbage",
-    [
-        b"GET / HTTP/1.1\r\nHost: x\r\n\r\n",
-        HEADER.pack(MAGIC, int(Msg.AUTH), 10, 1 << 20),  # oversize body before auth
-        HEADER.pack(MAGIC, int(Msg.AUTH), 1 << 19, 0),  # oversize meta before auth
-        HEADER.pack(MAGIC, int(Msg.PULL), 2, 0) + b"{}",  # not AUTH
-        HEADER.pack(MAGIC, int(Msg.AUTH), 2, 0) + b"{}",  # AUTH without fields
-    ],
-)
-def test_garbage_before_auth_is_rejected(garbage):
-    with server(handshake_timeout=5) as ps:
-        sock = raw_connect(ps)
-        with sock:
-            read_frame(sock, 4096)
-            start = time.monotonic()
-            sock.sendall(garbage)
-            assert closed_by_peer(sock, within=3)
-            assert time.monotonic() - start < 2  # rejected at once, not after handshake_timeout
-        still_serves(ps)
-
-
-@pytest.mark.timeout(20)
-def test_wrong_secret_and_bad_worker_index_are_rejected(caplog):
-    with server(num_workers=2) as ps:
-        with caplog.at_level(logging.WARNING, logger="trainer.ps"):
-            with pytest.raises(AuthenticationError, match="secret"):
-                client(ps, 0, secret=new_secret())
-        assert "127.0.0.1" in caplog.text  # the peer address is logged
-        with pytest.raises(AuthenticationError, match="out of range"):
-            client(ps, 2)
-        still_serves(ps, worker=1)
-        assert sum(e["kind"] == "auth_failed" for e in ps.events) == 2
-
-
-@pytest.mark.timeout(20)
-@pytest.mark.parametrize(
-    "garbage",
-    [
-        HEADER.pack(MAGIC, int(Msg.COMMIT), 100, 0) + b"{",  # truncated frame, then EOF
-        HEADER.pack(MAGIC, int(Msg.COMMIT), 2, 1 << 40) + b"{}",  # body over max_body
-        b"\x00" * 64,  # garbage
-        HEADER.pack(MAGIC, int(Msg.COMMIT), 4, 0) + b"[1]x" + TRAILER.pack(0, bytes(32)),  # invalid meta, no MAC
-        HEADER.pack(MAGIC, int(Msg.PULL), 2, 0) + b"{}",  # a valid frame without its trailer, then EOF
-    ],
-)
-def test_bad_frames_after_auth_close_only_that_connection(garbage):
-    with server(num_workers=2) as ps:
-        with client(ps, 1) as bystander:
-            bystander.hello()
-            sock, _ = raw_auth(ps, worker=0)
-            with sock:
-                sock.sendall(garbage)
-                if garbage.endswith(b"{") or garbage.endswith(b"{}"):
-                    half_close(sock)
-                assert closed_by_peer(sock, within=3)
-            assert bystander.pull()[1] == 0  # the other connection is unaffected
-        still_serves(ps)
-        assert any(e["kind"] in ("protocol_error", "disconnect", "integrity_error") for e in ps.events)
-
-
-@pytest.mark.timeout(20)
-def test_max_connections_counts_workers_and_a_busy_server_is_retried():
-    with server(max_connections=2, handshake_timeout=10) as ps:
-        a, b = client(ps, 0), client(ps, 0)
-        idle = raw_connect(ps)  # pending connections take no worker slot
-        read_frame(idle, 4096)
-        host, port = ps.address
-        with pytest.raises(ServerBusy, match="max_connections=2"):
-            PSClient(host, port, SECRET, 0, timeout=10, connect_timeout=0.5).connect()
-        late = PSClient(host, port, SECRET, 0, timeout=10, connect_timeout=10)
-        t, out = run_in_thread(late.connect)
-        time.sleep(0.3)
-        a.close()  # a slot frees up: the waiting client gets it
-        t.join(10)
-        assert out.get("result") is late and late.pull()[1] == 0
-        for c in (b, late, idle):
-            c.close()
-        assert any(e["kind"] == "connection_refused" for e in ps.events)
-
-
 # -- synchronous rounds ---------------------------------------------------------------------
-
-
-def run_in_thread(fn, *args) -> tuple[threading.Thread, dict]:
-    out: dict = {}
-
-    def target():
-        try:
-            out["result"] = fn(*args)
-        except BaseException as exc:  # reported to the test thread
-            out["error"] = exc
-
-    t = threading.Thread(target=target, daemon=True)
-    t.start()
-    return t, out
 
 
 @pytest.mark.timeout(20)
