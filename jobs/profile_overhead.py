@@ -8,7 +8,9 @@ exchanges with the parameter server (reading the weights, building the
 payload, the round trip -- transport and the server's update -- and loading
 the reply) and what is left (the server process and the others competing for
 the cores). Ratios are taken within the run: ``vs_plain`` is samples/s per
-worker against plain Keras.
+worker against plain Keras; ``vs_feed_alongside`` against as many ``feed``
+processes training at once without any exchange (``feed xN``): the share of
+the gap that the framework, not the machine, is responsible for.
 
     python jobs/profile_overhead.py --out results/overhead
     python jobs/profile_overhead.py --limit 6000 --epochs 3 --workers 1,2 --profile
@@ -32,8 +34,9 @@ from trainer_jobs.support.overhead import run_single, run_workers, steady
 from trainer_jobs.support.report import markdown_table, run_metadata
 
 SINGLE_MODES = ("plain", "feed", "feed+callback")
-COLUMNS = ["setup", "workers", "epoch_s", "samples_s_per_worker", "vs_plain", "cores_used", "commits_per_epoch",
-           "exchange_ms", "state_ms", "payload_ms", "round_trip_ms", "load_ms", "exchange_share", "server_cpu_share"]
+COLUMNS = ["setup", "workers", "epoch_s", "samples_s_per_worker", "vs_plain", "vs_feed_alongside", "cores_used",
+           "commits_per_epoch", "exchange_ms", "state_ms", "payload_ms", "round_trip_ms", "load_ms", "exchange_share",
+           "server_cpu_share"]
 
 
 def _positive(text: str) -> int:
@@ -41,6 +44,14 @@ def _positive(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"expected a positive integer, received {text!r}")
     return value
+
+
+def single_row(results: list[dict], mode: str, copies: int) -> dict:
+    """One row for a set-up without exchanges: `copies` processes at once (``feed xN``), or one."""
+    epoch = float(np.mean([steady(r["epoch_times"]) for r in results]))
+    return {"setup": mode if copies == 1 else f"{mode} x{copies}", "workers": 0 if copies == 1 else copies,
+            "epoch_s": epoch, "samples_s_per_worker": float(np.mean([r["rows"] for r in results])) / epoch,
+            "cores_used": float(np.mean([r["cores_used"] for r in results]))}
 
 
 def worker_row(results: list[dict], workers: int, epochs: int, label: str) -> dict:
@@ -62,6 +73,18 @@ def worker_row(results: list[dict], workers: int, epochs: int, label: str) -> di
         "cores_used": float(np.mean([r["cores_used"] for r in ws])),
         "server_cpu_share": server["cpu_s"] / train,
     }
+
+
+def add_ratios(rows: list[dict]) -> None:
+    """Add ``vs_plain`` to every row and ``vs_feed_alongside`` to the worker rows that have their ``feed``
+    (1 worker) or ``feed xN`` (N workers) set-up in the run."""
+    plain = [r["samples_s_per_worker"] for r in rows if r["setup"] == "plain"]
+    alongside = {max(r["workers"], 1): r["samples_s_per_worker"] for r in rows
+                 if r["setup"] == "feed" or r["setup"].startswith("feed x")}
+    for r in rows:
+        r["vs_plain"] = r["samples_s_per_worker"] / plain[0] if plain else None
+        if r["setup"].startswith("workers") and r["workers"] in alongside:
+            r["vs_feed_alongside"] = r["samples_s_per_worker"] / alongside[r["workers"]]
 
 
 def breakdown(rows: list[dict]) -> list[dict]:
@@ -113,11 +136,10 @@ def main(argv: list[str] | None = None) -> int:
     builder = functools.partial(build_cnn, True, None)
     rows, profiles = [], {}
     if not args.skip_single:
-        for mode in SINGLE_MODES:
-            r = run_single(mode, builder, x, y, epochs=args.epochs, batch_size=args.batch_size)
-            epoch = steady(r["epoch_times"])
-            rows.append({"setup": mode, "workers": 0, "epoch_s": epoch, "samples_s_per_worker": len(x) / epoch,
-                         "cores_used": r["cores_used"]})
+        setups = [(mode, 1) for mode in SINGLE_MODES] + [("feed", n) for n in counts if n > 1]
+        for mode, copies in setups:
+            rows.append(single_row(run_single(mode, builder, x, y, epochs=args.epochs, batch_size=args.batch_size,
+                                              copies=copies), mode, copies))
             print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
     overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
     for n in counts:
@@ -128,9 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(worker_row(results, n, args.epochs, label))
             profiles[label] = next((r["profile"] for r in results if r.get("profile")), "")
             print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
-    plain = [r["samples_s_per_worker"] for r in rows if r["setup"] == "plain"]
-    for r in rows:
-        r["vs_plain"] = r["samples_s_per_worker"] / plain[0] if plain else None
+    add_ratios(rows)
     parts = breakdown(rows)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -8,6 +8,9 @@ fresh process with one TensorFlow thread (as a Spark task with one core):
 * ``feed``: ``model.fit`` on the worker's input pipeline (``ShardFeed``);
 * ``feed+callback``: the same with a Keras callback that has a per-batch
   hook doing nothing (what a batch-level callback costs by itself);
+* ``feed xN``: N ``feed`` processes at once, each on 1/N of the rows, no
+  exchange at all: what N processes training side by side cost each other on
+  this machine's cores, caches and memory (the ceiling of ``workers=N``);
 * ``workers=N``: N workers running the real task loop's callback
   (``trainer.runtime.worker.make_sync_callback``: an exchange with a real
   parameter server every `window` batches), each on 1/N of the rows, with the
@@ -161,13 +164,17 @@ def _collect(procs, queue, count: int) -> list[dict[str, Any]]:
     return results
 
 
-def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0) -> dict[str, Any]:
-    """One plain-Keras set-up (``plain``, ``feed``, ``feed+callback``) in a fresh process."""
+def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0,
+               copies: int = 1) -> list[dict[str, Any]]:
+    """One plain-Keras set-up (``plain``, ``feed``, ``feed+callback``) in `copies` fresh processes started
+    together, each on its 1/copies of the rows (as workers split them); one result per process."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    proc = ctx.Process(target=_single, args=(mode, builder, x, y, epochs, batch_size, seed, queue))
-    proc.start()
-    return _collect([proc], queue, 1)[0]
+    procs = [ctx.Process(target=_single, args=(mode, builder, x[s], y[s], epochs, batch_size, seed, queue))
+             for s in np.array_split(np.arange(len(x)), copies)]
+    for proc in procs:
+        proc.start()
+    return _collect(procs, queue, copies)
 
 
 def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_size: int, seed: int = 0,
