@@ -66,7 +66,8 @@ QUICK = {
 TITLES = {"mnist": "MNIST CNN", "forecast": "Energy-demand forecasting (LSTM, GRU)"}
 METRICS = {"mnist": "accuracy", "forecast": "MAPE (%)"}
 TABLE_COLUMNS = ["model", "mode", "workers", "algorithm", "epoch_time_s", "speedup", "efficiency",
-                 "throughput_vs_keras", "metric_value", *TARGET_COLUMNS, "updates", "timing_valid"]
+                 "throughput_vs_keras", "throughput_vs_side_by_side", "metric_value", *TARGET_COLUMNS, "updates",
+                 "timing_valid"]
 
 
 @dataclass
@@ -206,7 +207,9 @@ def write_summary(out: Path, results: list[tuple[Step, int, float]], started: dt
         "- `workers` 0 is plain single-process Keras with the same number of threads as one worker "
         "(the framework-overhead baseline); `speedup` = epoch time of 1 worker / epoch time of N "
         "(first epoch left out when there are several); `efficiency` = speedup / N; "
-        "`throughput_vs_keras` = samples/s per worker relative to plain Keras.",
+        "`throughput_vs_keras` = samples/s per worker relative to plain Keras; `throughput_vs_side_by_side` "
+        "(MNIST) = the same relative to N plain Keras processes training side by side on the N workers' shares, "
+        "no framework at all: what is left of the gap is the framework's, the rest the machine's.",
         "- `time_to_target_s`: training time until the test metric first reaches the target at an epoch end; "
         "`target_speedup` = that time of 1 worker / that of N; `target_epochs` and `target_steps` (minibatches "
         "per worker) = how far N workers trained to get there. Empty: not reached within the epochs trained.",

@@ -49,6 +49,8 @@ from trainer_jobs.support.scaling import (
     cluster_session,
     fitted_row,
     plain_keras_fit,
+    plain_keras_side_by_side,
+    steady_epoch_time,
     timing_valid,
     with_ratios,
 )
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
         train, test = scale_pixels(train).cache(), scale_pixels(test).cache()
         train.count(), test.count()
         x_scored = (x_test[..., None] / 255.0).astype(np.float32)
+        alongside: dict[int, float] = {}  # N -> samples/s of each of N plain Keras processes side by side
         if not args.no_baseline:
             x = (x_train[..., None] / 255.0).astype(np.float32)
             result = plain_keras_fit(builder(1), x, y_train, epochs=args.epochs, batch_size=args.batch_size,
@@ -160,6 +163,14 @@ def main(argv: list[str] | None = None) -> int:
             rows.append(baseline_row("cnn", result, rows=len(x_train), epochs=args.epochs, metric="accuracy",
                                      value=float(accuracy), threads=args.cores_per_worker))
             print(f"plain Keras: {rows[-1]['epoch_time_s']:.1f} s/epoch, test accuracy {accuracy:.4f}", flush=True)
+            for n in args.worker_counts:
+                if n > 1 and timing_valid(n, args.cores_per_worker, args.master):
+                    side = plain_keras_side_by_side(builder(n), x, y_train, copies=n, epochs=args.epochs,
+                                                    batch_size=args.batch_size, threads=args.cores_per_worker,
+                                                    seed=args.seed)
+                    alongside[n] = float(np.mean([r["rows"] / steady_epoch_time(r["epoch_times"]) for r in side]))
+                    print(f"plain Keras, {n} processes side by side: {alongside[n]:.0f} samples/s each "
+                          f"({alongside[n] / rows[-1]['samples_per_s_per_worker']:.2f} of one alone)", flush=True)
         for n in args.worker_counts:
             run_options, fit_options = trainer_options(args, "cnn", n)
             snapshots = EpochSnapshots()
@@ -177,7 +188,8 @@ def main(argv: list[str] | None = None) -> int:
                                    valid=timing_valid(n, args.cores_per_worker, args.master),
                                    epochs_trained=len(fitted.history.epochs), final_metric_value=accuracy,
                                    target=args.target_accuracy, metric_by_epoch=[scores[e] for e in sorted(scores)],
-                                   **reached))
+                                   **reached, **({"side_by_side_samples_per_s": alongside[n]} if n in alongside
+                                                 else {})))
             ttt = reached["time_to_target_s"]
             print(f"{n} worker(s): {rows[-1]['epoch_time_s']:.1f} s/epoch, test accuracy {at_epochs:.4f}, "
                   f"{fitted.history.num_updates} updates, data delivery "
@@ -191,8 +203,9 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_results(rows, out, "mnist", metadata={"job": "mnist", **vars(args), "data_files": data_files})
     plot_speedup(rows, out / "mnist.png", "accuracy", title="MNIST CNN")
     print(markdown_table(rows, ["mode", "workers", "algorithm", "epoch_time_s", "speedup", "efficiency",
-                                "throughput_vs_keras", "metric_value", "time_to_target_s", "target_speedup",
-                                "target_epochs", "target_steps", "updates", "bytes", "timing_valid"]))
+                                "throughput_vs_keras", "throughput_vs_side_by_side", "metric_value",
+                                "time_to_target_s", "target_speedup", "target_epochs", "target_steps", "updates",
+                                "bytes", "timing_valid"]))
     print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'mnist.png'}")
     return 0
 

@@ -217,6 +217,24 @@ def test_ratios_compare_with_the_mean_of_repeated_baselines():
     assert two["speedup"] == pytest.approx(2.0) and two["efficiency"] == pytest.approx(1.0)  # mean of 4 s and 2 s
     assert two["throughput_vs_keras"] == pytest.approx(0.5)  # the plain rows average 200 samples/s
     assert rows[0]["speedup"] is None
+    assert not any("throughput_vs_side_by_side" in r for r in rows)  # no side-by-side baseline in this run
+
+
+def test_workers_are_compared_with_as_many_plain_processes_side_by_side():
+    rows = with_ratios([
+        {"model": "cnn", "workers": 0, "epoch_time_s": 10.0, "samples_per_s_per_worker": 200.0},
+        {"model": "cnn", "workers": 1, "epoch_time_s": 11.0, "samples_per_s_per_worker": 190.0},
+        {"model": "cnn", "workers": 2, "epoch_time_s": 6.0, "samples_per_s_per_worker": 171.0,
+         "side_by_side_samples_per_s": 180.0},
+        {"model": "gru", "workers": 0, "epoch_time_s": 1.0, "samples_per_s_per_worker": 100.0},
+        {"model": "gru", "workers": 1, "epoch_time_s": 1.0, "samples_per_s_per_worker": 90.0},
+    ])
+    by = {(r["model"], r["workers"]): r for r in rows}
+    assert by["cnn", 2]["throughput_vs_keras"] == pytest.approx(0.855)
+    assert by["cnn", 2]["throughput_vs_side_by_side"] == pytest.approx(0.95)  # the machine's share set apart
+    assert by["cnn", 1]["throughput_vs_side_by_side"] == pytest.approx(0.95)  # one process: plain Keras alone
+    assert "throughput_vs_side_by_side" not in by["gru", 1]  # its model ran no side-by-side baseline
+    assert "throughput_vs_side_by_side" not in by["cnn", 0]
 
 
 def test_mnist_cnn_is_the_seed_s_with_optional_dropout():
@@ -375,6 +393,12 @@ def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
         assert 0 < r["time_to_target_s"] < r["time_s"] and r["target_steps"] == pytest.approx(63 / r["workers"], abs=2)
         assert r["target_speedup"] > 0 and r["final_metric_value"] > 0.5
     assert [r["workers"] for r in rows if r["mode"] != "distributed"] == [0]  # the plain Keras baseline
+    one, two = sorted((r for r in rows if r["mode"] == "distributed"), key=lambda r: r["workers"])
+    # 2 plain Keras processes trained side by side on the 2 workers' halves: the 2-worker row is compared with them
+    assert two["side_by_side_samples_per_s"] > 0
+    assert two["throughput_vs_side_by_side"] == pytest.approx(
+        two["samples_per_s_per_worker"] / two["side_by_side_samples_per_s"])
+    assert one["throughput_vs_side_by_side"] == pytest.approx(one["throughput_vs_keras"])
     for r in rows:
         assert r["metric_name"] == "accuracy" and 0.1 < r["metric_value"] <= 1.0
         assert r["timing_valid"] is True  # an external master: the job cannot tell, so it trusts it

@@ -81,18 +81,40 @@ def plain_keras_fit(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *,
     Returns train_s, epoch_times, loss and the trained weights. A separate
     process is needed because TensorFlow fixes its thread pools at start-up.
     """
+    return _plain_processes(builder, [(x, y)], epochs=epochs, batch_size=batch_size, threads=threads, seed=seed)[0]
+
+
+def plain_keras_side_by_side(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *, copies: int, epochs: int,
+                             batch_size: int, threads: int = 1, seed: int = 0) -> list[dict[str, Any]]:
+    """`copies` plain Keras processes started together, each on its 1/copies of the rows as N workers split them
+    (results as `plain_keras_fit`'s, plus ``rows``).
+
+    No parameter server, no Spark: what N processes training at once cost
+    each other on this machine's cores, caches and memory, the ceiling of
+    per-worker throughput at N workers (two on the 2-vCPU development
+    machine trained at 0.89-1.05 of one alone, run to run).
+    """
+    parts = [(x[s], y[s]) for s in np.array_split(np.arange(len(x)), copies)]
+    results = _plain_processes(builder, parts, epochs=epochs, batch_size=batch_size, threads=threads, seed=seed)
+    return [{**r, "rows": len(part[0])} for r, part in zip(results, parts)]
+
+
+def _plain_processes(builder, parts, *, epochs: int, batch_size: int, threads: int, seed: int) -> list[dict]:
+    """One fresh `_baseline_child` process per (x, y) part, all started together; their results in part order."""
     import keras  # deferred: TensorFlow starts only when a job runs
 
     ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_baseline_child, args=(builder, x, y, epochs, batch_size, threads,
-                                                     keras.backend.backend(), seed, queue))
-    proc.start()
+    queues = [ctx.Queue() for _ in parts]
+    procs = [ctx.Process(target=_baseline_child, args=(builder, x, y, epochs, batch_size, threads,
+                                                       keras.backend.backend(), seed, queue))
+             for (x, y), queue in zip(parts, queues)]
+    for proc in procs:
+        proc.start()
     try:
-        result = queue.get()
+        return [queue.get() for queue in queues]
     finally:
-        proc.join()
-    return result
+        for proc in procs:
+            proc.join()
 
 
 def steady_epoch_time(epoch_times: list[float]) -> float:
@@ -137,7 +159,9 @@ def baseline_row(model_name: str, result: dict[str, Any], *, rows: int, epochs: 
 def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add speed-up/efficiency (epoch time vs the 1-worker rows of the same model) and the
     framework-overhead ratio (per-worker samples/s vs the plain Keras rows, workers == 0).
-    Repeated runs of a baseline count with their mean."""
+    Repeated runs of a baseline count with their mean. Rows that carry ``side_by_side_samples_per_s`` (samples/s
+    per process of N plain Keras processes side by side) also get ``throughput_vs_side_by_side``; so does the
+    1-worker row of their model (against plain Keras alone)."""
     rows = speedup_rows(rows, group_by=("model",), time_key="epoch_time_s")
     for r in rows:
         plain = [p["samples_per_s_per_worker"] for p in rows if p["model"] == r["model"] and p["workers"] == 0]
@@ -145,4 +169,9 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             r["speedup"] = r["efficiency"] = None
         elif plain:
             r["throughput_vs_keras"] = r["samples_per_s_per_worker"] / float(np.mean(plain))
+        if r.get("side_by_side_samples_per_s"):
+            r["throughput_vs_side_by_side"] = r["samples_per_s_per_worker"] / r["side_by_side_samples_per_s"]
+        elif r["workers"] == 1 and plain and any(p.get("side_by_side_samples_per_s") for p in rows
+                                                 if p["model"] == r["model"]):
+            r["throughput_vs_side_by_side"] = r["throughput_vs_keras"]  # one process: plain Keras alone
     return rows
