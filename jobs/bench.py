@@ -208,8 +208,8 @@ def write_summary(out: Path, results: list[tuple[Step, int, float]], started: dt
         "(the framework-overhead baseline); `speedup` = epoch time of 1 worker / epoch time of N "
         "(first epoch left out when there are several); `efficiency` = speedup / N; "
         "`throughput_vs_keras` = samples/s per worker relative to plain Keras; `throughput_vs_side_by_side` "
-        "(MNIST) = the same relative to N plain Keras processes training side by side on the N workers' shares, "
-        "no framework at all: what is left of the gap is the framework's, the rest the machine's.",
+        "(MNIST) = the same relative to N Keras processes training side by side on the N workers' shares, fed "
+        "as workers are, with no exchange: the gap left is the framework's, the rest the machine's.",
         "- `time_to_target_s`: training time until the test metric first reaches the target at an epoch end; "
         "`target_speedup` = that time of 1 worker / that of N; `target_epochs` and `target_steps` (minibatches "
         "per worker) = how far N workers trained to get there. Empty: not reached within the epochs trained.",

@@ -4,10 +4,13 @@
   embedded `LocalCluster` large enough for the biggest worker count.
 * `plain_keras_fit` trains the same model with ``model.fit`` in a fresh
   process limited to the same number of threads as one worker: the
-  framework-overhead baseline.
+  framework-overhead baseline; `plain_keras_side_by_side` runs N Keras
+  processes at once on the N workers' shares of the rows, fed as workers
+  are (what N processes cost each other on the machine, no exchange).
 * `fitted_row` / `baseline_row` / `with_ratios` turn runs into result rows
   for `trainer_jobs.support.report` (time, epoch time, samples/s, speed-up,
-  efficiency, overhead vs plain Keras, updates, bytes, timing validity).
+  efficiency, overhead vs plain Keras and vs N processes side by side,
+  updates, bytes, timing validity).
 """
 
 from __future__ import annotations
@@ -49,7 +52,7 @@ def timing_valid(workers: int, cores_per_worker: int, master: str | None) -> boo
     return bool(master) or workers * cores_per_worker <= (os.cpu_count() or 1)
 
 
-def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, queue) -> None:
+def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, queue, feed: bool = False) -> None:
     os.environ.update({
         "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
         "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": backend, **quiet_env(),
@@ -69,9 +72,18 @@ def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, q
             times.append(time.perf_counter() - self.start)
 
     started = time.perf_counter()
-    history = model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=[EpochTimer()])
+    if feed:  # the workers' input pipeline: one pass of a fit per epoch, as a worker trains
+        from trainer.runtime.feed import ShardFeed
+
+        shard, loss = ShardFeed(x, y, seed=seed), []
+        for epoch in range(epochs):
+            loss += model.fit(**shard.fit_kwargs(batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
+                              callbacks=[EpochTimer()]).history["loss"]
+    else:
+        loss = model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0,
+                         callbacks=[EpochTimer()]).history["loss"]
     queue.put({"train_s": time.perf_counter() - started, "epoch_times": times,
-               "loss": [float(v) for v in history.history["loss"]], "weights": model.get_weights()})
+               "loss": [float(v) for v in loss], "weights": model.get_weights()})
 
 
 def plain_keras_fit(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int,
@@ -86,27 +98,32 @@ def plain_keras_fit(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *,
 
 def plain_keras_side_by_side(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *, copies: int, epochs: int,
                              batch_size: int, threads: int = 1, seed: int = 0) -> list[dict[str, Any]]:
-    """`copies` plain Keras processes started together, each on its 1/copies of the rows as N workers split them
-    (results as `plain_keras_fit`'s, plus ``rows``).
+    """`copies` Keras processes started together, each on its 1/copies of the rows as N workers split them and
+    fed as workers are (``ShardFeed``); results as `plain_keras_fit`'s, plus ``rows``.
 
     No parameter server, no Spark: what N processes training at once cost
     each other on this machine's cores, caches and memory, the ceiling of
     per-worker throughput at N workers (two on the 2-vCPU development
-    machine trained at 0.89-1.05 of one alone, run to run).
+    machine trained at 0.89-1.05 of one alone, run to run). Not ``fit`` on
+    numpy arrays: Keras's own input pipeline adds autotuned threads, and N
+    of those side by side fight for the cores (two trained at 0.69 of one
+    alone in a run of 2026-11-25), which would flatter the workers.
     """
     parts = [(x[s], y[s]) for s in np.array_split(np.arange(len(x)), copies)]
-    results = _plain_processes(builder, parts, epochs=epochs, batch_size=batch_size, threads=threads, seed=seed)
+    results = _plain_processes(builder, parts, epochs=epochs, batch_size=batch_size, threads=threads, seed=seed,
+                               feed=True)
     return [{**r, "rows": len(part[0])} for r, part in zip(results, parts)]
 
 
-def _plain_processes(builder, parts, *, epochs: int, batch_size: int, threads: int, seed: int) -> list[dict]:
+def _plain_processes(builder, parts, *, epochs: int, batch_size: int, threads: int, seed: int,
+                     feed: bool = False) -> list[dict]:
     """One fresh `_baseline_child` process per (x, y) part, all started together; their results in part order."""
     import keras  # deferred: TensorFlow starts only when a job runs
 
     ctx = multiprocessing.get_context("spawn")
     queues = [ctx.Queue() for _ in parts]
     procs = [ctx.Process(target=_baseline_child, args=(builder, x, y, epochs, batch_size, threads,
-                                                       keras.backend.backend(), seed, queue))
+                                                       keras.backend.backend(), seed, queue, feed))
              for (x, y), queue in zip(parts, queues)]
     for proc in procs:
         proc.start()
