@@ -104,7 +104,7 @@ def plain_keras_side_by_side(builder: Callable[[], Any], x: np.ndarray, y: np.nd
     No parameter server, no Spark: what N processes training at once cost
     each other on this machine's cores, caches and memory, the ceiling of
     per-worker throughput at N workers (two on the 2-vCPU development
-    machine trained at 0.89-1.05 of one alone, run to run). Not ``fit`` on
+    machine trained at 0.83-1.05 of one alone, run to run). Not ``fit`` on
     numpy arrays: Keras's own input pipeline adds autotuned threads, and N
     of those side by side fight for the cores (two trained at 0.69 of one
     alone in a run of 2026-11-25), which would flatter the workers.
@@ -177,7 +177,7 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add speed-up/efficiency (epoch time vs the 1-worker rows of the same model) and the
     framework-overhead ratio (per-worker samples/s vs the plain Keras rows, workers == 0).
     Repeated runs of a baseline count with their mean. Rows that carry ``side_by_side_samples_per_s`` (samples/s
-    per process of N plain Keras processes side by side) also get ``throughput_vs_side_by_side``; so does the
+    per process of N Keras processes side by side, `plain_keras_side_by_side`) also get ``throughput_vs_side_by_side``; so does the
     1-worker row of their model (against plain Keras alone)."""
     rows = speedup_rows(rows, group_by=("model",), time_key="epoch_time_s")
     for r in rows:
