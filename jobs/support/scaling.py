@@ -176,9 +176,9 @@ def baseline_row(model_name: str, result: dict[str, Any], *, rows: int, epochs: 
 def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Add speed-up/efficiency (epoch time vs the 1-worker rows of the same model) and the
     framework-overhead ratio (per-worker samples/s vs the plain Keras rows, workers == 0).
-    Repeated runs of a baseline count with their mean. Rows that carry ``side_by_side_samples_per_s`` (samples/s
-    per process of N Keras processes side by side, `plain_keras_side_by_side`) also get ``throughput_vs_side_by_side``; so does the
-    1-worker row of their model (against plain Keras alone)."""
+    Repeated runs of a baseline count with their mean. Rows that carry ``side_by_side_samples_per_s``
+    (samples/s per process of N Keras processes side by side, `plain_keras_side_by_side`) also get
+    ``throughput_vs_side_by_side``; so does the 1-worker row of their model (against plain Keras alone)."""
     rows = speedup_rows(rows, group_by=("model",), time_key="epoch_time_s")
     for r in rows:
         plain = [p["samples_per_s_per_worker"] for p in rows if p["model"] == r["model"] and p["workers"] == 0]
