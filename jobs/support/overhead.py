@@ -43,9 +43,9 @@ from trainer.verbosity import quiet_env
 _TIMEOUT = 1800.0
 
 
-def _one_thread() -> None:
-    os.environ.update({"TF_NUM_INTRAOP_THREADS": "1", "TF_NUM_INTEROP_THREADS": "1", "OMP_NUM_THREADS": "1",
-                       "KERAS_BACKEND": "tensorflow", **quiet_env()})
+def _one_thread(threads: int = 1) -> None:
+    os.environ.update({"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
+                       "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": "tensorflow", **quiet_env()})
 
 
 def _epoch_timer(times: list[float]):
@@ -71,8 +71,9 @@ def _noop_batch_callback():
     return BatchHook()
 
 
-def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, seed: int, queue) -> None:
-    _one_thread()
+def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, seed: int, threads: int,
+            queue) -> None:
+    _one_thread(threads)
     import keras  # deferred: after the thread settings
 
     from trainer.runtime.feed import ShardFeed
@@ -164,14 +165,17 @@ def _collect(procs, queue, count: int) -> list[dict[str, Any]]:
     return results
 
 
-def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0,
-               copies: int = 1) -> list[dict[str, Any]]:
-    """One plain-Keras set-up (``plain``, ``feed``, ``feed+callback``) in `copies` fresh processes started
-    together, each on its 1/copies of the rows (as workers split them); one result per process."""
+def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0, copies: int = 1,
+               threads: int = 1) -> list[dict[str, Any]]:
+    """One plain-Keras set-up (``plain``, ``feed``, ``feed+callback``) in `copies` fresh processes of `threads`
+    TensorFlow threads started together, each on its 1/copies of the rows (as workers split them); one result
+    per process (``rows``, ``epoch_times``, ``cores_used``)."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_single, args=(mode, builder, x[s], y[s], epochs, batch_size, seed, queue))
-             for s in np.array_split(np.arange(len(x)), copies)]
+    bounds = np.linspace(0, len(x), copies + 1).round().astype(int)  # contiguous parts: views, not copies
+    procs = [ctx.Process(target=_single, args=(mode, builder, x[a:b], y[a:b], epochs, batch_size, seed, threads,
+                                               queue))
+             for a, b in zip(bounds[:-1], bounds[1:])]
     for proc in procs:
         proc.start()
     return _collect(procs, queue, copies)

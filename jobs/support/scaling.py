@@ -25,6 +25,7 @@ import numpy as np
 
 from trainer import LocalCluster, spark_session
 from trainer.verbosity import import_keras_quietly, quiet_env
+from trainer_jobs.support.overhead import run_single
 from trainer_jobs.support.report import speedup_rows
 
 
@@ -52,7 +53,7 @@ def timing_valid(workers: int, cores_per_worker: int, master: str | None) -> boo
     return bool(master) or workers * cores_per_worker <= (os.cpu_count() or 1)
 
 
-def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, queue, feed: bool = False) -> None:
+def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, queue) -> None:
     os.environ.update({
         "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
         "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": backend, **quiet_env(),
@@ -72,18 +73,9 @@ def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, q
             times.append(time.perf_counter() - self.start)
 
     started = time.perf_counter()
-    if feed:  # the workers' input pipeline: one pass of a fit per epoch, as a worker trains
-        from trainer.runtime.feed import ShardFeed
-
-        shard, loss = ShardFeed(x, y, seed=seed), []
-        for epoch in range(epochs):
-            loss += model.fit(**shard.fit_kwargs(batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
-                              callbacks=[EpochTimer()]).history["loss"]
-    else:
-        loss = model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0,
-                         callbacks=[EpochTimer()]).history["loss"]
+    history = model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=[EpochTimer()])
     queue.put({"train_s": time.perf_counter() - started, "epoch_times": times,
-               "loss": [float(v) for v in loss], "weights": model.get_weights()})
+               "loss": [float(v) for v in history.history["loss"]], "weights": model.get_weights()})
 
 
 def plain_keras_fit(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *, epochs: int, batch_size: int,
@@ -93,13 +85,25 @@ def plain_keras_fit(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *,
     Returns train_s, epoch_times, loss and the trained weights. A separate
     process is needed because TensorFlow fixes its thread pools at start-up.
     """
-    return _plain_processes(builder, [(x, y)], epochs=epochs, batch_size=batch_size, threads=threads, seed=seed)[0]
+    import keras  # deferred: TensorFlow starts only when a job runs
+
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_baseline_child, args=(builder, x, y, epochs, batch_size, threads,
+                                                     keras.backend.backend(), seed, queue))
+    proc.start()
+    try:
+        result = queue.get()
+    finally:
+        proc.join()
+    return result
 
 
 def plain_keras_side_by_side(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *, copies: int, epochs: int,
                              batch_size: int, threads: int = 1, seed: int = 0) -> list[dict[str, Any]]:
     """`copies` Keras processes started together, each on its 1/copies of the rows as N workers split them and
-    fed as workers are (``ShardFeed``); results as `plain_keras_fit`'s, plus ``rows``.
+    fed as workers are (``ShardFeed``): the ``feed`` set-up of `trainer_jobs.support.overhead` run `copies`
+    times at once; one result per process (``rows``, ``epoch_times``, ``cores_used``).
 
     No parameter server, no Spark: what N processes training at once cost
     each other on this machine's cores, caches and memory, the ceiling of
@@ -109,29 +113,8 @@ def plain_keras_side_by_side(builder: Callable[[], Any], x: np.ndarray, y: np.nd
     of those side by side fight for the cores (two trained at 0.69 of one
     alone in a run of 2026-11-25), which would flatter the workers.
     """
-    parts = [(x[s], y[s]) for s in np.array_split(np.arange(len(x)), copies)]
-    results = _plain_processes(builder, parts, epochs=epochs, batch_size=batch_size, threads=threads, seed=seed,
-                               feed=True)
-    return [{**r, "rows": len(part[0])} for r, part in zip(results, parts)]
-
-
-def _plain_processes(builder, parts, *, epochs: int, batch_size: int, threads: int, seed: int,
-                     feed: bool = False) -> list[dict]:
-    """One fresh `_baseline_child` process per (x, y) part, all started together; their results in part order."""
-    import keras  # deferred: TensorFlow starts only when a job runs
-
-    ctx = multiprocessing.get_context("spawn")
-    queues = [ctx.Queue() for _ in parts]
-    procs = [ctx.Process(target=_baseline_child, args=(builder, x, y, epochs, batch_size, threads,
-                                                       keras.backend.backend(), seed, queue, feed))
-             for (x, y), queue in zip(parts, queues)]
-    for proc in procs:
-        proc.start()
-    try:
-        return [queue.get() for queue in queues]
-    finally:
-        for proc in procs:
-            proc.join()
+    return run_single("feed", builder, x, y, epochs=epochs, batch_size=batch_size, seed=seed, copies=copies,
+                      threads=threads)
 
 
 def steady_epoch_time(epoch_times: list[float]) -> float:
