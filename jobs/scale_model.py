@@ -12,11 +12,15 @@ project's machine (defaults; override them, or read them from result files):
   `make bench-ps` reached with 1M parameters (``--bench-ps`` reads it).
 
 It writes the predictions (JSON, CSV), the knees, a validation table against
-the measured 1- and 2-worker runs here and the lab's 1-3 workers, and the
-plot (default ``docs/scale_model.png``).
+measured runs, and the plot (default ``docs/scale_model.png``). The runs it
+is checked against: issue 17's 1 and 2 workers and the lab's 2 and 3 (built
+in), the ``profile_overhead`` run the inputs came from (``--overhead``), and
+the 1- and 2-worker rows of a ``make bench`` MNIST result (``--bench-mnist``:
+the whole Spark job, per-epoch costs included).
 
     python jobs/scale_model.py --out results/scale_model
-    python jobs/scale_model.py --bench-ps results/bench_ps/bench_ps.json --overhead results/overhead/overhead.json
+    python jobs/scale_model.py --bench-ps results/bench_ps/bench_ps.json --overhead results/overhead/overhead.json \
+        --bench-mnist results/mnist/mnist.json
 """
 
 from __future__ import annotations
@@ -35,10 +39,19 @@ PARAMS = 1_048_853
 COUNTS = list(range(1, 65))
 # Measured runs to check the model against: (where, workers, speed-up against what, value).
 MEASURED = [
-    ("here, 2 cores (issue 17: plain 41.9, 1 worker 48.8, 2 workers 24.2 s/epoch)", 1, "plain", 41.9 / 48.8),
-    ("here, 2 cores (issue 17: plain 41.9, 1 worker 48.8, 2 workers 24.2 s/epoch)", 2, "plain", 41.9 / 24.2),
+    ("issue 17, 2 cores (the first machine: plain 41.9, 1 worker 48.8, 2 workers 24.2 s/epoch)", 1, "plain",
+     41.9 / 48.8),
+    ("issue 17, 2 cores (the first machine: plain 41.9, 1 worker 48.8, 2 workers 24.2 s/epoch)", 2, "plain",
+     41.9 / 24.2),
     ("lab, 2 cores (docs/lab.md: 6,000 images, 2 epochs)", 2, "1 worker", 1.32),
     ("lab, 2 cores (docs/lab.md: 6,000 images, 2 epochs)", 3, "1 worker", 0.93),
+]
+# How the plot marks each kind of measured run: (a word of its label, marker, colour, legend).
+STYLES = [
+    ("lab", "x", "black", "measured in the lab (x 1-worker model)"),
+    ("issue", "s", "tab:red", "measured: issue 17 (the first machine)"),
+    ("bench", "D", "tab:purple", "measured: make bench (--bench-mnist)"),
+    ("overhead", "^", "tab:green", "measured: profile_overhead (the inputs' run)"),
 ]
 
 
@@ -61,20 +74,26 @@ def _measured_inputs(args) -> None:
             args.batch_ms = 1000.0 * rows["plain"]["epoch_s"] / batches
             for n in (1, 2):
                 if f"workers={n}" in rows and rows[f"workers={n}"].get("vs_plain"):
-                    args.measured.append((f"here, 2 cores ({Path(args.overhead).name}, same run as the inputs)",
+                    args.measured.append((f"profile_overhead, 2 cores ({Path(args.overhead).name}, the inputs' run)",
                                           n, "plain", n * rows[f"workers={n}"]["vs_plain"]))
+    if args.bench_mnist:
+        rows = json.loads(Path(args.bench_mnist).read_text(encoding="utf-8"))["rows"]
+        for row in rows:
+            if row.get("workers") in (1, 2) and row.get("timing_valid") and row.get("throughput_vs_keras"):
+                args.measured.append((f"make bench, 2 cores ({Path(args.bench_mnist).name}: the whole Spark job)",
+                                      row["workers"], "plain", row["workers"] * row["throughput_vs_keras"]))
 
 
-def scenarios(base: Workload, server_ms_phase2: float) -> dict[str, tuple[Workload, int]]:
-    """Named (workload, shards) variants: today's server, codecs, window, a phase-2 server, shards."""
-    fast = replace(base, server_s=server_ms_phase2 / 1000)
+def scenarios(base: Workload, fast_server_ms: float) -> dict[str, tuple[Workload, int]]:
+    """Named (workload, shards) variants: the measured server, codecs, window, a faster server, shards."""
+    fast = replace(base, server_s=fast_server_ms / 1000)
     return {
-        "today (window 5)": (base, 1),
+        f"as measured (window {base.window})": (base, 1),
         "bf16 commits": (with_codec(base, "bf16"), 1),
         "topk:0.01 commits": (with_codec(base, "topk:0.01"), 1),
         "window 20": (replace(base, window=20), 1),
-        f"phase-2 server ({server_ms_phase2:g} ms/commit)": (fast, 1),
-        "phase-2 server, 4 shards": (fast, 4),
+        f"a {fast_server_ms:g} ms/commit server": (fast, 1),
+        f"a {fast_server_ms:g} ms/commit server, 4 shards": (fast, 4),
     }
 
 
@@ -99,14 +118,13 @@ def plot(base: Workload, variants, png: Path, measured) -> None:
     here = Cluster(link_gbit=None, cores=2)
     ns = [1, 2, 3, 4]
     ax.plot(ns, [predict(base, here, n)["speedup"] for n in ns], marker="o", label="model: 2 cores, loopback")
-    styles = {"lab": ("x", "black"), "issue": ("s", "tab:red")}
+    shown = set()
     for where, n, against, value in measured:
         scale = predict(base, here, 1)["speedup"] if against == "1 worker" else 1.0
-        marker, color = next((v for k, v in styles.items() if k in where), ("^", "tab:green"))
-        ax.scatter([n], [value * scale], marker=marker, color=color, zorder=3)
-    ax.scatter([], [], marker="s", color="tab:red", label="measured here (issue 17, a quieter day)")
-    ax.scatter([], [], marker="^", color="tab:green", label="measured here (the inputs' run)")
-    ax.scatter([], [], marker="x", color="black", label="measured in the lab (x 1-worker model)")
+        word, marker, color, label = next((s for s in STYLES if s[0] in where), STYLES[-1])
+        ax.scatter([n], [value * scale], marker=marker, color=color, zorder=3,
+                   label=None if word in shown else label)
+        shown.add(word)
     ax.set(title="validation: this 2-core machine", xlabel="workers", ylabel="speed-up vs plain Keras",
            xticks=ns)
     ax.legend(fontsize=7, loc="upper left")
@@ -123,18 +141,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-ms", type=float, default=41.9 / 1875 * 1000, help="plain Keras ms per batch")
     parser.add_argument("--worker-ms", type=float, default=10.0, help="worker's exchange work per commit (ms)")
     parser.add_argument("--server-ms", type=float, default=1000 / 144.0, help="server CPU per commit (ms)")
-    parser.add_argument("--phase2-server-ms", type=float, default=1.0,
-                        help="server CPU per commit of the phase-2 server to plot (ms, default 1)")
+    parser.add_argument("--fast-server-ms", type=float, default=1.0,
+                        help="server CPU per commit of the faster server to plot (ms, default 1)")
     parser.add_argument("--window", type=int, default=5, help="batches per commit (default 5)")
     parser.add_argument("--bench-ps", default=None, help="bench_ps.json to read --server-ms from")
     parser.add_argument("--overhead", default=None, help="overhead.json to read --worker-ms and --batch-ms from")
+    parser.add_argument("--bench-mnist", default=None, help="a make bench mnist.json to check the model against")
     parser.add_argument("--png", default="docs/scale_model.png", help="plot path (default docs/scale_model.png)")
     parser.add_argument("--out", default="results/scale_model", help="results directory")
     args = parser.parse_args(argv)
     args.measured = list(MEASURED)
     _measured_inputs(args)
     base = Workload(PARAMS, args.batch_ms / 1000, args.window, args.worker_ms / 1000, args.server_ms / 1000)
-    variants = scenarios(base, args.phase2_server_ms)
+    variants = scenarios(base, args.fast_server_ms)
     rows, knees = [], []
     for gbit in (1.0, 10.0):
         for name, (work, shards) in variants.items():
@@ -155,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     inputs = {"params": PARAMS, "batch_ms": args.batch_ms, "worker_ms": args.worker_ms, "server_ms": args.server_ms,
-              "window": args.window, "phase2_server_ms": args.phase2_server_ms}
+              "window": args.window, "fast_server_ms": args.fast_server_ms}
     (out / "scale_model.json").write_text(json.dumps({"inputs": inputs, "knees": knees, "validation": checks,
                                                       "predictions": rows}, indent=2) + "\n", encoding="utf-8")
     with open(out / "scale_model.csv", "w", encoding="utf-8", newline="") as f:

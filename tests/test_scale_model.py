@@ -81,3 +81,43 @@ def test_shared_cores_time_share_the_workers():
     assert math.isinf(knee(work, Cluster(link_gbit=None)))
     with pytest.raises(ValueError, match="positive number of workers"):
         predict(work, Cluster(), 0)
+
+
+def test_the_script_reads_measured_inputs_and_checks_itself_against_a_make_bench_run(tmp_path):
+    import json
+
+    from trainer_jobs.scale_model import main
+
+    bench_ps = {"rows": [
+        {"compression": "none", "params": 1_000_000, "shards": 1, "mac": "on", "ps_per_s": 250.0},
+        {"compression": "none", "params": 1_000_000, "shards": 1, "mac": "off", "ps_per_s": 500.0},  # not as fits run
+        {"compression": "none", "params": 10_000_000, "shards": 1, "mac": "on", "ps_per_s": 30.0},
+    ]}
+    overhead = {"metadata": {"limit": 1000, "batch_size": 100}, "rows": [
+        {"setup": "plain", "epoch_s": 0.2},
+        {"setup": "workers=1", "state_ms": 1.0, "payload_ms": 0.5, "load_ms": 1.5, "vs_plain": 0.9},
+        {"setup": "workers=2", "vs_plain": 0.8},
+    ]}
+    mnist = {"rows": [
+        {"workers": 0, "timing_valid": True, "throughput_vs_keras": None},
+        {"workers": 1, "timing_valid": True, "throughput_vs_keras": 0.85},
+        {"workers": 2, "timing_valid": True, "throughput_vs_keras": 0.75},
+        {"workers": 4, "timing_valid": False, "throughput_vs_keras": 0.4},  # time-shared: not a check
+    ]}
+    paths = {}
+    for name, data in (("bench_ps", bench_ps), ("overhead", overhead), ("mnist", mnist)):
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(data), encoding="utf-8")
+    png = tmp_path / "scale.png"
+    assert main(["--bench-ps", str(paths["bench_ps"]), "--overhead", str(paths["overhead"]),
+                 "--bench-mnist", str(paths["mnist"]), "--out", str(tmp_path / "out"), "--png", str(png)]) == 0
+
+    result = json.loads((tmp_path / "out" / "scale_model.json").read_text(encoding="utf-8"))
+    assert result["inputs"]["server_ms"] == pytest.approx(4.0)  # 1 / 250 commits/s, the MAC on
+    assert result["inputs"]["worker_ms"] == pytest.approx(3.0)
+    assert result["inputs"]["batch_ms"] == pytest.approx(20.0)  # 0.2 s over 10 batches
+    bench = [c for c in result["validation"] if c["run"].startswith("make bench")]
+    assert [(c["workers"], c["measured"]) for c in bench] == [(1, pytest.approx(0.85)), (2, pytest.approx(1.5))]
+    one = predict(Workload(1_048_853, 0.020, 5, 0.003, 0.004), Cluster(link_gbit=None, cores=2), 1)["speedup"]
+    assert bench[0]["model"] == pytest.approx(one)
+    assert png.stat().st_size > 10_000
