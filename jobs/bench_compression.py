@@ -2,8 +2,10 @@
 
 Runs ``jobs/mnist.py`` and ``jobs/forecast.py`` (each its own process and
 embedded cluster, as ``make bench`` does) with ``--compression`` none, bf16,
-fp16 and top-k, and collects each run's test metric, epoch time and bytes
-moved from the jobs' JSON results into ``compression.{json,md}`` under --out.
+fp16 and top-k, and ``bf16+replies`` (a codec, then ``--compress-replies``:
+the server's replies go through it too), and collects each run's test
+metric, epoch time and bytes moved from the jobs' JSON results into
+``compression.{json,md}`` under --out.
 The metric moves from run to run (a point of MAPE from seed to seed): judge
 a codec against ``none`` over several seeds (``--seeds``), not one run.
 
@@ -23,7 +25,8 @@ from pathlib import Path
 from trainer_jobs.support.report import markdown_table, run_metadata
 
 JOBS_DIR = Path(__file__).resolve().parent
-CODECS = ["none", "bf16", "fp16", "topk:0.01"]
+CODECS = ["none", "bf16", "bf16+replies", "fp16", "topk:0.01"]
+REPLIES = "+replies"  # a codec name's suffix: the replies go through it too
 FULL = {"mnist": ["--workers", "2", "--no-baseline"],
         "forecast": ["--workers", "2", "--no-baseline", "--algorithm", "dynsgd"]}  # codecs need a delta rule
 QUICK = {"mnist": ["--workers", "2", "--no-baseline", "--limit", "3000", "--epochs", "1"],
@@ -63,8 +66,11 @@ def main(argv: list[str] | None = None) -> int:
         for seed in seeds:
             reference: dict = {}
             for codec in codecs:
-                folder = out / job / f"{codec.replace(':', '-')}-seed{seed}"
-                extra = (QUICK if args.quick else FULL)[job] + ["--compression", codec, "--seed", str(seed)]
+                folder = out / job / f"{codec.replace(':', '-').replace('+', '-')}-seed{seed}"
+                extra = (QUICK if args.quick else FULL)[job] + ["--compression", codec.removesuffix(REPLIES),
+                                                                "--seed", str(seed)]
+                if codec.endswith(REPLIES):
+                    extra.append("--compress-replies")
                 rc, seconds, results = run_job(job, extra, folder)
                 if rc != 0:
                     failed.append(f"{job} {codec} seed {seed} (see {folder / (job + '.log')})")
@@ -87,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     meta = run_metadata({"job": "bench_compression", **vars(args)})
     (out / "compression.json").write_text(json.dumps({"metadata": meta, "rows": rows, "failed": failed}, indent=2)
                                           + "\n", encoding="utf-8")
-    text = (f"# Compressed commits: accuracy and bytes\n\n- {meta['timestamp']} on {meta['host']}"
+    text = (f"# Compressed commits and replies: accuracy and bytes\n\n- {meta['timestamp']} on {meta['host']}"
             f"{' (--quick: a smoke test)' if args.quick else ''}; `vs_none` is the metric minus the uncompressed "
             f"run's (accuracy: higher is better, MAPE: lower)\n\n{markdown_table(rows, COLUMNS)}\n")
     (out / "compression.md").write_text(text, encoding="utf-8")

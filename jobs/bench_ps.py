@@ -6,7 +6,8 @@ like the MNIST CNN) and each number of client PROCESSES (--clients, default
 against a real ParameterServer in this process, and, right before, against a
 raw TCP echo server that moves the same bytes (one COMMIT frame in, one reply
 out). --compression adds rows for encoded commits (bf16 halves the bytes in;
-the reply, the center, stays dense); --shards (default 1,2) runs the server
+the reply, the center, stays dense; ``bf16+replies`` halves both, the reply
+then being the change of the center through the codec); --shards (default 1,2) runs the server
 as S shards in this process, each client sending the S parts of a commit at
 once; --mac lists the frame MACs to measure (default on, the default MAC,
 Poly1305; off, or an algorithm such as hmac-sha256): rows with it off tell
@@ -25,7 +26,7 @@ it also runs against older trees (the "before" numbers were taken on main's
 ``trainer/`` before issue 17). Results: ``bench_ps.json``, ``bench_ps.csv`` and ``bench_ps.md`` under --out.
 
     python jobs/bench_ps.py --out results/bench_ps
-    python jobs/bench_ps.py --seconds 2 --params 1M --clients 1,2 --compression none,bf16
+    python jobs/bench_ps.py --seconds 2 --params 1M --clients 1,2 --compression none,bf16,bf16+replies
     python jobs/bench_ps.py --shards 1 --mac on,off
 """
 
@@ -39,7 +40,7 @@ from pathlib import Path
 
 import trainer.algorithms as algorithms
 from trainer.transport.session import MAC_ALGORITHMS
-from trainer_jobs.support.ps_bench import frame_bytes, measure_ps, measure_raw, model_layout, rule_seconds
+from trainer_jobs.support.ps_bench import REPLIES, frame_bytes, measure_ps, measure_raw, model_layout, rule_seconds
 from trainer_jobs.support.report import markdown_table, run_metadata
 
 COLUMNS = ["params", "compression", "shards", "mac", "clients", "mb_in", "mb_out", "raw_per_s", "ps_per_s", "ps_gb_s",
@@ -95,7 +96,7 @@ def parse_codecs(text: str) -> list[str]:
     try:
         for name in names:
             if name != "none":  # older trees (the "before" runs) have no codecs
-                algorithms.parse_compression(name)
+                algorithms.parse_compression(name.removesuffix(REPLIES))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     return names or ["none"]

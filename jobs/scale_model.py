@@ -90,7 +90,8 @@ def scenarios(base: Workload, fast_server_ms: float) -> dict[str, tuple[Workload
     return {
         f"as measured (window {base.window})": (base, 1),
         "bf16 commits": (with_codec(base, "bf16"), 1),
-        "topk:0.01 commits": (with_codec(base, "topk:0.01"), 1),
+        "bf16 commits and replies": (with_codec(base, "bf16", replies=True), 1),
+        "topk:0.01 commits and replies": (with_codec(base, "topk:0.01", replies=True), 1),
         "window 20": (replace(base, window=20), 1),
         f"a {fast_server_ms:g} ms/commit server": (fast, 1),
         f"a {fast_server_ms:g} ms/commit server, 4 shards": (fast, 4),

@@ -54,6 +54,10 @@ def test_codecs_shards_and_windows_move_the_knee():
     assert with_codec(MNIST, "bf16").bytes_out == MNIST.bytes_out  # the reply stays dense
     # halving the commit leaves the reply as the busiest station: the knee barely moves
     assert knee(with_codec(MNIST, "bf16"), base) < knee(MNIST, base) * 1.01
+    # compressed replies too: both links carry half, the knee (Z / d + 2) doubles past the two links
+    both = with_codec(MNIST, "bf16", replies=True)
+    assert both.bytes_out == pytest.approx(MNIST.bytes_out / 2)
+    assert knee(both, base) - 2 == pytest.approx(2 * (knee(MNIST, base) - 2))
     four = demands(MNIST, Cluster(link_gbit=1.0, shards=4))
     assert four["link out"] == pytest.approx(demands(MNIST, base)["link out"] / 4)
     # knee = S * Z / d + 2 (two link stations of d / S each): S times as many workers past the two links

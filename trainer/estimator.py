@@ -165,6 +165,11 @@ class Trainer:
             commit (DOWNPOUR, ADAG, DynSGD): ``"fp16"``, ``"bf16"`` (half the
             bytes) or ``"topk:F"`` (the largest fraction F of each tensor),
             with error feedback; None or ``"none"`` sends them exactly.
+        compress_replies: Bool. With a compression, the parameter server's
+            replies travel through it too: each is the change of the center
+            since what that worker holds (half the bytes with bf16; what a
+            reply drops comes in the next), see docs/algorithms.md. Off by
+            default: replies are the exact center.
         mlflow: Bool. Log the fit to MLflow (the active run, or a new one
             under the current tracking URI): parameters, per-epoch metrics and
             the final model with its signature; see ``trainer.tracking``.
@@ -236,6 +241,7 @@ class Trainer:
         check_data: bool = True,
         share_epochs: bool = True,
         compression: str | None = None,
+        compress_replies: bool = False,
         mlflow: bool = False,
         checkpoint_keep: int = 2,
         tls: bool = False,
@@ -247,7 +253,7 @@ class Trainer:
         ps_shards: int = 1,
         overlap: bool = False,
     ) -> None:
-        self.algorithm = with_compression(get_algorithm(algorithm), compression)
+        self.algorithm = with_compression(get_algorithm(algorithm), compression, replies=compress_replies)
         self.ps_shards = check_shards(ps_shards, self.algorithm)
         self.num_workers = _positive_int("num_workers", num_workers)
         self.algorithm.check_workers(self.num_workers)

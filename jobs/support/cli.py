@@ -58,8 +58,8 @@ def start_logging(args: argparse.Namespace, keras: bool = True) -> None:
 
 
 def add_trainer_args(parser) -> None:
-    """--seed, --fixed-epochs, --checkpoint-dir, --resume, --compression, --overlap, --retry-timeout, --tls
-    and --no-frame-mac for a job's argument parser."""
+    """--seed, --fixed-epochs, --checkpoint-dir, --resume, --compression, --compress-replies, --overlap,
+    --retry-timeout, --tls and --no-frame-mac for a job's argument parser."""
     parser.add_argument("--seed", type=int, default=0,
                         help="seed of the runs (plain Keras uses it, worker i of a distributed run seed + i; "
                              "default 0): repeat a run with other seeds to see its run-to-run spread")
@@ -75,6 +75,9 @@ def add_trainer_args(parser) -> None:
     parser.add_argument("--compression", default="none", type=compression_arg,
                         help="lossy encoding of the workers' commits (downpour, adag, dynsgd): none, fp16, bf16 "
                              "or topk:F (the largest fraction F of each tensor), with error feedback (default none)")
+    parser.add_argument("--compress-replies", action="store_true",
+                        help="the parameter server's replies go through --compression too: each is the change of "
+                             "the center since what the worker holds (Trainer compress_replies=True)")
     parser.add_argument("--overlap", action="store_true",
                         help="workers send each commit from a thread of their own and fold the reply in a window "
                              "later (downpour, adag, dynsgd; Trainer overlap=True)")
@@ -102,8 +105,8 @@ def check_trainer_args(parser, args) -> None:
     check_checkpoint_args(parser, args)
     try:
         algorithm = algorithm_from_args(args.algorithm, args.window)
-        if getattr(args, "compression", "none") != "none":
-            algorithm = with_compression(algorithm, args.compression)
+        if getattr(args, "compression", "none") != "none" or getattr(args, "compress_replies", False):
+            algorithm = with_compression(algorithm, args.compression, replies=getattr(args, "compress_replies", False))
     except ValueError as exc:
         parser.error(str(exc))
     if getattr(args, "overlap", False) and not overlappable(algorithm):
@@ -117,6 +120,7 @@ def trainer_options(args, model_name: str, workers: int, seed: int | None = None
     seed = args.seed if seed is None else seed
     options: dict[str, Any] = {"retry_timeout": args.retry_timeout, "share_epochs": not args.fixed_epochs,
                                "seed": seed, "compression": getattr(args, "compression", "none"),
+                               "compress_replies": getattr(args, "compress_replies", False),
                                "tls": getattr(args, "tls", False), "frame_mac": not getattr(args, "no_frame_mac", False),
                                "overlap": getattr(args, "overlap", False)}
     if args.checkpoint_dir is None:

@@ -38,6 +38,7 @@ from trainer.transport.wire import Msg, encode, frame_size, new_secret
 # Share of the parameters in each kernel of the MNIST CNN (conv, conv, dense, dense) and its biases.
 _KERNEL_SHARES = (288 / 1_048_853, 9216 / 1_048_853, 1_036_800 / 1_048_853)
 _BIASES = (32, 32, 225, 10)
+REPLIES = "+replies"  # a codec name's suffix: the server's replies go through the codec too
 _START_TIMEOUT = 120.0
 
 
@@ -54,7 +55,8 @@ def model_layout(params: int) -> list[tuple[int, ...]]:
 
 
 def _payload(shapes, compression: str | None, seed: int = 0) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
-    """(rule, center, payload on the wire) for DOWNPOUR with `compression`.
+    """(rule, center, payload on the wire) for DOWNPOUR with `compression` (a codec name, then ``+replies``
+    for compressed replies too).
 
     Without compression only what every version of the package has is used
     (``DOWNPOUR``, ``worker_payload``): the script also measures older trees.
@@ -65,16 +67,19 @@ def _payload(shapes, compression: str | None, seed: int = 0) -> tuple[Any, list[
     delta = [(rng.standard_normal(s) * 1e-3).astype(np.float32) for s in shapes]
     if compression in (None, "none"):
         return rule, center, rule.worker_payload(delta, center)
-    rule = algorithms.with_compression(rule, compression)
+    name = compression.removesuffix(REPLIES)
+    rule = algorithms.with_compression(rule, name, **({"replies": True} if name != compression else {}))
     payload, _ = rule.worker_commit(delta, center, None)
     return rule, center, payload
 
 
 def frame_bytes(shapes, compression: str | None) -> tuple[int, int]:
     """(bytes of one COMMIT frame, bytes of its reply) on the wire."""
-    _, center, payload = _payload(shapes, compression)
+    rule, center, payload = _payload(shapes, compression)
     meta = {"worker": 0, "epoch": 0, "step": 0, "loss": 0.1}
-    return frame_size(encode(Msg.COMMIT, meta, payload)), frame_size(encode(Msg.OK, {"version": 1}, center))
+    codec = getattr(rule, "reply_codec", None)
+    reply = center if codec is None else codec.encode(center)
+    return frame_size(encode(Msg.COMMIT, meta, payload)), frame_size(encode(Msg.OK, {"version": 1}, reply))
 
 
 def rule_seconds(shapes, compression: str | None, repeats: int = 5) -> float:

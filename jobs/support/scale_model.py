@@ -9,8 +9,10 @@ the server side, each serving one commit at a time:
 * the server's CPU (``server_s`` per commit: decoding, the update rule under
   its lock, copying and encoding the reply);
 * the driver link inbound (the COMMIT frame: ``4 * params * compression``
-  bytes) and outbound (the reply, the dense center: ``4 * params`` bytes);
-  full duplex, so the two directions are separate stations.
+  bytes) and outbound (the reply: the dense center, ``4 * params`` bytes, or
+  with compressed replies the change of the center through the same codec,
+  ``4 * params * reply_compression``); full duplex, so the two directions
+  are separate stations.
 
 With ``shards`` server endpoints on as many hosts, each station's work per
 commit is divided by ``shards`` (every endpoint holds 1/S of the center and
@@ -44,6 +46,7 @@ class Workload:
     worker_s: float = 0.0  # the worker's own exchange work per commit
     server_s: float = 0.0  # server CPU per commit (serialized)
     compression: float = 1.0  # bytes of a commit per dense float32 byte (bf16 0.5, topk:F 2F)
+    reply_compression: float = 1.0  # the same for a reply (1: the dense center)
 
     @property
     def bytes_in(self) -> float:
@@ -51,7 +54,7 @@ class Workload:
 
     @property
     def bytes_out(self) -> float:
-        return 4.0 * self.params
+        return 4.0 * self.params * self.reply_compression
 
 
 @dataclass(frozen=True)
@@ -121,13 +124,16 @@ def curve(work: Workload, cluster: Cluster, counts) -> list[dict[str, float | st
     return [predict(work, cluster, n) for n in counts]
 
 
-def with_codec(work: Workload, codec: str) -> Workload:
-    """`work` with the commit bytes of a codec name: none, fp16, bf16 or topk:F."""
+def with_codec(work: Workload, codec: str, replies: bool = False) -> Workload:
+    """`work` with the commit bytes (and with `replies` the reply bytes) of a codec name: none, fp16, bf16
+    or topk:F."""
     name = codec.strip().lower()
     if name in ("none", ""):
-        return replace(work, compression=1.0)
-    if name in ("fp16", "bf16"):
-        return replace(work, compression=0.5)
-    if name.startswith("topk:"):
-        return replace(work, compression=min(1.0, 2.0 * float(name[5:])))
-    raise ValueError(f"unknown codec {codec!r}; expected none, fp16, bf16 or topk:F")
+        fraction = 1.0
+    elif name in ("fp16", "bf16"):
+        fraction = 0.5
+    elif name.startswith("topk:"):
+        fraction = min(1.0, 2.0 * float(name[5:]))
+    else:
+        raise ValueError(f"unknown codec {codec!r}; expected none, fp16, bf16 or topk:F")
+    return replace(work, compression=fraction, reply_compression=fraction if replies else 1.0)

@@ -2,8 +2,11 @@
 
 The worker encodes its delta (with error feedback by default, see
 ``trainer.algorithms.compression``) and the server rule decodes it against
-the center before the wrapped rule folds it in; replies (the center) stay
-dense. On the server the delta is decoded straight into the buffer that
+the center before the wrapped rule folds it in. Replies (the center) stay
+dense unless `replies` is set: then the server sends each worker the change
+of the center since what that worker holds, through the same codec
+(``trainer.algorithms.compression.encode_change``; ``trainer.ps.commits``).
+On the server the delta is decoded straight into the buffer that
 receives the new center (``server_apply``), so a compressed commit allocates
 nothing there either. Only rules whose workers send *deltas* are wrapped: rounding full
 weights (EASGD, AEASGD, synchronous averaging, the single worker) would lose
@@ -29,11 +32,13 @@ from trainer.algorithms.delta import DeltaRule
 
 @dataclass(frozen=True)
 class Compressed(Algorithm):
-    """`inner` with its commits encoded by `codec`; `error_feedback` carries what the codec dropped."""
+    """`inner` with its commits (and, with `replies`, the server's replies) encoded by `codec`;
+    `error_feedback` carries what the codec dropped from a commit."""
 
     inner: Any = None
     codec: Any = None
     error_feedback: bool = True
+    replies: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.inner, DeltaRule):
@@ -56,6 +61,11 @@ class Compressed(Algorithm):
     @property
     def payload_arrays(self) -> int:  # type: ignore[override]
         return self.codec.wire_arrays
+
+    @property
+    def reply_codec(self) -> Codec | None:
+        """The codec of the server's replies (changes of the center), or None for dense replies."""
+        return self.codec if self.replies else None
 
     def check_workers(self, num_workers: int) -> None:
         self.inner.check_workers(num_workers)
@@ -90,15 +100,21 @@ class Compressed(Algorithm):
 
     def describe(self) -> str:
         feedback = "" if self.error_feedback else ", no error feedback"
-        return f"{self.inner.describe()} [{self.codec.describe()}{feedback}]"
+        replies = ", replies too" if self.replies else ""
+        return f"{self.inner.describe()} [{self.codec.describe()}{feedback}{replies}]"
 
 
 def with_compression(algorithm: Algorithm, compression: str | Codec | None,
-                     error_feedback: bool = True) -> Algorithm:
-    """`algorithm` wrapped in `Compressed`, or unchanged for ``None``/``"none"``."""
+                     error_feedback: bool = True, replies: bool = False) -> Algorithm:
+    """`algorithm` wrapped in `Compressed` (its replies too with `replies`), or unchanged for ``None``/``"none"``."""
     codec = parse_compression(compression)
     if codec is None:
+        if replies:
+            raise AlgorithmConfigError(
+                "compress_replies=True needs a compression for them (compression='bf16', 'fp16' or 'topk:F'). "
+                "Fix: set compression, or leave compress_replies off."
+            )
         return algorithm
     if isinstance(algorithm, Compressed):
         raise AlgorithmConfigError(f"{algorithm.describe()} is compressed already; give compression once.")
-    return Compressed(algorithm, codec, error_feedback)
+    return Compressed(algorithm, codec, error_feedback, bool(replies))

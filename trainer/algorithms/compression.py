@@ -20,6 +20,14 @@ for good, only delayed. `compress_with_feedback` is the pure step:
 ``(arrays, residual) -> (wire, new residual)``; the worker keeps the residual.
 Without it top-k at small fractions stalls (small coordinates never move).
 
+Replies (``Trainer(compress_replies=True)``): the server sends each worker
+the change of the center since what that worker holds, encoded by the same
+codec, and both ends move their copy of "what the worker holds" by the
+decoded change (`encode_change`, `apply_change`: the same float32 additions
+on both ends, so the copies stay bit-identical). What a reply drops is in the
+next one: with bf16 the worker's center is never further from the server's
+than one reply's rounding; with top-k it lags on the entries not sent yet.
+
 `parse_compression` reads the option of ``Trainer(compression=...)`` and the
 jobs' ``--compression none|fp16|bf16|topk:F``.
 """
@@ -253,6 +261,20 @@ def parse_compression(spec: str | Codec | None) -> Codec | None:
         f"Unknown compression {spec!r}. Expected none, fp16, bf16 or topk:F with F in (0, 1] "
         "(e.g. topk:0.01 sends the largest 1 % of each tensor)."
     )
+
+
+def encode_change(codec: Codec, new: Sequence[np.ndarray], held: Sequence[np.ndarray]) -> Arrays:
+    """The wire of ``new - held``; `held` (what the peer holds) is moved in place to what the peer will hold
+    once it has applied that wire with `apply_change`."""
+    wire = codec.encode([np.subtract(n, h) for n, h in zip(new, held, strict=True)])
+    apply_change(codec, wire, held)
+    return wire
+
+
+def apply_change(codec: Codec, wire: Sequence[np.ndarray], held: Sequence[np.ndarray]) -> None:
+    """Add the change that `wire` encodes to `held`, in place (float32 arithmetic, the same on both ends)."""
+    for h, change in zip(held, codec.decode(wire, held), strict=True):
+        np.add(h, change, out=h)
 
 
 def compress_with_feedback(codec: Codec, arrays: Sequence[np.ndarray],

@@ -11,7 +11,11 @@ which the client is closed. Retrying is the caller's job (typically by letting
 the Spark task fail), not the client's.
 
 Arrays returned by the client are zero-copy views into the received frame:
-they are writable but share one buffer per reply.
+they are writable but share one buffer per reply. With compressed replies
+(the server's HELLO names their codec) a COMMIT's reply is the change of the
+center since what this worker holds: the client keeps that copy, applies the
+change (``trainer.algorithms.compression.apply_change``, as the server did
+to its copy) and returns a copy of the result, so callers still get the center.
 
 A client is not thread-safe: use one per worker thread.
 """
@@ -22,10 +26,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from trainer.algorithms.compression import Codec, apply_change, parse_compression
 from trainer.ps.errors import RemoteError
 from trainer.transport.client import AuthenticatedClient
 from trainer.transport.handshake import Credentials
-from trainer.transport.wire import ConnectionClosed, Frame, IntegrityError, Msg, TransportError, TransportTimeout
+from trainer.transport.wire import (
+    ConnectionClosed, Frame, IntegrityError, Msg, ProtocolError, TransportError, TransportTimeout,
+)
 
 
 class PSClient(AuthenticatedClient):
@@ -52,12 +59,17 @@ class PSClient(AuthenticatedClient):
         self.version: int | None = None
         #: Number of workers announced by the server during the handshake.
         self.num_workers: int | None = None
+        self._reply_codec: Codec | None = None  # compressed replies: their codec, and the center as held here
+        self._held: list[np.ndarray] | None = None
 
     # -- requests ---------------------------------------------------------------
 
     def hello(self) -> tuple[list[np.ndarray], dict[str, Any]]:
         """Announce this worker; returns the center and ``{"version", "start_epoch", "num_workers"}``."""
         frame = self._request(Msg.HELLO, {"attempt": self.attempt})
+        codec = frame.meta.get("reply_codec")
+        self._reply_codec = None if codec is None else parse_compression(str(codec))
+        self._held = None if codec is None else [np.array(a, copy=True) for a in frame.arrays]
         return frame.arrays, frame.meta
 
     def pull(self) -> tuple[list[np.ndarray], int]:
@@ -70,12 +82,25 @@ class PSClient(AuthenticatedClient):
     ) -> tuple[list[np.ndarray], dict[str, Any]]:
         """Send an update-rule payload (meta: epoch, step, loss, ...); returns the reply arrays and meta."""
         frame = self._request(Msg.COMMIT, dict(meta or {}), payload)
+        if frame.meta.get("reply") == "change":
+            return self._changed(frame.arrays), frame.meta
         return frame.arrays, frame.meta
 
     def epoch_done(self, epoch: int, logs: dict[str, Any] | None = None) -> dict[str, Any]:
         """Report that ``epoch`` is finished (lets a retried task resume after it); returns the
         reply's meta (the server's directives, e.g. ``{"stop": True}``)."""
         return self._request(Msg.EPOCH_DONE, {"epoch": int(epoch), "logs": dict(logs or {})}).meta
+
+    def _changed(self, wire: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """The center after a compressed reply: what is held here moved by the change it encodes."""
+        if self._held is None or self._reply_codec is None:
+            raise ProtocolError(f"the parameter server at {self.host}:{self.port} replied with a change of the "
+                                "center, but its HELLO named no reply codec")
+        problem = self._reply_codec.check(wire, [h.shape for h in self._held])
+        if problem is not None:
+            raise ProtocolError(f"a compressed reply of the parameter server at {self.host}:{self.port}: {problem}")
+        apply_change(self._reply_codec, wire, self._held)
+        return [h.copy() for h in self._held]
 
     # -- hooks ------------------------------------------------------------------------
 

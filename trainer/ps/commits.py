@@ -13,7 +13,10 @@ directives and records.
   encoded from the reply buffer (no copy) and sent after every lock is
   released. The payload's values are not checked on their own: a NaN or inf
   in them makes the result non-finite, and the refusal then names the
-  payload's array as before.
+  payload's array as before. With compressed replies (``Compressed(replies=
+  True)``) the reply is instead the change of the center since what the
+  connection's worker holds (``encode_change``), encoded after every lock is
+  released, with meta ``reply: "change"``.
 * Replaced (any other asynchronous rule): ``server_commit`` under the
   server's lock, its result frozen and checked, then swapped in.
 """
@@ -25,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from trainer.algorithms.compression import encode_change
 from trainer.ps.hygiene import center_problem, check_center, freeze
 from trainer.ps.records import UpdateRecord
 from trainer.transport.wire import Frame, Msg, encode, frame_size
@@ -83,6 +87,9 @@ class AsynchronousCommits:
         """Apply a commit in place (``trainer.ps.center``: two-phase over the tensor locks) and reply from
         the connection's reply buffer after every lock is released."""
         counted, unseen, malformed = self._commit_fields(conn, frame)
+        codec = self._reply_codec
+        if malformed is None and codec is not None and conn.held is None:
+            malformed = "with compressed replies a worker sends HELLO before its first COMMIT"
         if malformed is not None:
             self._reply_error(conn, malformed)
             return
@@ -90,6 +97,7 @@ class AsynchronousCommits:
         center, apply = self._center.arrays, self._algorithm.server_apply
         staleness = 0
         buffers: list = []
+        meta: dict[str, Any] = {}
         record: UpdateRecord | None = None
 
         def start() -> None:
@@ -102,10 +110,14 @@ class AsynchronousCommits:
             return center_problem(i, out[i], self._names)
 
         def finish() -> None:
-            nonlocal buffers, record
+            nonlocal buffers, meta, record
             with self._lock:
                 meta = self._commit_meta_locked(conn, frame, counted, self._version + 1, staleness)
-                buffers = encode(Msg.OK, meta, out)
+                if codec is not None:
+                    meta["reply"] = "change"
+                # A compressed reply is encoded once the locks are released; a template of its arrays
+                # (the same shapes and dtypes) gives the record its size.
+                buffers = encode(Msg.OK, meta, out if codec is None else self._reply_template)
                 record = self._applied_locked(conn, frame, meta, buffers)
 
         try:
@@ -119,6 +131,8 @@ class AsynchronousCommits:
             self._refuse_commit(conn, frame, *(self._check_commit(frame) or (refused, True)))
             return
         assert record is not None
+        if codec is not None:
+            buffers = encode(Msg.OK, meta, encode_change(codec, out, conn.held))
         self._notify(record)
         self._send(conn, buffers)
 

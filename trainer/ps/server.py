@@ -81,13 +81,15 @@ MAX_EVENTS = 10_000
 
 class _Conn(Connection):
     """Server-side state of one TCP connection: the center version it last received and, for in-place
-    rules, its receive buffer and its reply buffer (one array per center tensor), both allocated once."""
+    rules, its receive buffer and its reply buffer (one array per center tensor), both allocated once;
+    with compressed replies, the center as its worker holds it (`held`, from its HELLO on)."""
 
     def __init__(self, sock: Any, addr: Any) -> None:
         super().__init__(sock, addr)
         self.last_version = 0
         self.recv = RecvBuffer()
         self.reply: list[np.ndarray] | None = None
+        self.held: list[np.ndarray] | None = None
 
 
 class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServer):
@@ -177,6 +179,13 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         self._synchronous = synchronous
         self._with_optimizer = with_optimizer
         self._payload_arrays = int(getattr(algorithm, "payload_arrays", 1))
+        self._reply_codec = getattr(algorithm, "reply_codec", None)  # compressed replies (trainer.ps.commits)
+        if self._reply_codec is not None and not center.in_place:
+            raise ValueError(f"{algorithm.describe()}: compressed replies need a rule the server applies in place "
+                             "(a delta rule without optimizer state)")
+        # Arrays shaped and typed as a compressed reply's: what one weighs on the wire, whatever its values.
+        self._reply_template = (None if self._reply_codec is None
+                                else self._reply_codec.encode([np.zeros_like(a) for a in center.arrays]))
         self._hello_meta = dict(hello_meta or {})
         self._center = center
         self._num_weights = len(center)
@@ -451,8 +460,11 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
             return self._start_epochs[attempt], self._num_workers
 
         center, (version, start, workers) = self._read_center(conn, start_epoch)
-        self._reply(conn, {"version": version, "start_epoch": start, "num_workers": workers, **self._hello_meta},
-                    center)
+        meta = {"version": version, "start_epoch": start, "num_workers": workers, **self._hello_meta}
+        if self._reply_codec is not None:  # replies to its commits are changes of what it holds from now on
+            conn.held = [np.array(a, copy=True) for a in center]
+            meta["reply_codec"] = self._reply_codec.describe()
+        self._reply(conn, meta, center)
 
     def _epoch_done(self, conn: _Conn, meta: dict[str, Any]) -> None:
         epoch, logs = meta.get("epoch"), meta.get("logs", {})
