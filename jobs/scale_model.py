@@ -9,7 +9,9 @@ project's machine (defaults; override them, or read them from result files):
 * ``--worker-ms``: a worker's own exchange work per commit (reading its
   weights, the payload, loading the reply: ``jobs/profile_overhead.py``);
 * ``--server-ms``: the server's CPU per commit: 1 / the most commits/s
-  `make bench-ps` reached with 1M parameters (``--bench-ps`` reads it).
+  `make bench-ps` reached with 1M parameters (``--bench-ps`` reads it);
+  ``--replies-server-ms`` the same with compressed replies (its ``+replies``
+  rows).
 
 It writes the predictions (JSON, CSV), the knees, a validation table against
 measured runs, and the plot (default ``docs/scale_model.png``). The runs it
@@ -63,6 +65,10 @@ def _measured_inputs(args) -> None:
                     and r.get("shards", 1) == 1 and r.get("mac", "on") == "on"),  # one endpoint, the MAC on
                    key=lambda r: r["ps_per_s"])
         args.server_ms = 1000.0 / best["ps_per_s"]
+        replies = [r for r in rows if str(r["compression"]).endswith("+replies") and r["params"] < 2_000_000
+                   and r.get("shards", 1) == 1 and r.get("mac", "on") == "on"]
+        if replies:  # the server's passes over a compressed reply: the slowest codec's, as fits would meet it
+            args.replies_server_ms = 1000.0 / min(r["ps_per_s"] for r in replies)
     if args.overhead:
         data = json.loads(Path(args.overhead).read_text(encoding="utf-8"))
         rows = {r["setup"]: r for r in data["rows"]}
@@ -84,14 +90,16 @@ def _measured_inputs(args) -> None:
                                       row["workers"], "plain", row["workers"] * row["throughput_vs_keras"]))
 
 
-def scenarios(base: Workload, fast_server_ms: float) -> dict[str, tuple[Workload, int]]:
-    """Named (workload, shards) variants: the measured server, codecs, window, a faster server, shards."""
+def scenarios(base: Workload, fast_server_ms: float, replies_server_ms: float) -> dict[str, tuple[Workload, int]]:
+    """Named (workload, shards) variants: the measured server, codecs (compressed replies cost the server
+    `replies_server_ms` per commit), window, a faster server, shards."""
     fast = replace(base, server_s=fast_server_ms / 1000)
+    replying = replace(base, server_s=replies_server_ms / 1000)
     return {
         f"as measured (window {base.window})": (base, 1),
         "bf16 commits": (with_codec(base, "bf16"), 1),
-        "bf16 commits and replies": (with_codec(base, "bf16", replies=True), 1),
-        "topk:0.01 commits and replies": (with_codec(base, "topk:0.01", replies=True), 1),
+        "bf16 commits and replies": (with_codec(replying, "bf16", replies=True), 1),
+        "topk:0.01 commits and replies": (with_codec(replying, "topk:0.01", replies=True), 1),
         "window 20": (replace(base, window=20), 1),
         f"a {fast_server_ms:g} ms/commit server": (fast, 1),
         f"a {fast_server_ms:g} ms/commit server, 4 shards": (fast, 4),
@@ -144,6 +152,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--server-ms", type=float, default=1000 / 144.0, help="server CPU per commit (ms)")
     parser.add_argument("--fast-server-ms", type=float, default=1.0,
                         help="server CPU per commit of the faster server to plot (ms, default 1)")
+    parser.add_argument("--replies-server-ms", type=float, default=1000 / 209.0,
+                        help="server CPU per commit with compressed replies (ms; --bench-ps reads it from its "
+                             "+replies rows)")
     parser.add_argument("--window", type=int, default=5, help="batches per commit (default 5)")
     parser.add_argument("--bench-ps", default=None, help="bench_ps.json to read --server-ms from")
     parser.add_argument("--overhead", default=None, help="overhead.json to read --worker-ms and --batch-ms from")
@@ -154,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     args.measured = list(MEASURED)
     _measured_inputs(args)
     base = Workload(PARAMS, args.batch_ms / 1000, args.window, args.worker_ms / 1000, args.server_ms / 1000)
-    variants = scenarios(base, args.fast_server_ms)
+    variants = scenarios(base, args.fast_server_ms, args.replies_server_ms)
     rows, knees = [], []
     for gbit in (1.0, 10.0):
         for name, (work, shards) in variants.items():
@@ -175,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     inputs = {"params": PARAMS, "batch_ms": args.batch_ms, "worker_ms": args.worker_ms, "server_ms": args.server_ms,
-              "window": args.window, "fast_server_ms": args.fast_server_ms}
+              "window": args.window, "fast_server_ms": args.fast_server_ms,
+              "replies_server_ms": args.replies_server_ms}
     (out / "scale_model.json").write_text(json.dumps({"inputs": inputs, "knees": knees, "validation": checks,
                                                       "predictions": rows}, indent=2) + "\n", encoding="utf-8")
     with open(out / "scale_model.csv", "w", encoding="utf-8", newline="") as f:

@@ -89,6 +89,20 @@ def test_topk_keeps_exactly_the_largest_entries_of_each_tensor():
     np.testing.assert_array_equal(codec.decode(codec.encode(tiny), tiny)[0], tiny[0])
 
 
+def test_topk_of_mostly_zeros_sends_the_non_zeros_and_still_k_entries():
+    codec = TopK(0.01)
+    few = np.zeros(10_000, np.float32)
+    few[[3, 500, 9_999]] = [0.5, -2.0, 1e-30]  # fewer non-zeros than k = 100
+    many = np.zeros(10_000, np.float32)
+    many[::50] = np.arange(1, 201, dtype=np.float32)  # 200 non-zeros: the largest 100 are 101..200
+    for a, expected in ((few, {3, 500, 9_999}), (many, set(range(100 * 50, 10_000, 50)))):
+        idx, values = codec.encode([a])
+        assert len(idx) == 100 and len(set(idx.tolist())) == 100
+        assert set(np.flatnonzero(values).tolist()) == {i for i, v in enumerate(idx) if v in expected}
+        np.testing.assert_array_equal(codec.decode([idx, values], [a])[0], np.where(np.isin(
+            np.arange(a.size), sorted(expected)), a, 0))
+
+
 def test_topk_check_names_what_is_wrong():
     shapes = [(4,), (2, 2)]
     codec = TopK(0.5)

@@ -132,7 +132,7 @@ class AsynchronousCommits:
             return
         assert record is not None
         if codec is not None:
-            buffers = encode(Msg.OK, meta, encode_change(codec, out, conn.held))
+            buffers = encode(Msg.OK, meta, encode_change(codec, out, conn.held, overwrite=True))  # out: scratch now
         self._notify(record)
         self._send(conn, buffers)
 
