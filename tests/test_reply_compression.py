@@ -1,6 +1,6 @@
 """Compressed replies: the server sends each worker the change of the center since what it holds.
 
-The pure step (``encode_change`` / ``apply_change``), then a real loopback
+The pure step (``Codec.encode_change`` / ``apply_change``), then a real loopback
 parameter server and client (one endpoint and two shards), then a real Spark fit.
 """
 
@@ -11,9 +11,8 @@ import pytest
 
 from conftest import digits_model
 from trainer.algorithms import DOWNPOUR, AlgorithmConfigError, BFloat16, DynSGD, TopK, with_compression
-from trainer.algorithms.compression import apply_change, encode_change
 from trainer.ps import ParameterServer, PSClient, RemoteError, ShardedParameterServer, connect_ps
-from trainer.transport.wire import new_secret
+from trainer.transport.wire import ProtocolError, new_secret
 
 SECRET = new_secret()
 SHAPES = [(64, 32), (32,), (3, 3, 2, 4)]
@@ -34,8 +33,8 @@ def test_both_ends_hold_the_same_bits_and_what_a_reply_drops_comes_in_the_next(c
     center = [a.copy() for a in start]
     for step in range(1, 40):
         center = [c + d for c, d in zip(center, arrays(step, 1e-2))]  # the center moves by commits
-        wire = encode_change(codec, center, server_held)
-        apply_change(codec, wire, worker_held)
+        wire = codec.encode_change(center, server_held)
+        codec.apply_change(wire, worker_held)
         for s, w in zip(server_held, worker_held):
             assert s.tobytes() == w.tobytes()
     gap = max(float(np.max(np.abs(c - h))) for c, h in zip(center, worker_held))
@@ -44,10 +43,10 @@ def test_both_ends_hold_the_same_bits_and_what_a_reply_drops_comes_in_the_next(c
         assert gap < 2 ** -8 * 0.1
     else:  # top-k: the gap is bounded and far below what the center travelled
         assert gap < 0.2 * moved
-    quiet = encode_change(codec, center, server_held)  # the center still: replies catch up with it
+    quiet = codec.encode_change(center, server_held)  # the center still: replies catch up with it
     for _ in range(30):
-        apply_change(codec, quiet, worker_held)
-        quiet = encode_change(codec, center, server_held)
+        codec.apply_change(quiet, worker_held)
+        quiet = codec.encode_change(center, server_held)
     assert max(float(np.max(np.abs(c - h))) for c, h in zip(center, server_held)) < gap
 
 
@@ -74,8 +73,10 @@ def test_a_worker_gets_the_center_within_one_replys_rounding_at_half_the_bytes()
     start = arrays(0)
     received = {}
     for name, r in (("change", rule), ("dense", dense_rule)):
-        with ParameterServer(r, start, 2, SECRET) as ps, PSClient(*ps.address, SECRET, worker=0) as c, \
-                PSClient(*ps.address, SECRET, worker=1) as other:
+        codec = r.reply_codec
+        with ParameterServer(r, start, 2, SECRET) as ps, \
+                PSClient(*ps.address, SECRET, worker=0, reply_codec=codec) as c, \
+                PSClient(*ps.address, SECRET, worker=1, reply_codec=codec) as other:
             c.connect(), other.connect()
             held, meta = c.hello()
             assert meta.get("reply_codec") == ("bf16" if name == "change" else None)
@@ -103,7 +104,8 @@ def test_a_worker_gets_the_center_within_one_replys_rounding_at_half_the_bytes()
 @pytest.mark.timeout(60)
 def test_a_commit_before_hello_is_refused_with_compressed_replies_and_the_connection_stays():
     rule = with_compression(DOWNPOUR(window=1), "bf16", replies=True)
-    with ParameterServer(rule, arrays(0), 1, SECRET) as ps, PSClient(*ps.address, SECRET, worker=0) as c:
+    with ParameterServer(rule, arrays(0), 1, SECRET) as ps, \
+            PSClient(*ps.address, SECRET, worker=0, reply_codec=rule.reply_codec) as c:
         c.connect()
         payload, _ = rule.worker_commit(arrays(1), arrays(0), None)
         with pytest.raises(RemoteError, match="sends HELLO before its first COMMIT"):
@@ -114,11 +116,23 @@ def test_a_commit_before_hello_is_refused_with_compressed_replies_and_the_connec
 
 
 @pytest.mark.timeout(60)
+def test_a_client_without_the_servers_reply_codec_is_told_what_to_give_it():
+    rule = with_compression(DOWNPOUR(window=1), "bf16", replies=True)
+    with ParameterServer(rule, arrays(0), 1, SECRET) as ps:
+        for given, said in ((None, "no reply codec"), (TopK(0.1), "'topk:0.1'")):
+            with PSClient(*ps.address, SECRET, worker=0, reply_codec=given) as c:
+                c.connect()
+                with pytest.raises(ProtocolError, match=f"compresses its replies with 'bf16' but this client was "
+                                                        f"given {said}"):
+                    c.hello()
+
+
+@pytest.mark.timeout(60)
 def test_sharded_servers_compress_each_shards_reply_and_the_worker_gets_the_whole_center():
     rule = with_compression(DOWNPOUR(window=1), "topk:0.3", replies=True)
     start = arrays(0)
     with ShardedParameterServer(rule, start, 1, SECRET, shards=2) as ps, \
-            connect_ps(ps.addresses, ps.credentials, 0, split=rule.split_payload) as c:
+            connect_ps(ps.addresses, ps.credentials, 0, split=rule.split_payload, reply_codec=rule.reply_codec) as c:
         held = [np.array(a) for a in c.hello()[0]]
         for step in range(1, 30):
             payload, _ = rule.worker_commit([h + d for h, d in zip(held, arrays(step, 1e-2))], held, None)

@@ -104,10 +104,13 @@ def rule_seconds(shapes, compression: str | None, repeats: int = 5) -> float:
 
 def _ps_client(addresses, secret, worker, shapes, compression, seconds, ready, start, results) -> None:
     rule, _, payload = _payload(shapes, compression, seed=worker)
+    codec = getattr(rule, "reply_codec", None)
+    replies = {} if codec is None else {"reply_codec": codec}  # older trees have no compressed replies
     if len(addresses) > 1:
-        client = trainer.ps.ShardedPSClient(addresses, secret, worker, timeout=120.0, split=rule.split_payload)
+        client = trainer.ps.ShardedPSClient(addresses, secret, worker, timeout=120.0, split=rule.split_payload,
+                                            **replies)
     else:
-        client = PSClient(*addresses[0], secret, worker=worker, timeout=120.0)
+        client = PSClient(*addresses[0], secret, worker=worker, timeout=120.0, **replies)
     with client:
         client.connect()
         client.hello()

@@ -5,7 +5,7 @@ The worker encodes its delta (with error feedback by default, see
 the center before the wrapped rule folds it in. Replies (the center) stay
 dense unless `replies` is set: then the server sends each worker the change
 of the center since what that worker holds, through the same codec
-(``trainer.algorithms.compression.encode_change``; ``trainer.ps.commits``).
+(``Codec.encode_change``; ``trainer.ps.commits``).
 On the server the delta is decoded straight into the buffer that
 receives the new center (``server_apply``), so a compressed commit allocates
 nothing there either. Only rules whose workers send *deltas* are wrapped: rounding full

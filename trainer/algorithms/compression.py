@@ -23,7 +23,7 @@ Without it top-k at small fractions stalls (small coordinates never move).
 Replies (``Trainer(compress_replies=True)``): the server sends each worker
 the change of the center since what that worker holds, encoded by the same
 codec, and both ends move their copy of "what the worker holds" by the
-decoded change (`encode_change`, `apply_change`: the same float32 additions
+decoded change (`Codec.encode_change`, `Codec.apply_change`: the same float32 additions
 on both ends, so the copies stay bit-identical). What a reply drops is in the
 next one: with bf16 the worker's center is never further from the server's
 than one reply's rounding; with top-k it lags on the entries not sent yet.
@@ -85,6 +85,26 @@ class Codec:
     wire_dtypes: ClassVar[frozenset[str]] = frozenset()
     #: Wire arrays per tensor.
     wire_arrays: ClassVar[int] = 1
+
+    def encode_change(self, new: Sequence[np.ndarray], held: Sequence[np.ndarray], *,
+                      overwrite: bool = False) -> Arrays:
+        """The wire of ``new - held``; `held` (what the peer holds) is moved in place to what the peer will
+        hold once it has applied that wire with `apply_change`. With `overwrite` the arrays of `new`
+        (C-contiguous) are the scratch space and hold garbage afterwards: nothing model-sized is allocated
+        but the wire."""
+        if not overwrite:
+            new = [np.array(n, copy=True) for n in new]
+        change = [np.subtract(n, h, out=n) for n, h in zip(new, held, strict=True)]
+        wire = self.encode(change)
+        self.decode_into(wire, change)  # the same bits as apply_change's decode
+        for h, c in zip(held, change):
+            np.add(h, c, out=h)
+        return wire
+
+    def apply_change(self, wire: Sequence[np.ndarray], held: Sequence[np.ndarray]) -> None:
+        """Add the change that `wire` encodes to `held`, in place (float32 arithmetic, the same on both ends)."""
+        for h, change in zip(held, self.decode(wire, held), strict=True):
+            np.add(h, change, out=h)
 
     def wire_fraction(self) -> float:
         """Bytes on the wire per float32 byte of the dense delta."""
@@ -276,27 +296,6 @@ def parse_compression(spec: str | Codec | None) -> Codec | None:
         f"Unknown compression {spec!r}. Expected none, fp16, bf16 or topk:F with F in (0, 1] "
         "(e.g. topk:0.01 sends the largest 1 % of each tensor)."
     )
-
-
-def encode_change(codec: Codec, new: Sequence[np.ndarray], held: Sequence[np.ndarray], *,
-                  overwrite: bool = False) -> Arrays:
-    """The wire of ``new - held``; `held` (what the peer holds) is moved in place to what the peer will hold
-    once it has applied that wire with `apply_change`. With `overwrite` the arrays of `new` (C-contiguous)
-    are the scratch space and hold garbage afterwards: no model-sized array is allocated but the wire's."""
-    if not overwrite:
-        new = [np.array(n, copy=True) for n in new]
-    change = [np.subtract(n, h, out=n) for n, h in zip(new, held, strict=True)]
-    wire = codec.encode(change)
-    codec.decode_into(wire, change)  # the same bits as apply_change's decode
-    for h, c in zip(held, change):
-        np.add(h, c, out=h)
-    return wire
-
-
-def apply_change(codec: Codec, wire: Sequence[np.ndarray], held: Sequence[np.ndarray]) -> None:
-    """Add the change that `wire` encodes to `held`, in place (float32 arithmetic, the same on both ends)."""
-    for h, change in zip(held, codec.decode(wire, held), strict=True):
-        np.add(h, change, out=h)
 
 
 def compress_with_feedback(codec: Codec, arrays: Sequence[np.ndarray],

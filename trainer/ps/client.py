@@ -12,10 +12,11 @@ the Spark task fail), not the client's.
 
 Arrays returned by the client are zero-copy views into the received frame:
 they are writable but share one buffer per reply. With compressed replies
-(the server's HELLO names their codec) a COMMIT's reply is the change of the
+(the server's HELLO names their codec; the caller gives the client that
+codec, its rule's ``reply_codec``) a COMMIT's reply is the change of the
 center since what this worker holds: the client keeps that copy, applies the
-change (``trainer.algorithms.compression.apply_change``, as the server did
-to its copy) and returns a copy of the result, so callers still get the center.
+change (the codec's ``apply_change``, as the server did to its copy) and
+returns a copy of the result, so callers still get the center.
 
 A client is not thread-safe: use one per worker thread.
 """
@@ -26,7 +27,6 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainer.algorithms.compression import Codec, apply_change, parse_compression
 from trainer.ps.errors import RemoteError
 from trainer.transport.client import AuthenticatedClient
 from trainer.transport.handshake import Credentials
@@ -53,13 +53,15 @@ class PSClient(AuthenticatedClient):
         *,
         max_body: int | None = None,
         connect_timeout: float = 60.0,
+        reply_codec: Any = None,
     ) -> None:
         super().__init__(host, port, secret, worker, attempt, timeout, max_body, connect_timeout=connect_timeout)
         #: Center version seen in the last reply (None before the first one).
         self.version: int | None = None
         #: Number of workers announced by the server during the handshake.
         self.num_workers: int | None = None
-        self._reply_codec: Codec | None = None  # compressed replies: their codec, and the center as held here
+        #: The codec of compressed replies (the rule's ``reply_codec``), or None; the center as held here.
+        self.reply_codec = reply_codec
         self._held: list[np.ndarray] | None = None
 
     # -- requests ---------------------------------------------------------------
@@ -67,9 +69,15 @@ class PSClient(AuthenticatedClient):
     def hello(self) -> tuple[list[np.ndarray], dict[str, Any]]:
         """Announce this worker; returns the center and ``{"version", "start_epoch", "num_workers"}``."""
         frame = self._request(Msg.HELLO, {"attempt": self.attempt})
-        codec = frame.meta.get("reply_codec")
-        self._reply_codec = None if codec is None else parse_compression(str(codec))
-        self._held = None if codec is None else [np.array(a, copy=True) for a in frame.arrays]
+        announced = frame.meta.get("reply_codec")
+        mine = None if self.reply_codec is None else self.reply_codec.describe()
+        if announced is not None and announced != mine:
+            raise ProtocolError(
+                f"the parameter server at {self.host}:{self.port} compresses its replies with {announced!r:.40} but "
+                f"this client was given {'no reply codec' if mine is None else repr(mine)}; give it the rule's "
+                "reply_codec (PSClient(..., reply_codec=rule.reply_codec), connect_ps(..., reply_codec=...))"
+            )
+        self._held = None if announced is None else [np.array(a, copy=True) for a in frame.arrays]
         return frame.arrays, frame.meta
 
     def pull(self) -> tuple[list[np.ndarray], int]:
@@ -93,13 +101,13 @@ class PSClient(AuthenticatedClient):
 
     def _changed(self, wire: Sequence[np.ndarray]) -> list[np.ndarray]:
         """The center after a compressed reply: what is held here moved by the change it encodes."""
-        if self._held is None or self._reply_codec is None:
+        if self._held is None or self.reply_codec is None:
             raise ProtocolError(f"the parameter server at {self.host}:{self.port} replied with a change of the "
                                 "center, but its HELLO named no reply codec")
-        problem = self._reply_codec.check(wire, [h.shape for h in self._held])
+        problem = self.reply_codec.check(wire, [h.shape for h in self._held])
         if problem is not None:
             raise ProtocolError(f"a compressed reply of the parameter server at {self.host}:{self.port}: {problem}")
-        apply_change(self._reply_codec, wire, self._held)
+        self.reply_codec.apply_change(wire, self._held)
         return [h.copy() for h in self._held]
 
     # -- hooks ------------------------------------------------------------------------

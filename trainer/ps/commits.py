@@ -15,7 +15,7 @@ directives and records.
   in them makes the result non-finite, and the refusal then names the
   payload's array as before. With compressed replies (``Compressed(replies=
   True)``) the reply is instead the change of the center since what the
-  connection's worker holds (``encode_change``), encoded after every lock is
+  connection's worker holds (the codec's ``encode_change``), encoded after every lock is
   released, with meta ``reply: "change"``.
 * Replaced (any other asynchronous rule): ``server_commit`` under the
   server's lock, its result frozen and checked, then swapped in.
@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from trainer.algorithms.compression import encode_change
 from trainer.ps.hygiene import center_problem, check_center, freeze
 from trainer.ps.records import UpdateRecord
 from trainer.transport.wire import Frame, Msg, encode, frame_size
@@ -132,7 +131,7 @@ class AsynchronousCommits:
             return
         assert record is not None
         if codec is not None:
-            buffers = encode(Msg.OK, meta, encode_change(codec, out, conn.held, overwrite=True))  # out: scratch now
+            buffers = encode(Msg.OK, meta, codec.encode_change(out, conn.held, overwrite=True))  # out: scratch now
         self._notify(record)
         self._send(conn, buffers)
 

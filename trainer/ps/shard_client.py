@@ -42,11 +42,12 @@ class ShardedPSClient:
 
     def __init__(self, addresses: Sequence[tuple[str, int]], secret: bytes | Credentials, worker: int,
                  attempt: int = 0, timeout: float = 600.0, *, split: Split | None = None,
-                 max_body: int | None = None, connect_timeout: float = 60.0) -> None:  # fmt: skip
+                 max_body: int | None = None, connect_timeout: float = 60.0,
+                 reply_codec: Any = None) -> None:  # fmt: skip
         if len(addresses) < 1:
             raise ValueError("ShardedPSClient needs the address of at least one shard")
         self.clients = [PSClient(host, port, secret, worker, attempt, timeout, max_body=max_body,
-                                 connect_timeout=connect_timeout) for host, port in addresses]
+                                 connect_timeout=connect_timeout, reply_codec=reply_codec) for host, port in addresses]
         self.worker, self.attempt, self.timeout = worker, attempt, float(timeout)
         self._split = split or cut
         self._layout: list[list[Piece]] | None = None
@@ -174,9 +175,12 @@ class ShardedPSClient:
 
 
 def connect_ps(addresses: Sequence[tuple[str, int]], secret: bytes | Credentials, worker: int, attempt: int = 0,
-               timeout: float = 600.0, *, split: Split | None = None) -> PSClient | ShardedPSClient:
+               timeout: float = 600.0, *, split: Split | None = None,
+               reply_codec: Any = None) -> PSClient | ShardedPSClient:
     """A connected client of the parameter server at `addresses`: a `PSClient` for one endpoint, a
-    `ShardedPSClient` for the shards of a sharded one (`split`: the rule's ``split_payload``)."""
+    `ShardedPSClient` for the shards of a sharded one (`split`: the rule's ``split_payload``;
+    `reply_codec`: its ``reply_codec``, for compressed replies)."""
     if len(addresses) == 1:
-        return PSClient(*addresses[0], secret, worker, attempt=attempt, timeout=timeout).connect()
-    return ShardedPSClient(addresses, secret, worker, attempt, timeout, split=split).connect()
+        return PSClient(*addresses[0], secret, worker, attempt=attempt, timeout=timeout,
+                        reply_codec=reply_codec).connect()
+    return ShardedPSClient(addresses, secret, worker, attempt, timeout, split=split, reply_codec=reply_codec).connect()

@@ -322,7 +322,8 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0},
     }
     client = connect_ps([(config.ps_host, port) for port in config.ps_ports], config.secret, worker,
-                        config.attempt, config.io_timeout, split=config.algorithm.split_payload)
+                        config.attempt, config.io_timeout, split=config.algorithm.split_payload,
+                        reply_codec=getattr(config.algorithm, "reply_codec", None))
     with client:
         center, meta = client.hello()
         start_epoch = int(meta.get("start_epoch", 0))
