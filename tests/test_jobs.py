@@ -139,6 +139,7 @@ def _check_distributed_rows(rows: list[dict], counts: list[int]) -> None:
     (["--compression", "gzip"], "Unknown compression"),
     (["--compression", "topk:2"], "fraction in (0, 1]"),
     (["--algorithm", "sync", "--compression", "bf16"], "commit deltas"),
+    (["--algorithm", "dynsgd", "--compress-replies"], "compress_replies=True needs a compression"),
 ])
 def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
     with pytest.raises(SystemExit) as exc:
@@ -167,14 +168,16 @@ def test_forecast_flags_and_defaults(forecast_job, capsys):
     args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
     assert args.model_names == ["gru"] and args.worker_counts == [1, 2, 4] and args.limit == 600
     assert trainer_options(args, "gru", 2) == (
-        {"retry_timeout": 60.0, "share_epochs": True, "seed": 0, "compression": "none", "tls": False,
-         "frame_mac": True, "overlap": False}, {})
+        {"retry_timeout": 60.0, "share_epochs": True, "seed": 0, "compression": "none", "compress_replies": False,
+         "tls": False, "frame_mac": True, "overlap": False}, {})
     assert trainer_options(forecast_job.parse_args(["--algorithm", "dynsgd", "--overlap"]), "gru", 2)[0]["overlap"]
     with pytest.raises(SystemExit):  # averaging waits for every worker at every round: nothing to overlap
         forecast_job.parse_args(["--overlap"])
     assert "--overlap needs a delta rule with a window" in capsys.readouterr().err
     assert trainer_options(forecast_job.parse_args(["--algorithm", "dynsgd", "--compression", "TopK:0.01"]), "gru",
                            2)[0]["compression"] == "topk:0.01"
+    both = forecast_job.parse_args(["--algorithm", "dynsgd", "--compression", "bf16", "--compress-replies"])
+    assert trainer_options(both, "gru", 2)[0]["compress_replies"] is True
     with pytest.raises(SystemExit):  # the default, averaging, sends whole models: nothing to compress
         forecast_job.parse_args(["--compression", "bf16"])
     assert "commit deltas (downpour, adag, dynsgd)" in capsys.readouterr().err
