@@ -90,8 +90,8 @@ class Codec:
                       overwrite: bool = False) -> Arrays:
         """The wire of ``new - held``; `held` (what the peer holds) is moved in place to what the peer will
         hold once it has applied that wire with `apply_change`. With `overwrite` the arrays of `new`
-        (C-contiguous) are the scratch space and hold garbage afterwards: nothing model-sized is allocated
-        but the wire."""
+        (C-contiguous) are the scratch space and hold garbage afterwards: the change and its decoded form
+        need no arrays of their own (the encoding may)."""
         if not overwrite:
             new = [np.array(n, copy=True) for n in new]
         change = [np.subtract(n, h, out=n) for n, h in zip(new, held, strict=True)]
