@@ -22,11 +22,11 @@ import sys
 import time
 from pathlib import Path
 
+from trainer_jobs.support.ps_bench import REPLIES  # the codec names' suffix bench-ps reads too
 from trainer_jobs.support.report import markdown_table, run_metadata
 
 JOBS_DIR = Path(__file__).resolve().parent
 CODECS = ["none", "bf16", "bf16+replies", "fp16", "topk:0.01"]
-REPLIES = "+replies"  # a codec name's suffix: the replies go through it too
 FULL = {"mnist": ["--workers", "2", "--no-baseline"],
         "forecast": ["--workers", "2", "--no-baseline", "--algorithm", "dynsgd"]}  # codecs need a delta rule
 QUICK = {"mnist": ["--workers", "2", "--no-baseline", "--limit", "3000", "--epochs", "1"],
