@@ -452,12 +452,15 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
     job's retry waits --retry-timeout for the lost slot, then goes on with the 2 workers
     left from the parameter server's weights, and still writes its results. With --mlflow
     it logs them to the lab's MLflow server too (MLFLOW_TRACKING_URI of the submit container).
+    The kill lands after the first epoch's checkpoint, with five epochs still to train: with
+    fewer (3 epochs of a few seconds each) it could land after the training stage had ended,
+    when nothing is left to retry.
     """
     if not (REPO / "jobs" / "mnist.py").exists():
         pytest.fail("jobs/mnist.py does not exist yet: `make submit JOB=mnist` has nothing to run")
     checkpoint = "/checkpoints/lab-kill/cnn-3w/checkpoint.npz"
     lab.exec("jupyter", "rm", "-rf", "/checkpoints/lab-kill", check=False)
-    args = (f"ARGS=--limit 3000 --epochs 3 --workers {LAB_WORKERS} --no-baseline "
+    args = (f"ARGS=--limit 3000 --epochs 6 --workers {LAB_WORKERS} --no-baseline "
             "--checkpoint-dir /checkpoints/lab-kill --retry-timeout 20 --mlflow")
     ARTIFACTS.mkdir(exist_ok=True)
     log = (ARTIFACTS / "lab-submit.log").open("w")
@@ -468,7 +471,7 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
         while submit.poll() is None and time.monotonic() < deadline:
             if lab.exec("jupyter", "test", "-f", checkpoint, check=False, timeout=60).returncode == 0:
                 break  # the first epoch is done on every worker
-            time.sleep(2)
+            time.sleep(0.5)
         assert submit.poll() is None, "the job ended before a worker could be killed; see lab-submit.log"
         victim = lab.compose("ps", "-q", "worker").stdout.split()[0]
         run(["docker", "kill", victim])
