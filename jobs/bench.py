@@ -29,12 +29,19 @@ took 12 minutes on a busy 2-core machine.
     python jobs/bench.py --out results
     python jobs/bench.py --quick --skip-mnist
     python jobs/bench.py --dry-run          # print the commands only
+    python jobs/bench.py --skip-forecast --mnist-args="--window 10 --overlap"
+
+``--mnist-args`` / ``--forecast-args`` (``make bench MNIST_ARGS=... FORECAST_ARGS=...``)
+pass more options to a job, checked by the job's own parser before anything runs.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
+import importlib
+import io
 import json
 import logging
 import os
@@ -63,6 +70,8 @@ QUICK = {
     "mnist": ["--limit", "6000", "--epochs", "2"],
     "forecast": ["--limit", "2000", "--epochs", "2", "--max-epochs", "4"],
 }
+JOBS = ("mnist", "forecast")
+EXAMPLES = {"mnist": "--window 10 --overlap", "forecast": "--algorithm adag"}
 TITLES = {"mnist": "MNIST CNN", "forecast": "Energy-demand forecasting (LSTM, GRU)"}
 METRICS = {"mnist": "accuracy", "forecast": "MAPE (%)"}
 TABLE_COLUMNS = ["model", "mode", "workers", "algorithm", "epoch_time_s", "speedup", "efficiency",
@@ -100,8 +109,9 @@ def timing_valid_counts(cores: int) -> list[int]:
 
 
 def plan(out: Path, *, quick: bool = False, skip_mnist: bool = False, skip_forecast: bool = False,
-         cores: int | None = None) -> list[Step]:
-    """The job runs `make bench` does, in order."""
+         cores: int | None = None, extra: dict[str, list[str]] | None = None) -> list[Step]:
+    """The job runs `make bench` does, in order; ``extra[job]`` is appended to that job's arguments."""
+    extra = extra or {}
     cores = cores or os.cpu_count() or 1
     valid = timing_valid_counts(cores)
     steps = []
@@ -110,13 +120,14 @@ def plan(out: Path, *, quick: bool = False, skip_mnist: bool = False, skip_forec
         if quick and len(counts) < 2:
             counts = [1, 2]  # a 1-core machine: the 2-worker row is time-shared, still a useful smoke test
         steps.append(Step("mnist", ["--workers", ",".join(map(str, counts)), "--out", str(out / "mnist"),
-                                    *(QUICK["mnist"] if quick else [])], out / "mnist", counts))
+                                    *(QUICK["mnist"] if quick else []), *extra.get("mnist", [])],
+                            out / "mnist", counts))
     if not skip_forecast:
         counts = sorted(set(valid[:2] if quick else valid) | set(TIME_SHARED[:1] if quick else TIME_SHARED))
-        extra = QUICK["forecast"] if quick else ["--repeats", str(FORECAST_REPEATS),
-                                                 "--max-epochs", str(FORECAST_MAX_EPOCHS)]
+        more = QUICK["forecast"] if quick else ["--repeats", str(FORECAST_REPEATS),
+                                                "--max-epochs", str(FORECAST_MAX_EPOCHS)]
         steps.append(Step("forecast", ["--workers", ",".join(map(str, counts)), "--out", str(out / "forecast"),
-                                       *extra], out / "forecast", counts))
+                                       *more, *extra.get("forecast", [])], out / "forecast", counts))
     return steps
 
 
@@ -233,19 +244,49 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="short version: MNIST 6,000 images and forecast 2,000 hours, 2 epochs, fewer workers")
     parser.add_argument("--skip-mnist", action="store_true", help="do not run jobs/mnist.py")
     parser.add_argument("--skip-forecast", action="store_true", help="do not run jobs/forecast.py")
+    for job in JOBS:
+        parser.add_argument(f"--{job}-args", default="", metavar="ARGS",
+                            help=f"more arguments for jobs/{job}.py in one string, e.g. --{job}-args=\"{EXAMPLES[job]}\" "
+                                 "(with '=': the string starts with a dash); the workers and the output folder are "
+                                 "the benchmark's")
     parser.add_argument("--dry-run", action="store_true", help="print the job commands and exit")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
     if args.skip_mnist and args.skip_forecast:
         parser.error("--skip-mnist and --skip-forecast together leave nothing to run.")
+    args.extra = {job: _job_args(parser, job, getattr(args, f"{job}_args")) for job in JOBS}
     return args
+
+
+def _job_args(parser: argparse.ArgumentParser, job: str, text: str) -> list[str]:
+    """`text` split as a shell would, checked by the job's own parser now rather than minutes into the run."""
+    try:
+        words = shlex.split(text)
+    except ValueError as exc:
+        parser.error(f"--{job}-args {text!r}: {exc}")
+    taken = sorted({w.split("=")[0] for w in words} & {"--workers", "--out"})
+    if taken:
+        parser.error(f"--{job}-args may not set {', '.join(taken)}: the benchmark picks the worker counts this "
+                     "machine can time and writes under --out. Fix: drop them; run the job itself for other "
+                     "worker counts.")
+    if words:
+        job_parser = importlib.import_module(f"trainer_jobs.{job}").parse_args
+        said = io.StringIO()
+        try:
+            with contextlib.redirect_stderr(said):
+                job_parser(words)
+        except SystemExit:  # argparse's usage and "prog: error: ..." went to `said`; keep the error
+            refusal = said.getvalue().strip().splitlines()[-1:] or ["(no message)"]
+            parser.error(f"jobs/{job}.py refused --{job}-args {text!r}: {refusal[0].partition('error: ')[2]}")
+    return words
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start_logging(args, keras=False)  # it only starts the jobs
     out = Path(args.out)
-    steps = plan(out, quick=args.quick, skip_mnist=args.skip_mnist, skip_forecast=args.skip_forecast)
+    steps = plan(out, quick=args.quick, skip_mnist=args.skip_mnist, skip_forecast=args.skip_forecast,
+                 extra=args.extra)
     if args.dry_run:
         for step in steps:
             print(shlex.join(step.command))

@@ -341,6 +341,22 @@ def test_bench_plan(bench_job, tmp_path):
     assert bench_job.plan(tmp_path, cores=16)[1].workers == [1, 2, 4, 8, 16]
 
 
+def test_bench_passes_more_job_arguments_and_checks_them_before_running(bench_job, tmp_path, capsys):
+    args = bench_job.parse_args(["--mnist-args=--window 10 --overlap", "--forecast-args", "--algorithm adag"])
+    assert args.extra == {"mnist": ["--window", "10", "--overlap"], "forecast": ["--algorithm", "adag"]}
+    mnist, forecast = bench_job.plan(tmp_path, cores=2, extra=args.extra)
+    assert mnist.argv[-3:] == ["--window", "10", "--overlap"] and "--overlap" not in forecast.argv
+    assert forecast.argv[-2:] == ["--algorithm", "adag"] and "--repeats" in forecast.argv
+    refusals = {"--window 0": "jobs/mnist.py refused --mnist-args '--window 0': argument --window",
+                "--workers 3": "may not set --workers", "--out=elsewhere": "may not set --out",
+                "--epochs '2": "No closing quotation"}
+    for text, message in refusals.items():
+        with pytest.raises(SystemExit):
+            bench_job.parse_args([f"--mnist-args={text}"])
+        err = capsys.readouterr().err
+        assert message in err and err.count("usage:") == 1, err  # only the benchmark's usage, then the reason
+
+
 def test_bench_rejects_skipping_everything(bench_job, capsys):
     with pytest.raises(SystemExit):
         bench_job.parse_args(["--skip-mnist", "--skip-forecast"])

@@ -30,13 +30,16 @@ def arrays(seed: int, scale: float = 1.0) -> list[np.ndarray]:
 def test_both_ends_hold_the_same_bits_and_what_a_reply_drops_comes_in_the_next(codec):
     start = arrays(0)
     server_held, worker_held = [a.copy() for a in start], [a.copy() for a in start]
+    # a second worker decodes into scratch arrays kept from reply to reply, as PSClient does
+    scratch_held, scratch = [a.copy() for a in start], [np.full_like(a, np.nan) for a in start]
     center = [a.copy() for a in start]
     for step in range(1, 40):
         center = [c + d for c, d in zip(center, arrays(step, 1e-2))]  # the center moves by commits
         wire = codec.encode_change(center, server_held)
         codec.apply_change(wire, worker_held)
-        for s, w in zip(server_held, worker_held):
-            assert s.tobytes() == w.tobytes()
+        codec.apply_change(wire, scratch_held, scratch)
+        for s, w, k in zip(server_held, worker_held, scratch_held):
+            assert s.tobytes() == w.tobytes() == k.tobytes()
     gap = max(float(np.max(np.abs(c - h))) for c, h in zip(center, worker_held))
     moved = max(float(np.max(np.abs(c - s))) for c, s in zip(center, start))
     if isinstance(codec, BFloat16):  # one reply's rounding: 2^-8 of the last change, not 39 of them

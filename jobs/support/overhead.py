@@ -43,12 +43,14 @@ from trainer.verbosity import quiet_env
 _TIMEOUT = 1800.0
 
 
-def _one_thread(threads: int = 1) -> None:
+def limit_keras_threads(threads: int = 1, backend: str = "tensorflow") -> None:
+    """Set this fresh process's TensorFlow thread pools (read once, when it starts) and Keras backend, quietly."""
     os.environ.update({"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
-                       "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": "tensorflow", **quiet_env()})
+                       "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": backend, **quiet_env()})
 
 
-def _epoch_timer(times: list[float]):
+def epoch_timer(times: list[float]):
+    """A Keras callback appending each epoch's wall seconds to `times`."""
     import keras  # deferred: after the thread settings
 
     class EpochTimer(keras.callbacks.Callback):
@@ -73,7 +75,7 @@ def _noop_batch_callback():
 
 def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, seed: int, threads: int,
             queue) -> None:
-    _one_thread(threads)
+    limit_keras_threads(threads)
     import keras  # deferred: after the thread settings
 
     from trainer.runtime.feed import ShardFeed
@@ -81,7 +83,7 @@ def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, se
     keras.utils.set_random_seed(seed)
     model = builder()
     times: list[float] = []
-    callbacks = [_epoch_timer(times)]
+    callbacks = [epoch_timer(times)]
     cpu0, wall0 = time.process_time(), time.perf_counter()
     if mode == "plain":
         model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=callbacks)
@@ -131,7 +133,7 @@ def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int,
         callback = make_sync_callback(client, algorithm, worker, record, None, overlap=overlap)
         callback.begin(model)
         feed = ShardFeed(x, y, seed=seed + worker)
-        timer = _epoch_timer(times)
+        timer = epoch_timer(times)
         cpu0, wall0 = time.process_time(), time.perf_counter()
         for epoch in range(epochs):
             callback.start_epoch(epoch)

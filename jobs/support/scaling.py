@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from trainer import LocalCluster, spark_session
-from trainer.verbosity import import_keras_quietly, quiet_env
-from trainer_jobs.support.overhead import run_single
+from trainer.verbosity import import_keras_quietly
+from trainer_jobs.support.overhead import epoch_timer, limit_keras_threads, run_single
 from trainer_jobs.support.report import speedup_rows
 
 
@@ -54,26 +54,15 @@ def timing_valid(workers: int, cores_per_worker: int, master: str | None) -> boo
 
 
 def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, queue) -> None:
-    os.environ.update({
-        "TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
-        "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": backend, **quiet_env(),
-    })
+    limit_keras_threads(threads, backend)
     import_keras_quietly()  # after the thread settings: TensorFlow reads them when it starts
     import keras
 
     keras.utils.set_random_seed(seed)
     model = builder()
     times: list[float] = []
-
-    class EpochTimer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            times.append(time.perf_counter() - self.start)
-
     started = time.perf_counter()
-    history = model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=[EpochTimer()])
+    history = model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=[epoch_timer(times)])
     queue.put({"train_s": time.perf_counter() - started, "epoch_times": times,
                "loss": [float(v) for v in history.history["loss"]], "weights": model.get_weights()})
 

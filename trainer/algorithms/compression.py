@@ -101,9 +101,16 @@ class Codec:
             np.add(h, c, out=h)
         return wire
 
-    def apply_change(self, wire: Sequence[np.ndarray], held: Sequence[np.ndarray]) -> None:
-        """Add the change that `wire` encodes to `held`, in place (float32 arithmetic, the same on both ends)."""
-        for h, change in zip(held, self.decode(wire, held), strict=True):
+    def apply_change(self, wire: Sequence[np.ndarray], held: Sequence[np.ndarray],
+                     scratch: Sequence[np.ndarray] | None = None) -> None:
+        """Add the change that `wire` encodes to `held`, in place (float32 arithmetic, the same on both ends).
+        `scratch` (arrays like `held`, kept by the caller) takes the decoded change instead of new arrays."""
+        if scratch is None:
+            decoded = self.decode(wire, held)
+        else:
+            self.decode_into(wire, scratch)
+            decoded = scratch
+        for h, change in zip(held, decoded, strict=True):
             np.add(h, change, out=h)
 
     def wire_fraction(self) -> float:

@@ -63,6 +63,7 @@ class PSClient(AuthenticatedClient):
         #: The codec of compressed replies (the rule's ``reply_codec``), or None; the center as held here.
         self.reply_codec = reply_codec
         self._held: list[np.ndarray] | None = None
+        self._scratch: list[np.ndarray] | None = None  # a reply's decoded change, allocated once per HELLO
 
     # -- requests ---------------------------------------------------------------
 
@@ -78,6 +79,7 @@ class PSClient(AuthenticatedClient):
                 "reply_codec (PSClient(..., reply_codec=rule.reply_codec), connect_ps(..., reply_codec=...))"
             )
         self._held = None if announced is None else [np.array(a, copy=True) for a in frame.arrays]
+        self._scratch = None if announced is None else [np.empty_like(a) for a in self._held]
         return frame.arrays, frame.meta
 
     def pull(self) -> tuple[list[np.ndarray], int]:
@@ -107,7 +109,7 @@ class PSClient(AuthenticatedClient):
         problem = self.reply_codec.check(wire, [h.shape for h in self._held])
         if problem is not None:
             raise ProtocolError(f"a compressed reply of the parameter server at {self.host}:{self.port}: {problem}")
-        self.reply_codec.apply_change(wire, self._held)
+        self.reply_codec.apply_change(wire, self._held, self._scratch)
         return [h.copy() for h in self._held]
 
     # -- hooks ------------------------------------------------------------------------
