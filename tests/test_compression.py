@@ -63,6 +63,23 @@ def test_bf16_bits_match_ml_dtypes_round_to_nearest_even():
     np.testing.assert_array_equal(from_bfloat16_bits(expected), expected.view(ml_dtypes.bfloat16).astype(np.float32))
 
 
+def test_bf16_bits_of_arrays_larger_than_a_rounding_chunk_match_ml_dtypes():
+    from trainer.algorithms import compression
+
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    rng = np.random.default_rng(2)
+    size = 2 * compression._BF16_CHUNK + 1_234  # two whole chunks and a part
+    x = (rng.standard_normal(size) * 10.0 ** rng.integers(-20, 20, size)).astype(np.float32)
+    nans = [0, compression._BF16_CHUNK + 7, size - 1]
+    x[nans] = np.frombuffer(np.uint32(0x7FFFFFFF).tobytes(), np.float32)[0]  # rounds past the exponent
+    expected = x.astype(ml_dtypes.bfloat16).view(np.uint16).reshape(-1, 2)[:, ::-1]
+    got = to_bfloat16_bits(x.reshape(-1, 2)[:, ::-1])  # 2-D and not contiguous
+    assert got.shape == expected.shape and got.dtype == np.uint16
+    np.testing.assert_array_equal(np.isnan(from_bfloat16_bits(got)), np.isnan(x.reshape(-1, 2)[:, ::-1]))
+    finite = ~np.isnan(x.reshape(-1, 2)[:, ::-1])
+    np.testing.assert_array_equal(got[finite], expected[finite])
+
+
 def test_bf16_keeps_nan_inf_and_relative_error_under_2_to_minus_8():
     x = np.array([np.nan, np.inf, -np.inf, 1e-30, 123.456], np.float32)
     x[0] = np.frombuffer(np.uint32(0x7F800001).tobytes(), np.float32)[0]  # a signalling NaN must not become inf

@@ -46,6 +46,7 @@ Arrays = list[np.ndarray]
 
 _FP16_MAX = float(np.finfo(np.float16).max)
 _BF16_NAN = np.uint16(0x7FC0)
+_BF16_CHUNK = 1 << 18  # float32s rounded at a time: a 1 MiB temporary, in the caches
 
 
 @dataclass(frozen=True)
@@ -141,18 +142,28 @@ class Float16(Codec):
 
 
 def to_bfloat16_bits(a: np.ndarray) -> np.ndarray:
-    """The bfloat16 bits (uint16) of `a`, rounded to nearest even; NaN stays NaN."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
-    rounded = bits >> np.uint32(16)  # one temporary, then in place: 40 MB arrays are not allocated five times
-    rounded &= np.uint32(1)
-    rounded += np.uint32(0x7FFF)
-    rounded += bits
-    rounded >>= np.uint32(16)
-    out = rounded.astype(np.uint16)
-    nan = np.isnan(a)
-    if nan.any():
-        out[nan] = _BF16_NAN
-    return out
+    """The bfloat16 bits (uint16) of `a`, rounded to nearest even; NaN stays NaN.
+
+    Rounded a chunk at a time through one small temporary: a model-sized uint32
+    temporary would be allocated (and page-faulted) for every 40 MB reply."""
+    bits = np.ascontiguousarray(a, dtype=np.float32).reshape(-1).view(np.uint32)
+    out = np.empty(bits.size, np.uint16)
+    scratch = np.empty(min(bits.size, _BF16_CHUNK), np.uint32)
+    for start in range(0, bits.size, _BF16_CHUNK):
+        part = bits[start:start + _BF16_CHUNK]
+        rounded = scratch[:part.size]
+        np.right_shift(part, np.uint32(16), out=rounded)
+        rounded &= np.uint32(1)
+        rounded += np.uint32(0x7FFF)
+        rounded += part
+        rounded >>= np.uint32(16)
+        wire = out[start:start + part.size]
+        np.copyto(wire, rounded, casting="unsafe")
+        # rounding can turn a NaN's payload into inf or a number: every NaN becomes the quiet NaN
+        nan = np.isnan(part.view(np.float32))
+        if nan.any():
+            wire[nan] = _BF16_NAN
+    return out.reshape(np.shape(a))
 
 
 def from_bfloat16_bits(bits: np.ndarray, dtype=np.float32) -> np.ndarray:
