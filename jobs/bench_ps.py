@@ -14,11 +14,17 @@ Poly1305; off, or an algorithm such as hmac-sha256): rows with it off tell
 the server's own cost from the MAC's (every frame hashed on both ends).
 
 Columns: ``raw_per_s`` and ``ps_per_s`` (round trips and commits per second,
-all clients together), ``ps_gb_s`` (bytes in + out), ``vs_raw`` (PS / raw at
-the same K), ``vs_raw_1`` (PS / raw with 1 client), ``vs_1_client`` (PS at K
-/ PS at 1 client, same shards and MAC), ``extra_ms`` (what a commit costs
-beyond the raw round trip with 1 client) and ``rule_ms`` (the update rule
-alone, one thread). Targets of issue 17: ``vs_raw`` >= 0.8 with 1 client;
+all clients together), ``echo_per_s`` (round trips of an *authenticated*
+echo: the same frames sealed and verified with the row's MAC by the
+transport's ``Channel`` on both ends, and no server work; empty with the MAC
+off), ``ps_gb_s`` (bytes in + out), ``vs_raw`` (PS / raw at the same K),
+``echo_vs_raw`` (the authenticated echo / raw: the most ``vs_raw`` any server
+that checks every frame with that MAC can reach on this machine), ``vs_echo``
+(PS / the authenticated echo: what the server's own work costs),
+``vs_raw_1`` (PS / raw with 1 client), ``vs_1_client`` (PS at K / PS at 1
+client, same shards and MAC), ``extra_ms`` (what a commit costs beyond the
+raw round trip with 1 client) and ``rule_ms`` (the update rule alone, one
+thread). Targets of issue 17: ``vs_raw`` >= 0.8 with 1 client;
 ``vs_1_client`` >= 0.8 at 4.
 
 It imports only the package's public API and none of the jobs' helpers, so
@@ -40,11 +46,12 @@ from pathlib import Path
 
 import trainer.algorithms as algorithms
 from trainer.transport.session import MAC_ALGORITHMS
-from trainer_jobs.support.ps_bench import REPLIES, frame_bytes, measure_ps, measure_raw, model_layout, rule_seconds
+from trainer_jobs.support.ps_bench import (REPLIES, frame_bytes, measure_echo, measure_ps, measure_raw, model_layout,
+                                           rule_seconds)
 from trainer_jobs.support.report import markdown_table, run_metadata
 
-COLUMNS = ["params", "compression", "shards", "mac", "clients", "mb_in", "mb_out", "raw_per_s", "ps_per_s", "ps_gb_s",
-           "vs_raw", "vs_raw_1", "vs_1_client", "extra_ms", "rule_ms"]
+COLUMNS = ["params", "compression", "shards", "mac", "clients", "mb_in", "mb_out", "raw_per_s", "echo_per_s",
+           "ps_per_s", "ps_gb_s", "vs_raw", "echo_vs_raw", "vs_echo", "vs_raw_1", "vs_1_client", "extra_ms", "rule_ms"]
 
 
 def parse_params(text: str) -> list[int]:
@@ -118,6 +125,7 @@ def run(params: list[int], clients: list[int], seconds: float, codecs: list[str]
             for k in clients:
                 raw = measure_raw(bytes_in, bytes_out, k, seconds)
                 raw_1 = raw if raw_1 is None else raw_1
+                echo = {mac: measure_echo(shapes, k, seconds, codec, frame_mac=mac) for mac in macs}
                 for s in shards:
                     for mac in macs:
                         ps = measure_ps(shapes, k, seconds, codec, shards=s, frame_mac=mac)
@@ -125,7 +133,9 @@ def run(params: list[int], clients: list[int], seconds: float, codecs: list[str]
                         row = {
                             "params": p, "compression": codec, "shards": s, "mac": {True: "on", False: "off"}.get(mac, mac),
                             "clients": k, "mb_in": bytes_in / 1e6, "mb_out": bytes_out / 1e6, "raw_per_s": raw,
-                            "ps_per_s": ps, "ps_gb_s": ps * (bytes_in + bytes_out) / 1e9, "vs_raw": ps / raw,
+                            "echo_per_s": echo[mac], "ps_per_s": ps, "ps_gb_s": ps * (bytes_in + bytes_out) / 1e9,
+                            "vs_raw": ps / raw, "echo_vs_raw": None if echo[mac] is None else echo[mac] / raw,
+                            "vs_echo": None if echo[mac] is None else ps / echo[mac],
                             "vs_raw_1": ps / raw_1, "vs_1_client": ps / first[(s, mac)],
                             "extra_ms": 1000 * (1 / first[(s, mac)] - 1 / raw_1), "rule_ms": rule_ms,
                         }

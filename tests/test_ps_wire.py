@@ -418,3 +418,29 @@ def test_recv_buffer_is_reused_and_recv_pool_only_once_nothing_of_a_frame_is_ali
     reused = read_frame(_BytesSocket(bytearray(frame)), max_body=1 << 20, into=pool).arrays[0]
     assert reused.__array_interface__["data"][0] == address  # dropped: its buffer comes back
     np.testing.assert_array_equal(kept, np.arange(1000, dtype="f4"))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("into", [None, "buffer", "pool"])
+def test_received_bodies_start_aligned_whatever_the_meta_length(into):
+    from trainer.transport.session import Channel
+    from trainer.transport.wire import BODY_ALIGN, RecvBuffer, RecvPool
+
+    arrays = [np.arange(1000, dtype="f4"), np.arange(7, dtype="f8")]
+    reader = {None: lambda: None, "buffer": RecvBuffer, "pool": RecvPool}[into]()
+    key = b"k" * 32
+    a, b = socket.socketpair()
+    with a, b:
+        sender = Channel(a, mac="poly1305", send_key=key, recv_key=key, peer="a")
+        receiver = Channel(b, mac="poly1305", send_key=key, recv_key=key, peer="b")
+        for pad in range(9):  # meta lengths of every residue modulo 8
+            buffers = encode(Msg.OK, {"pad": "x" * pad}, arrays)
+            plain = read_frame(_BytesSocket(bytearray(join(buffers))), max_body=1 << 20, into=reader)
+            sender.send(buffers)
+            sealed = receiver.recv(1 << 20, into=reader)
+            for frame in (plain, sealed):
+                assert frame.meta == {"pad": "x" * pad}
+                assert frame.arrays[0].ctypes.data % BODY_ALIGN == 0, (pad, frame.arrays[0].ctypes.data)
+                assert all(x.flags.aligned for x in frame.arrays)
+                for got, sent in zip(frame.arrays, arrays):
+                    np.testing.assert_array_equal(got, sent)

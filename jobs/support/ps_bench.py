@@ -5,8 +5,12 @@ codec) in this process, as the driver holds it, and K client PROCESSES that
 each commit the same payload in a loop through a real `PSClient` for a fixed
 time. `measure_raw` does the same with a plain TCP echo server: every client
 sends the bytes of one COMMIT frame and reads back the bytes of one reply, so
-the two differ only by what the parameter server does (framing, the HMAC
-handshake once, decoding, the update rule under its lock, the reply). Both
+the two differ only by what the parameter server does (framing, the frame
+MAC, decoding, the update rule under its lock, the reply). `measure_echo`
+sits between them: the same frames, sealed and verified by the transport's
+real `Channel` with the frame MAC on both ends, echoed with no server work at
+all; it is the ceiling of any server that authenticates every frame with
+that MAC on this machine. Both
 use only the public API (``ParameterServer``, ``PSClient``, the algorithms),
 so the same script measures later servers unchanged.
 
@@ -33,7 +37,8 @@ import numpy as np
 import trainer.algorithms as algorithms
 import trainer.ps
 from trainer.ps import ParameterServer, PSClient
-from trainer.transport.wire import Msg, encode, frame_size, new_secret
+from trainer.transport.session import DEFAULT_MAC, Channel
+from trainer.transport.wire import Msg, RecvBuffer, TransportError, encode, frame_size, new_secret
 
 # Share of the parameters in each kernel of the MNIST CNN (conv, conv, dense, dense) and its biases.
 _KERNEL_SHARES = (288 / 1_048_853, 9216 / 1_048_853, 1_036_800 / 1_048_853)
@@ -73,13 +78,19 @@ def _payload(shapes, compression: str | None, seed: int = 0) -> tuple[Any, list[
     return rule, center, payload
 
 
-def frame_bytes(shapes, compression: str | None) -> tuple[int, int]:
-    """(bytes of one COMMIT frame, bytes of its reply) on the wire."""
-    rule, center, payload = _payload(shapes, compression)
+def _frames(shapes, compression: str | None, seed: int = 0) -> tuple[list, list]:
+    """The buffers of one COMMIT frame and of its reply, as a client and the server send them."""
+    rule, center, payload = _payload(shapes, compression, seed)
     meta = {"worker": 0, "epoch": 0, "step": 0, "loss": 0.1}
     codec = getattr(rule, "reply_codec", None)
     reply = center if codec is None else codec.encode(center)
-    return frame_size(encode(Msg.COMMIT, meta, payload)), frame_size(encode(Msg.OK, {"version": 1}, reply))
+    return encode(Msg.COMMIT, meta, payload), encode(Msg.OK, {"version": 1}, reply)
+
+
+def frame_bytes(shapes, compression: str | None) -> tuple[int, int]:
+    """(bytes of one COMMIT frame, bytes of its reply) on the wire."""
+    commit, reply = _frames(shapes, compression)
+    return frame_size(commit), frame_size(reply)
 
 
 def rule_seconds(shapes, compression: str | None, repeats: int = 5) -> float:
@@ -144,6 +155,22 @@ def _raw_client(address, worker, bytes_in, bytes_out, seconds, ready, start, res
         results.put((worker, count, time.perf_counter() - began))
 
 
+def _echo_client(address, worker, shapes, compression, mac, keys, seconds, ready, start, results) -> None:
+    commit, _ = _frames(shapes, compression, seed=worker)
+    replies = RecvBuffer()
+    with socket.create_connection(address, timeout=120.0) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        channel = Channel(sock, mac=mac, send_key=keys[0], recv_key=keys[1], peer="the echo server")
+        ready.put(worker)
+        start.wait()
+        count, began = 0, time.perf_counter()
+        while time.perf_counter() - began < seconds:
+            channel.send(commit)
+            channel.recv(None, into=replies)
+            count += 1
+        results.put((worker, count, time.perf_counter() - began))
+
+
 def _run_clients(target, args_of, clients: int) -> float:
     """Start `clients` processes, release them together; returns their summed round trips per second."""
     ctx = multiprocessing.get_context("spawn")
@@ -170,6 +197,9 @@ class _EchoServer:
 
     def __init__(self, bytes_in: int, bytes_out: int) -> None:
         self.bytes_in, self.reply = bytes_in, bytes(bytes_out)
+        self._listen()
+
+    def _listen(self) -> None:
         self.listener = socket.create_server(("127.0.0.1", 0), backlog=64)
         self.address = self.listener.getsockname()[:2]
         self.threads: list[threading.Thread] = []
@@ -206,11 +236,49 @@ class _EchoServer:
         self.listener.close()
 
 
+class _AuthenticatedEcho(_EchoServer):
+    """Receives and verifies one sealed frame, answers one sealed reply (`Channel`, the frame MAC both ways)."""
+
+    def __init__(self, reply: list, mac: str, keys: tuple[bytes, bytes]) -> None:
+        self.reply, self.mac, self.keys = reply, mac, keys
+        self._listen()
+
+    def _serve(self, sock: socket.socket) -> None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        channel = Channel(sock, mac=self.mac, send_key=self.keys[1], recv_key=self.keys[0], peer="a client")
+        commits = RecvBuffer()
+        with sock:
+            while True:
+                try:
+                    channel.recv(None, into=commits)
+                    channel.send(self.reply)
+                except (TransportError, OSError):
+                    return
+
+
 def measure_raw(bytes_in: int, bytes_out: int, clients: int, seconds: float) -> float:
     """Round trips per second of `clients` processes against a raw echo server in this process."""
     server = _EchoServer(bytes_in, bytes_out)
     try:
         return _run_clients(_raw_client, lambda w: (server.address, w, bytes_in, bytes_out, seconds), clients)
+    finally:
+        server.close()
+
+
+def measure_echo(shapes, clients: int, seconds: float, compression: str | None = None,
+                 frame_mac: bool | str = True) -> float | None:
+    """Round trips per second of `clients` processes sending the COMMIT frame and receiving the reply frame
+    through an echo that seals and verifies both with the frame MAC (True: the default one) and does nothing
+    else; None with no MAC (the raw echo is that case)."""
+    if frame_mac is False:
+        return None
+    mac = DEFAULT_MAC if frame_mac is True else frame_mac
+    keys = (new_secret(), new_secret())  # client to server, server to client
+    _, reply = _frames(shapes, compression)
+    server = _AuthenticatedEcho(reply, mac, keys)
+    try:
+        return _run_clients(_echo_client, lambda w: (server.address, w, shapes, compression, mac, keys, seconds),
+                            clients)
     finally:
         server.close()
 

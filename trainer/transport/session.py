@@ -215,8 +215,8 @@ class Channel:
                 if offset < n:
                     hasher.update(chunk[:n - offset])  # not the trailer
 
-        rest = (recv_exact(self.sock, size - HEADER_SIZE, deadline=deadline, into=into, on_data=on_data)
-                if size > HEADER_SIZE else bytearray())
+        rest = (recv_exact(self.sock, size - HEADER_SIZE, deadline=deadline, into=into, on_data=on_data,
+                           align_at=meta_len) if size > HEADER_SIZE else bytearray())
         view = memoryview(rest)
         if hasher is not None:
             seq, tag = TRAILER.unpack(view[n:])
