@@ -92,7 +92,7 @@ bench-select: venv ## model selection: MOP vs task parallelism vs sequential on 
 	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist
 	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
 
-bench-ps: venv ## parameter server vs raw loopback: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps
+bench-ps: venv ## parameter server vs raw loopback and an authenticated echo: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps
 	$(PY) jobs/bench_ps.py --out $(OUT)/bench_ps $(BENCH_PS_ARGS)
 
 clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./data)
