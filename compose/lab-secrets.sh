@@ -10,8 +10,8 @@
 #   compose/lab-secrets.sh get FILE KEY           print KEY's value as `with` would pass it (environment first)
 #
 # FILE holds KEY=VALUE lines, the format of docker-compose's --env-file and of
-# kustomize's secretGenerator `envs` (k8s/base/lab-secrets.env). Values never
-# appear in argv: `with` exports them and execs CMD.
+# kustomize's secretGenerator `envs` (k8s/components/own-secrets/lab-secrets.env).
+# Values never appear in argv: `with` exports them and execs CMD.
 set -euo pipefail
 
 KEYS=(JUPYTER_TOKEN SPARK_AUTH_SECRET)

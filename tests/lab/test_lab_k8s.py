@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import re
 import shutil
 import subprocess
 from collections import Counter
+from pathlib import Path
 
 import pytest
 import yaml
@@ -14,19 +16,31 @@ from .labtools import REPO, require_tool, run
 
 K8S = REPO / "k8s"
 K8S_VERSION = "1.32.0"  # the kubectl installed here; kubernetes-validate checks against its schemas
-OVERLAYS = {"default": ".", "workers-3": "overlays/workers-3", "gpu": "overlays/gpu"}
-EXPECTED_KINDS = {
+OVERLAYS = {"default": ".", "workers-3": "overlays/workers-3", "gpu": "overlays/gpu",
+            "own-secrets": "overlays/own-secrets"}
+# The variants whose Secret the Job lab-secrets-init makes in the cluster; own-secrets reads OWN_SECRETS.
+IN_CLUSTER = ("default", "workers-3", "gpu")
+COMMON_KINDS = {
     "Namespace": 1,
-    "ConfigMap": 1,
-    "Secret": 1,  # lab-secrets: JUPYTER_TOKEN, SPARK_AUTH_SECRET
     "PersistentVolumeClaim": 2,  # lab-shared, lab-mlflow
     "Deployment": 3,  # spark-master, jupyter, mlflow
     "StatefulSet": 1,  # spark-worker
     "Service": 5,  # spark-master, spark-worker (headless), spark-driver (headless), jupyter, mlflow
     "NetworkPolicy": 5,  # default-deny-ingress, spark-master, spark-driver, spark-worker, mlflow
 }
-WORKER_REPLICAS = {"default": 2, "workers-3": 3, "gpu": 2}
-# What `make k8s-secrets` writes to k8s/base/lab-secrets.env, with fixed test values.
+EXPECTED_KINDS = {
+    # lab-config and lab-secrets-init (the Job's script); the Job makes the Secret, with its own
+    # ServiceAccount, Role and RoleBinding (lab-secrets-init)
+    "in-cluster": {**COMMON_KINDS, "ConfigMap": 2, "Job": 1, "ServiceAccount": 1, "Role": 1, "RoleBinding": 1},
+    # lab-config; the Secret from the file, and nothing that may create Secrets
+    "own": {**COMMON_KINDS, "ConfigMap": 1, "Secret": 1},
+}
+WORKER_REPLICAS = {"default": 2, "workers-3": 3, "gpu": 2, "own-secrets": 2}
+SECRET_NAME = "lab-secrets"
+INIT = "lab-secrets-init"  # the Job, its ServiceAccount, Role, RoleBinding and ConfigMap
+INIT_SCRIPT = K8S / "base" / "lab_secrets_init.py"
+OWN_SECRETS = Path("components") / "own-secrets" / "lab-secrets.env"  # what `make k8s-secrets` writes, under k8s/
+# The form `make k8s-secrets` writes, with fixed test values.
 TEST_SECRETS = {"JUPYTER_TOKEN": "test-jupyter-token-0123456789",
                 "SPARK_AUTH_SECRET": "test-spark-secret-0123456789abcdef"}
 LAB_PEERS = {"app.kubernetes.io/part-of": "trainer-lab"}
@@ -39,11 +53,28 @@ def render(path) -> str:
 
 @pytest.fixture(scope="module")
 def k8s_tree(tmp_path_factory):
-    """A copy of k8s/ with test secrets, so that rendering never reads or writes the real ones."""
+    """A copy of k8s/ with test secrets for own-secrets, so that rendering never reads or writes the real ones."""
     tree = tmp_path_factory.mktemp("k8s") / "k8s"
     shutil.copytree(K8S, tree, ignore=shutil.ignore_patterns("lab-secrets.env"))
-    (tree / "base" / "lab-secrets.env").write_text("".join(f"{k}={v}\n" for k, v in TEST_SECRETS.items()))
+    (tree / OWN_SECRETS).write_text("".join(f"{k}={v}\n" for k, v in TEST_SECRETS.items()))
     return tree
+
+
+def committed_k8s(dest: Path) -> Path:
+    """k8s/ as a fresh clone has it: the files git tracks (their working-tree text), nothing ignored or untracked.
+
+    Taken from the index rather than HEAD so that edits are tested before they are committed;
+    a new file counts once it is `git add`ed.
+    """
+    git = require_tool("git", "install git")
+    if not (REPO / ".git").exists():
+        pytest.skip("not a git checkout: nothing tells which files a clone would have")
+    listed = run([git, "-C", str(REPO), "ls-files", "-z", "--", "k8s"]).stdout.split("\0")
+    for name in filter(None, listed):
+        if (REPO / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(REPO / name, dest / name)
+    return dest / "k8s"
 
 
 @pytest.fixture(scope="module", params=sorted(OVERLAYS), ids=sorted(OVERLAYS))
@@ -60,6 +91,39 @@ def pod_specs(docs: list[dict]) -> dict[str, dict]:
     return {d["metadata"]["name"]: d["spec"]["template"]["spec"] for d in docs if d["kind"] in ("Deployment", "StatefulSet")}
 
 
+def lab_config(docs: list[dict]) -> dict[str, str]:
+    """The data of the ConfigMap lab-config-<hash> (the other one holds the Job's script)."""
+    (config,) = [c for name, c in by_kind(docs, "ConfigMap").items() if name.startswith("lab-config-")]
+    return config["data"]
+
+
+def mode(name: str) -> str:
+    return "in-cluster" if name in IN_CLUSTER else "own"
+
+
+def assert_secret_init_is_least_privilege(docs: list[dict], where: str) -> None:
+    """The Job may get that one Secret and create Secrets, nothing else; no other pod holds a token."""
+    (role,) = by_kind(docs, "Role").values()
+    assert role["metadata"]["name"] == INIT
+    for rule in role["rules"]:
+        assert rule["apiGroups"] == [""] and rule["resources"] == ["secrets"], f"{where}: only core Secrets, {rule}"
+        assert set(rule["verbs"]) <= {"get", "create"}, f"{where}: no list/watch/update/patch/delete, {rule}"
+        if rule["verbs"] != ["create"]:
+            assert rule.get("resourceNames") == [SECRET_NAME], f"{where}: get only {SECRET_NAME}, {rule}"
+    assert sorted(v for rule in role["rules"] for v in rule["verbs"]) == ["create", "get"], where
+    assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding"), where
+    (binding,) = by_kind(docs, "RoleBinding").values()
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": INIT}, where
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": INIT, "namespace": "trainer-lab"}], where
+    assert set(by_kind(docs, "ServiceAccount")) == {INIT}, where
+    job = by_kind(docs, "Job")[INIT]["spec"]["template"]["spec"]
+    assert job["serviceAccountName"] == INIT and job["automountServiceAccountToken"] is True, where
+    for pod_name, spec in pod_specs(docs).items():
+        assert spec["automountServiceAccountToken"] is False and "serviceAccountName" not in spec, (
+            f"{where}:{pod_name}: only the Job talks to the API server"
+        )
+
+
 def test_every_kustomization_has_a_usage_header():
     files = sorted(K8S.rglob("kustomization.yaml"))
     assert len(files) >= 4, files
@@ -68,19 +132,45 @@ def test_every_kustomization_has_a_usage_header():
         assert head.lstrip().startswith("#") and "Usage:" in head, f"{path} needs a header comment with Usage:"
 
 
-def test_render_needs_the_generated_secrets_file(k8s_tree, tmp_path):
-    """Without k8s/base/lab-secrets.env (make k8s-secrets) kustomize refuses to render: no Secret by accident."""
+def test_fresh_clone_renders_with_the_secret_made_in_the_cluster(tmp_path):
+    """`kubectl apply -k k8s/` works with nothing run before it, and nothing secret is committed."""
+    tree = committed_k8s(tmp_path)
+    assert not (tree / OWN_SECRETS).exists() and not (tree / "base" / "lab-secrets.env").exists()
+    # Values that must never be in the repository: the real ones, when this checkout has any.
+    local = {REPO / "k8s" / OWN_SECRETS, REPO / "k8s" / "base" / "lab-secrets.env",
+             REPO / "compose" / "lab-secrets.env"}
+    values = [line.split("=", 1)[1] for path in local if path.is_file()
+              for line in path.read_text().splitlines() if re.match(r"(JUPYTER_TOKEN|SPARK_AUTH_SECRET)=.", line)]
+    for name in IN_CLUSTER:
+        text = render(tree / OVERLAYS[name])
+        docs = [d for d in yaml.safe_load_all(text) if d]
+        assert Counter(d["kind"] for d in docs) == Counter(EXPECTED_KINDS["in-cluster"]), name
+        assert not by_kind(docs, "Secret"), f"{name}: the Secret is made in the cluster, never rendered"
+        for kind in ("Job", "ServiceAccount", "Role", "RoleBinding"):
+            assert INIT in by_kind(docs, kind), f"{name}: {kind} {INIT} makes the Secret"
+        assert_secret_init_is_least_privilege(docs, name)
+        for value in values:
+            assert value not in text, f"{name}: a local secret value is in the committed manifests"
+        # Generated values are 48 or 64 hex digits; kustomize's name hashes are 10 characters.
+        assert not re.search(r"(?<!sha256:)\b[0-9a-f]{32,}\b", text), f"{name}: a committed value that looks generated"
+        assert "JUPYTER_TOKEN=" not in text and "SPARK_AUTH_SECRET=" not in text, name
+
+
+def test_own_secrets_need_the_file_and_git_ignores_it(tmp_path):
+    """Without the file `make k8s-secrets` writes, own-secrets refuses to render: no Secret by accident."""
     kubectl = require_tool("kubectl", "install kubectl (1.32 renders kustomize offline)")
-    tree = tmp_path / "k8s"
-    shutil.copytree(k8s_tree, tree, ignore=shutil.ignore_patterns("lab-secrets.env"))
-    proc = subprocess.run([kubectl, "kustomize", str(tree)], capture_output=True, text=True)
+    tree = committed_k8s(tmp_path)
+    proc = subprocess.run([kubectl, "kustomize", str(tree / OVERLAYS["own-secrets"])], capture_output=True, text=True)
     assert proc.returncode != 0 and "lab-secrets.env" in proc.stderr, proc.stderr
-    assert "k8s/base/lab-secrets.env" in (REPO / ".gitignore").read_text().splitlines(), "the file must stay out of git"
+    git = require_tool("git", "install git")
+    for path in (f"k8s/{OWN_SECRETS}", "k8s/base/lab-secrets.env"):
+        ignored = subprocess.run([git, "-C", str(REPO), "check-ignore", "-q", "--no-index", path])
+        assert ignored.returncode == 0, f"{path} must stay out of git (a .gitignore)"
 
 
 def test_render_has_the_expected_inventory(rendered):
     name, _, docs = rendered
-    assert Counter(d["kind"] for d in docs) == Counter(EXPECTED_KINDS), name
+    assert Counter(d["kind"] for d in docs) == Counter(EXPECTED_KINDS[mode(name)]), name
     for doc in docs:
         if doc["kind"] != "Namespace":
             assert doc["metadata"]["namespace"] == "trainer-lab", f"{doc['kind']}/{doc['metadata']['name']}"
@@ -118,8 +208,7 @@ def test_worker_replicas(rendered):
 
 def test_driver_is_reachable_through_a_headless_service(rendered):
     _, _, docs = rendered
-    config = by_kind(docs, "ConfigMap")
-    (data,) = [c["data"] for c in config.values()]
+    data = lab_config(docs)
     driver = by_kind(docs, "Service")[data["SPARK_DRIVER_HOST"]]["spec"]
     assert driver["clusterIP"] == "None", "executors must reach the Jupyter pod itself"
     assert driver["selector"] == by_kind(docs, "Deployment")["jupyter"]["spec"]["selector"]["matchLabels"]
@@ -186,9 +275,9 @@ def test_mlflow_server_is_the_tracking_uri_of_the_lab(rendered):
         assert pod_specs(docs)[pod_name]["enableServiceLinks"] is False, (
             f"{name}:{pod_name}: the Service `mlflow` would set MLFLOW_PORT=tcp://..., which MLflow's CLI reads"
         )
-    (config,) = by_kind(docs, "ConfigMap").values()
-    assert "MLFLOW_TRACKING_URI" not in config["data"], "the master and the workers log nothing (as in compose)"
-    assert config["data"]["MLFLOW_LOCAL_HOSTNAMES"] == ""
+    config = lab_config(docs)
+    assert "MLFLOW_TRACKING_URI" not in config, "the master and the workers log nothing (as in compose)"
+    assert config["MLFLOW_LOCAL_HOSTNAMES"] == ""
 
 
 def test_gpu_limit_only_in_the_gpu_overlay(rendered):
@@ -208,11 +297,17 @@ def test_gpu_limit_only_in_the_gpu_overlay(rendered):
 
 
 def test_spark_secret_and_token_come_from_the_secret(rendered):
-    """Every Spark pod gets SPARK_AUTH_SECRET, Jupyter also JUPYTER_TOKEN, by reference to the generated Secret."""
+    """Every Spark pod gets SPARK_AUTH_SECRET, Jupyter also JUPYTER_TOKEN, by reference to the Secret lab-secrets."""
     name, text, docs = rendered
-    (secret_name, secret), = by_kind(docs, "Secret").items()
-    assert secret_name.startswith("lab-secrets-"), "the name's content hash rolls the pods when the values change"
-    assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == TEST_SECRETS
+    secret_name = SECRET_NAME
+    if mode(name) == "own":
+        secret = by_kind(docs, "Secret")[secret_name]
+        assert {k: base64.b64decode(v).decode() for k, v in secret["data"].items()} == TEST_SECRETS
+    else:
+        job = by_kind(docs, "Job")[INIT]["spec"]["template"]["spec"]["containers"][0]
+        assert {e["name"]: e.get("value") for e in job["env"]}["LAB_SECRET_NAME"] == secret_name, (
+            "the Job must make the Secret the pods reference"
+        )
     wanted = {"spark-master": {"SPARK_AUTH_SECRET"}, "spark-worker": {"SPARK_AUTH_SECRET"},
               "jupyter": {"SPARK_AUTH_SECRET", "JUPYTER_TOKEN"}, "mlflow": set()}
     for pod_name, spec in pod_specs(docs).items():
@@ -224,10 +319,45 @@ def test_spark_secret_and_token_come_from_the_secret(rendered):
         assert pod_name == "jupyter" or "JUPYTER_TOKEN" not in env, f"{pod_name} has no use for the Jupyter token"
         refs = {e["name"] for e in env.values() if "secretKeyRef" in e.get("valueFrom", {})}
         assert refs == wanted[pod_name], f"{name}:{pod_name}: secrets {refs}"
-    (config,) = by_kind(docs, "ConfigMap").values()
-    assert not {"JUPYTER_TOKEN", "SPARK_AUTH_SECRET"} & set(config["data"]), "secrets never go in the ConfigMap"
+    for config in by_kind(docs, "ConfigMap").values():
+        assert not {"JUPYTER_TOKEN", "SPARK_AUTH_SECRET"} & set(config["data"]), "secrets never go in a ConfigMap"
     for value in TEST_SECRETS.values():
         assert value not in text, "the Secret's values appear only base64-encoded in the Secret"
+
+
+def test_secret_init_job_is_least_privilege_and_non_root(rendered):
+    """The Job that makes the Secret: its script, its narrow Role, the lab's pod security; own-secrets drops it all."""
+    name, _, docs = rendered
+    if mode(name) == "own":
+        for kind in ("Job", "ServiceAccount", "Role", "RoleBinding"):
+            assert not by_kind(docs, kind), f"{name}: with your values nothing may create Secrets ({kind})"
+        assert not [c for c in by_kind(docs, "ConfigMap") if c.startswith(INIT)], name
+        return
+    assert_secret_init_is_least_privilege(docs, name)
+    job = by_kind(docs, "Job")[INIT]["spec"]
+    assert job["template"]["spec"]["restartPolicy"] == "Never" and job["backoffLimit"] >= 1
+    assert 0 < job["ttlSecondsAfterFinished"] <= 600, "gone soon after, so that the next apply may change its image"
+    spec = job["template"]["spec"]
+    sc = spec["securityContext"]
+    assert sc["runAsNonRoot"] is True and sc["runAsUser"] == 185, f"{name}: the Job runs as UID 185, never root"
+    assert sc["seccompProfile"] == {"type": "RuntimeDefault"}
+    (container,) = spec["containers"]
+    worker_image = pod_specs(docs)["spark-worker"]["containers"][0]["image"]
+    assert container["image"] == worker_image, f"{name}: the lab image, already on the nodes; no other pull"
+    csc = container["securityContext"]
+    assert csc["allowPrivilegeEscalation"] is False and csc["capabilities"]["drop"] == ["ALL"]
+    assert csc["readOnlyRootFilesystem"] is True
+    for bound in ("requests", "limits"):
+        assert {"cpu", "memory"} <= set(container["resources"][bound]), f"{name}: cpu/memory {bound}"
+    (mount,) = container["volumeMounts"]
+    (volume,) = [v for v in spec["volumes"] if v["name"] == mount["name"]]
+    script = by_kind(docs, "ConfigMap")[volume["configMap"]["name"]]["data"]
+    assert script == {INIT_SCRIPT.name: INIT_SCRIPT.read_text()}, "the ConfigMap carries k8s/base/lab_secrets_init.py"
+    assert container["args"] == ["python3", f"{mount['mountPath']}/{INIT_SCRIPT.name}"]
+    labels = job["template"]["metadata"]["labels"]
+    selecting = [p_name for p_name, p in by_kind(docs, "NetworkPolicy").items()
+                 if p["spec"]["podSelector"].get("matchLabels", {}).items() <= labels.items()]
+    assert selecting == ["default-deny-ingress"], f"{name}: the Job listens on nothing; only default-deny selects it"
 
 
 def test_jupyter_probes_send_a_local_host_header(rendered):
@@ -257,8 +387,7 @@ def test_network_policies_admit_only_the_labs_pods(rendered):
     assert deny["podSelector"] == {} and deny["policyTypes"] == ["Ingress"] and not deny.get("ingress"), (
         "every pod of the namespace must deny ingress unless a policy below allows it"
     )
-    (config,) = by_kind(docs, "ConfigMap").values()
-    data = config["data"]
+    data = lab_config(docs)
     ps = int(data["TRAINER_PS_PORT"])
     expected = {
         "spark-master": {int(data["SPARK_MASTER_PORT"]), int(data["SPARK_MASTER_WEBUI_PORT"])},
