@@ -57,7 +57,7 @@ spark_security_conf() {
             return 0
         fi
         log "SPARK_AUTH_SECRET is empty: expected the lab's Spark secret (\`make up\` generates one in compose/lab-secrets.env," \
-            "\`make k8s-secrets\` in k8s/base/lab-secrets.env); set SPARK_AUTHENTICATE=false to run without Spark authentication on purpose"
+            "on Kubernetes the Job lab-secrets-init makes the Secret lab-secrets, or \`make k8s-secrets\` writes k8s/components/own-secrets/lab-secrets.env); set SPARK_AUTHENTICATE=false to run without Spark authentication on purpose"
         exit 2
     fi
     if [[ ! "$SPARK_AUTH_SECRET" =~ ^[A-Za-z0-9._~+/=-]{16,}$ ]]; then
