@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from trainer_jobs.support.ps_bench import REPLIES  # the codec names' suffix bench-ps reads too
-from trainer_jobs.support.report import markdown_table, run_metadata
+from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata
 
 JOBS_DIR = Path(__file__).resolve().parent
 CODECS = ["none", "bf16", "bf16+replies", "fp16", "topk:0.01"]
@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
                     row["vs_none"] = row["metric_value"] - ref["metric_value"] if ref else None
                     row["bytes_vs_none"] = row["bytes"] / ref["bytes"] if ref and ref["bytes"] else None
                     rows.append(row)
-                    print(markdown_table([row], COLUMNS).splitlines()[-1], flush=True)
+                    print(markdown_row(row, COLUMNS), flush=True)
     out.mkdir(parents=True, exist_ok=True)
     meta = run_metadata({"job": "bench_compression", **vars(args)})
     (out / "compression.json").write_text(json.dumps({"metadata": meta, "rows": rows, "failed": failed}, indent=2)

@@ -48,7 +48,7 @@ import trainer.algorithms as algorithms
 from trainer.transport.session import MAC_ALGORITHMS
 from trainer_jobs.support.ps_bench import (REPLIES, frame_bytes, measure_echo, measure_ps, measure_raw, model_layout,
                                            rule_seconds)
-from trainer_jobs.support.report import markdown_table, run_metadata
+from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata
 
 COLUMNS = ["params", "compression", "shards", "mac", "clients", "mb_in", "mb_out", "raw_per_s", "echo_per_s",
            "ps_per_s", "ps_gb_s", "vs_raw", "echo_vs_raw", "vs_echo", "vs_raw_1", "vs_1_client", "extra_ms", "rule_ms"]
@@ -140,7 +140,7 @@ def run(params: list[int], clients: list[int], seconds: float, codecs: list[str]
                             "extra_ms": 1000 * (1 / first[(s, mac)] - 1 / raw_1), "rule_ms": rule_ms,
                         }
                         cells.append(row)
-                        print(markdown_table([row], COLUMNS).splitlines()[-1], flush=True)
+                        print(markdown_row(row, COLUMNS), flush=True)
             rows += sorted(cells, key=lambda r: (r["shards"], r["mac"] == "off", r["clients"]))
     return rows
 

@@ -31,7 +31,7 @@ import trainer.algorithms as algorithms
 from trainer_jobs.mnist import build_cnn
 from trainer_jobs.support.datasets import load_mnist
 from trainer_jobs.support.overhead import run_single, run_workers, steady
-from trainer_jobs.support.report import markdown_table, run_metadata
+from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata
 
 SINGLE_MODES = ("plain", "feed", "feed+callback")
 COLUMNS = ["setup", "workers", "epoch_s", "samples_s_per_worker", "vs_plain", "vs_feed_alongside", "cores_used",
@@ -140,7 +140,7 @@ def main(argv: list[str] | None = None) -> int:
         for mode, copies in setups:
             rows.append(single_row(run_single(mode, builder, x, y, epochs=args.epochs, batch_size=args.batch_size,
                                               copies=copies), mode, copies))
-            print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+            print(markdown_row(rows[-1], COLUMNS), flush=True)
     overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
     for n in counts:
         for overlap in overlaps:
@@ -149,7 +149,7 @@ def main(argv: list[str] | None = None) -> int:
                                   profile=args.profile, overlap=overlap)
             rows.append(worker_row(results, n, args.epochs, label))
             profiles[label] = next((r["profile"] for r in results if r.get("profile")), "")
-            print(markdown_table(rows[-1:], COLUMNS).splitlines()[-1], flush=True)
+            print(markdown_row(rows[-1], COLUMNS), flush=True)
     add_ratios(rows)
     parts = breakdown(rows)
     out = Path(args.out)

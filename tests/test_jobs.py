@@ -428,6 +428,21 @@ def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
     assert "| model |" in (out / "mnist.md").read_text()
 
 
+def _table_after(text: str, header: str) -> list[str]:
+    """The Markdown table of `text` whose header line starts with `header`: its lines, header first."""
+    lines = text.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith(header))
+    end = next((i for i in range(start, len(lines)) if not lines[i].startswith("|")), len(lines))
+    return lines[start:end]
+
+
+def _empty_columns(table: list[str]) -> list[str]:
+    """The columns of a Markdown table (as `_table_after` gives it) with no cell filled in."""
+    cells = [[c.strip() for c in line.strip().strip("|").split("|")] for line in table]
+    header, body = cells[0], cells[2:]
+    return [name for i, name in enumerate(header) if not any(row[i] for row in body)]
+
+
 # What `make demo` must never show: Spark's log lines, TensorFlow's and absl's banners, py4j's chatter.
 CHATTER = re.compile(r"\b(WARN|INFO|DEBUG)\b|oneDNN|cpu_feature_guard|This TensorFlow binary|absl::|"
                      r"py4j|Using Spark's default log4j|NativeCodeLoader|W0000|I0000")
@@ -447,6 +462,9 @@ def test_demo_output_is_quiet(tmp_path):
     assert not noise, "\n".join(noise[:20])
     assert str(out) in text  # says where the results are
     assert len(text.splitlines()) < 60, text  # one screen
+    # no baseline and no target reached: the tables leave out those columns rather than show them empty
+    for table in (_table_after(text, "| mode |"), _table_after((out / "mnist.md").read_text(), "| model |")):
+        assert len(table) == 4 and not _empty_columns(table), "\n".join(table)
 
 
 @pytest.mark.spark

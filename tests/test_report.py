@@ -1,4 +1,4 @@
-"""Results files, speed-up arithmetic, the speed-up plot and MAPE."""
+"""Results files, speed-up arithmetic, Markdown tables (empty columns left out), the speed-up plot and MAPE."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import math
 import numpy as np
 import pytest
 
-from trainer_jobs.support.report import COLUMNS, mape, markdown_table, metric_pivot, plot_speedup, speedup_rows, write_results
+from trainer_jobs.support.report import (COLUMNS, is_empty, mape, markdown_row, markdown_table, metric_pivot,
+                                         plot_speedup, speedup_rows, write_results)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -95,6 +96,53 @@ def test_markdown_table_columns_and_alignment():
     assert lines[2] == "| cnn | 2 | 0.9897 | a\\|b |"
     assert lines[3] == "| mlp | 1 |  |  |"
     assert markdown_table(rows).splitlines()[0] == "| model | workers | acc | note |"
+
+
+def _header(table: str) -> list[str]:
+    return [c.strip() for c in table.splitlines()[0].strip("|").split("|")]
+
+
+def test_markdown_table_leaves_out_columns_empty_in_every_row():
+    # A --no-baseline run whose target was never reached: None, NaN, "" or no key at all in every row.
+    rows = [
+        {"mode": "distributed", "workers": 1, "speedup": 1.0, "throughput_vs_keras": None,
+         "time_to_target_s": float("nan"), "note": "", "bytes": 10},
+        {"mode": "distributed", "workers": 2, "speedup": 1.6, "throughput_vs_keras": None,
+         "time_to_target_s": np.float64("nan"), "note": "", "bytes": None},
+    ]
+    asked = ["mode", "workers", "speedup", "throughput_vs_keras", "time_to_target_s", "target_steps", "note", "bytes"]
+    text = markdown_table(rows, asked)
+    assert _header(text) == ["mode", "workers", "speedup", "bytes"]  # asked for or not, empty columns go
+    assert text.splitlines()[1] == "|---|---:|---:|---:|"
+    assert text.splitlines()[3] == "| distributed | 2 | 1.60 |  |"  # one empty cell keeps its column
+    assert _header(markdown_table(rows)) == ["workers", "speedup", "bytes", "mode"]  # COLUMNS first, then extras
+    # a column with a value in one row only stays; its NaN cells still read nan
+    rows[0]["time_to_target_s"] = 12.5
+    assert "time_to_target_s" in _header(markdown_table(rows, asked))
+    assert markdown_table(rows, asked).splitlines()[3] == "| distributed | 2 | 1.60 | nan |  |"
+    # nothing to show at all, and no rows at all
+    assert markdown_table([{"a": None, "b": ""}], ["a", "b"]) == ""
+    assert markdown_table([], ["a", "b"]).splitlines()[0] == "| a | b |"
+
+
+def test_is_empty_and_markdown_row_keeps_every_column():
+    assert [is_empty(v) for v in (None, "", float("nan"), np.float32("nan"))] == [True] * 4
+    assert not any(is_empty(v) for v in (0, 0.0, False, " ", "0", [], float("inf")))
+    # printed under a header of all the columns, as the benchmarks stream their rows
+    assert markdown_row({"a": 1, "c": 0.5}, ["a", "b", "c"]) == "| 1 |  | 0.5000 |"
+
+
+def test_written_markdown_leaves_out_empty_columns_and_csv_json_keep_them(tmp_path):
+    rows = [dict(r, target_speedup=None, time_to_target_s=float("nan")) for r in _rows()]
+    paths = write_results(rows, tmp_path, "forecast")
+    md_header = next(line for line in paths["md"].read_text().splitlines() if line.startswith("| model |"))
+    assert "target_speedup" not in md_header and "time_to_target_s" not in md_header
+    with open(paths["csv"], newline="") as f:
+        reader = csv.DictReader(f)
+        table = list(reader)
+    assert {"target_speedup", "time_to_target_s"} <= set(reader.fieldnames)
+    assert table[0]["target_speedup"] == "" and table[0]["time_to_target_s"] == ""
+    assert all("target_speedup" in r for r in json.loads(paths["json"].read_text())["rows"])
 
 
 def test_plot_speedup_writes_png(tmp_path):

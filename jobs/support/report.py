@@ -18,7 +18,14 @@ A result row is a plain dict, one per (model, number of workers) run::
 Rows may carry more keys (``run``, ``algorithm``, ...); they are kept, and
 written after the standard columns.
 
+Markdown tables are for people: every table the jobs print or write goes
+through ``markdown_table``, which leaves out the columns that are empty in
+every row (None, NaN or ""), e.g. the baseline and time-to-target columns of
+a run with --no-baseline or whose target was never reached. The CSV and JSON
+files are data for scripts and keep every column, empty or not.
+
 Functions: ``speedup_rows``, ``write_results``, ``markdown_table``,
+``markdown_row`` (one line at a time under a header printed before),
 ``plot_speedup`` (matplotlib Agg canvas, no pyplot, no global backend change)
 and ``mape``.
 """
@@ -43,6 +50,8 @@ __all__ = [
     "speedup_rows",
     "write_results",
     "markdown_table",
+    "markdown_row",
+    "is_empty",
     "plot_speedup",
     "mape",
     "run_metadata",
@@ -253,15 +262,31 @@ def _fmt(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
+def is_empty(value: Any) -> bool:
+    """True for a cell with nothing to show: None, NaN or the empty string."""
+    if value is None or (isinstance(value, str) and value == ""):
+        return True
+    return isinstance(value, (float, np.floating)) and math.isnan(value)
+
+
+def _line(row: Mapping[str, Any], cols: Sequence[str]) -> str:
+    return "| " + " | ".join(_fmt(row.get(c)) for c in cols) + " |"
+
+
 def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | None = None) -> str:
     """A GitHub-flavoured Markdown table of ``rows``.
 
     ``columns`` defaults to the standard ``COLUMNS`` present in the rows, then
-    the extra keys. Numeric columns are right-aligned; floats get 4 decimals
-    below 1, 2 below 100, 1 above; booleans read yes/no; missing cells are empty.
+    the extra keys. A column that is empty in every row (missing, None, NaN
+    or "", see ``is_empty``) is left out, asked for or not; with no rows the
+    header of ``columns`` stays. Numeric columns are right-aligned; floats get
+    4 decimals below 1, 2 below 100, 1 above; booleans read yes/no; missing
+    cells are empty.
     """
     rows = list(rows)
     cols = _columns_of(rows, columns)
+    if rows:
+        cols = [c for c in cols if not all(is_empty(r.get(c)) for r in rows)]
     if not cols:
         return ""
     numeric = {
@@ -272,9 +297,14 @@ def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | N
         "| " + " | ".join(cols) + " |",
         "|" + "|".join("---:" if numeric[c] else "---" for c in cols) + "|",
     ]
-    for r in rows:
-        lines.append("| " + " | ".join(_fmt(r.get(c)) for c in cols) + " |")
+    lines += [_line(r, cols) for r in rows]
     return "\n".join(lines)
+
+
+def markdown_row(row: Mapping[str, Any], columns: Sequence[str]) -> str:
+    """One body line of a Markdown table with every one of ``columns``, empty or not, formatted as
+    ``markdown_table`` does: for printing results as they come under a header printed once before."""
+    return _line(row, columns)
 
 
 def metric_pivot(rows: Sequence[Mapping[str, Any]], label: str) -> str:
