@@ -17,9 +17,11 @@ the driver, once per epoch that EVERY worker finished:
    tells the workers to stop (``ParameterServer.direct(stop=True)``); when
    one changes the optimizer's learning rate (ReduceLROnPlateau) the server
    sends the new rate to the workers' optimizers;
-4. after the stage, the final center is loaded and ``on_train_end`` runs
-   (EarlyStopping's ``restore_best_weights`` puts the best epoch's weights
-   back: they are what ``fit`` returns).
+4. after the stage, the final center is loaded (with the driver model's
+   optimizer built, and the center's optimizer state when the rule averages
+   it: what ``fitted.save`` saves) and ``on_train_end`` runs (EarlyStopping's
+   ``restore_best_weights`` puts the best epoch's weights back: they are what
+   ``fit`` returns).
 
 Callbacks run on a thread of their own, so a slow one (a checkpoint, a
 TensorBoard write) never holds up the parameter server; epochs that end after
@@ -66,6 +68,29 @@ def check_callbacks(callbacks: Sequence[Any], model, has_validation: bool) -> li
                     "ReduceLROnPlateau (the schedule already decays the rate)."
                 )
     return callbacks
+
+
+def load_final_center(model, center: list) -> None:
+    """Load the final `center` into the driver's `model`: the weights, and the optimizer's variables
+    when the center holds them (``SyncAveraging(average_optimizer_state=True)``). The optimizer is
+    built for the trainable variables either way, so that the model saves a real optimizer state (fresh
+    when the center holds none) that loads without warnings and can go on training."""
+    n_weights = len(model.weights)
+    model.set_weights(center[:n_weights])
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is None:
+        return
+    if not optimizer.built:
+        optimizer.build(model.trainable_variables)
+    if len(center) > n_weights:
+        if len(center) != n_weights + len(optimizer.variables):
+            raise ValueError(
+                f"The final center has {len(center)} arrays, but the model has {n_weights} weights and "
+                f"{len(optimizer.variables)} optimizer variables. Fix: build the same model (and optimizer) "
+                "on the driver as on the workers."
+            )
+        for variable, value in zip(optimizer.variables, center[n_weights:]):
+            variable.assign(value)
 
 
 class EpochCallbacks:
@@ -141,7 +166,7 @@ class EpochCallbacks:
         self._thread.join()
         if self.error is not None:
             raise self.error
-        self.model.set_weights(center[: len(self.model.weights)])
+        load_final_center(self.model, center)
         self.list.on_train_end()
 
     def close(self) -> None:

@@ -4,10 +4,14 @@
 once as ``.keras`` bytes with the custom objects it needs (shipped by value,
 ``trainer.runtime.shipping.pack_model``) and is loaded once per Python worker
 (``trainer.runtime.shipping.cached_model``); an error there is raised at once
-(``trainer.runtime.inference``). `TrainingHistory` records what happened
-during ``fit`` (server updates, workers, epochs, events, timings): exact
-totals over every update, and the most recent updates in compact numpy
-columns, so that a long fit keeps a small memory.
+(``trainer.runtime.inference``). `FittedModel.save` writes one ``.keras``
+file that ``keras.saving.load_model`` reads (the trainer's own entries ride
+along inside it) or a directory; `FittedModel.load` reads both.
+
+`TrainingHistory` records what happened during ``fit`` (server updates,
+workers, epochs, events, timings): exact totals over every update, and the
+most recent updates in compact numpy columns, so that a long fit keeps a
+small memory.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import os
 import pickle
 import uuid
+import zipfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +35,11 @@ from trainer.runtime.inference import OUTCOME_DDL, evaluate_task, predict_functi
 from trainer.runtime.shipping import ModelPackage, pack_model
 
 CUSTOM_OBJECTS_FILE = "custom_objects.cloudpickle"
+SAVED_ENTRIES = ("fitted.json", "history.json", CUSTOM_OBJECTS_FILE)  # what `save` writes besides the model
+KERAS_SUFFIX = ".keras"
+#: The folder of a saved ``.keras`` file that holds `SAVED_ENTRIES`. Keras's loader (3.0 to 3.15) reads
+#: config.json, metadata.json, model.weights.h5 and assets/ by name and ignores other entries.
+ENTRY_PREFIX = "spark_keras_trainer/"
 
 
 @dataclass
@@ -160,6 +170,9 @@ class FittedModel:
     def _shipped(self) -> ModelPackage:
         """The model's ``.keras`` bytes and every custom object they need, made once."""
         if self._package is None:
+            optimizer = getattr(self.keras_model, "optimizer", None)
+            if optimizer is not None and not optimizer.built:  # saved unbuilt, it would warn on every load
+                optimizer.build(self.keras_model.trainable_variables)
             self._package = pack_model(self.keras_model, self.custom_objects)
         return self._package
 
@@ -205,34 +218,136 @@ class FittedModel:
         return metrics
 
     def save(self, path: str | os.PathLike) -> Path:
-        """Write ``model.keras``, ``history.json`` and ``fitted.json`` into directory `path`, and the
-        model's custom objects (by value, cloudpickle) into ``custom_objects.cloudpickle``."""
+        """Save the fitted model: one ``.keras`` file when `path` ends in ``.keras``, else a directory.
+
+        Example:
+            >>> fitted.save("model.keras")
+            >>> keras.saving.load_model("model.keras", custom_objects={"Scale": Scale})  # a Keras model
+            >>> FittedModel.load("model.keras")  # the FittedModel, custom objects included
+
+        A ``.keras`` path gets the file ``model.save`` writes, which Keras's
+        ``load_model`` reads as usual (with ``custom_objects=`` for a model that
+        has custom objects), plus entries under ``spark_keras_trainer/`` that
+        Keras's loader ignores: ``history.json``, ``fitted.json`` (columns and
+        data spec) and the model's custom objects by value
+        (``custom_objects.cloudpickle``, for `load`). The file is written next to
+        its place and then renamed, so a failed save leaves no half-written file.
+        Any other path becomes a directory holding ``model.keras`` and those three
+        files.
+
+        The optimizer saved is the driver model's, built for the model's trainable
+        variables: the center of a fit holds no optimizer state (each worker keeps
+        its own), so it has the state the workers started from (fresh moments and
+        iteration 0, which keep Adam's bias correction right, unless the model
+        given to ``fit`` had trained before) and the learning rate as the fit left
+        it (ReduceLROnPlateau). With ``SyncAveraging(average_optimizer_state=True)``
+        the center holds the workers' averaged optimizer variables, and those are
+        saved. Either way a loaded model loads without optimizer warnings and can
+        go on training at once.
+
+        Args:
+            path: String or path-like. Ending in ``.keras``: the file to write
+                (its folder is created); else the directory to write into.
+
+        Returns:
+            The `Path` written.
+
+        Raises:
+            IsADirectoryError: `path` ends in ``.keras`` and is an existing directory.
+            NotADirectoryError: `path` does not end in ``.keras`` and is an existing file.
+        """
         out = Path(path)
-        out.mkdir(parents=True, exist_ok=True)
+        keras_file = out.suffix == KERAS_SUFFIX
+        if keras_file and out.is_dir():
+            raise IsADirectoryError(
+                f"fitted.save writes ONE file for a path ending in {KERAS_SUFFIX}, but it is an existing directory "
+                f"(older versions saved every path as a directory). Received: path={str(out)!r}. Fix: remove that "
+                f"directory, or save to another {KERAS_SUFFIX} path; a path without the suffix is saved as a directory."
+            )
+        if not keras_file and out.is_file():
+            raise NotADirectoryError(
+                f"fitted.save writes a directory for a path without the {KERAS_SUFFIX} suffix, but it is an existing "
+                f"file. Received: path={str(out)!r}. Fix: a path ending in {KERAS_SUFFIX} for one file, or another "
+                "directory."
+            )
         package = self._shipped()
-        (out / "model.keras").write_bytes(package.data)
+        entries = {"history.json": json.dumps(self.history.to_dict(), default=float).encode(),
+                   "fitted.json": json.dumps({"features_col": self.features_col, "label_col": self.label_col,
+                                              "spec": asdict(self.spec)}).encode()}
         if package.custom_objects:
-            (out / CUSTOM_OBJECTS_FILE).write_bytes(cloudpickle.dumps(package.custom_objects))
-        (out / "history.json").write_text(json.dumps(self.history.to_dict(), default=float))
-        meta = {"features_col": self.features_col, "label_col": self.label_col, "spec": asdict(self.spec)}
-        (out / "fitted.json").write_text(json.dumps(meta))
+            entries[CUSTOM_OBJECTS_FILE] = cloudpickle.dumps(package.custom_objects)
+        if keras_file:
+            _write_keras_file(out, package.data, entries)
+            return out
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "model.keras").write_bytes(package.data)
+        for name, data in entries.items():
+            (out / name).write_bytes(data)
         return out
 
     @classmethod
     def load(cls, path: str | os.PathLike, custom_objects=None) -> "FittedModel":
-        """Read a directory written by `save`. Its custom objects come back by value (so a model
-        whose layers were defined in a notebook loads anywhere): unpickling runs their code, so
-        load only directories you trust. `custom_objects` given here take precedence."""
+        """Read what `save` wrote: a ``.keras`` file or a directory.
+
+        The custom objects come back by value (so a model whose layers were
+        defined in a notebook loads anywhere): unpickling runs their code, so load
+        only files you trust. `custom_objects` given here take precedence.
+
+        Raises:
+            FileNotFoundError: nothing at `path`.
+            ValueError: `path` was not written by `save` (a ``.keras`` file of
+                ``model.save``, another file, a directory without ``fitted.json``).
+        """
         import keras  # deferred: TensorFlow starts only when a model is needed
 
         src = Path(path)
-        meta = json.loads((src / "fitted.json").read_text())
+        if src.is_dir():
+            entries = {p.name: p.read_bytes() for p in src.iterdir() if p.name in SAVED_ENTRIES and p.is_file()}
+            model_file = src / "model.keras"
+        elif src.is_file():
+            entries, model_file = _read_keras_entries(src), src
+        else:
+            raise FileNotFoundError(f"No saved FittedModel at {str(src)!r}. Fix: the path that fitted.save returned.")
+        if "fitted.json" not in entries:
+            raise ValueError(
+                f"FittedModel.load reads what fitted.save wrote, with its fitted.json; this has none. Received: "
+                f"path={str(src)!r}. Fix: keras.saving.load_model for a file of model.save, or the path that "
+                "fitted.save returned."
+            )
+        meta = json.loads(entries["fitted.json"])
         spec = meta["spec"]
         spec = DataSpec(spec["num_rows"], spec["feature_size"], tuple(spec["input_shape"]), spec["label_size"])
-        if (src / CUSTOM_OBJECTS_FILE).is_file():
-            custom_objects = {**pickle.loads((src / CUSTOM_OBJECTS_FILE).read_bytes()), **(custom_objects or {})}
-        model = keras.saving.load_model(src / "model.keras", custom_objects=custom_objects)
-        recorded = json.loads((src / "history.json").read_text())
+        if CUSTOM_OBJECTS_FILE in entries:
+            custom_objects = {**pickle.loads(entries[CUSTOM_OBJECTS_FILE]), **(custom_objects or {})}
+        model = keras.saving.load_model(model_file, custom_objects=custom_objects)
+        recorded = json.loads(entries["history.json"])
         recorded.pop("updates", None)  # written before the update history was bounded
         history = TrainingHistory(**recorded)
         return cls(model, history, meta["features_col"], meta["label_col"], spec, custom_objects)
+
+
+def _write_keras_file(out: Path, model_data: bytes, entries: dict[str, bytes]) -> None:
+    """The ``.keras`` bytes `model_data` with `entries` added under `ENTRY_PREFIX`, written to `out`
+    through a temporary file in the same folder (renamed into place)."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    partial = out.with_name(f".{out.name}.{uuid.uuid4().hex[:8]}.partial")
+    try:
+        partial.write_bytes(model_data)
+        with zipfile.ZipFile(partial, "a", compression=zipfile.ZIP_DEFLATED) as archive:
+            for name, data in entries.items():
+                archive.writestr(ENTRY_PREFIX + name, data)
+        os.replace(partial, out)
+    finally:
+        partial.unlink(missing_ok=True)
+
+
+def _read_keras_entries(src: Path) -> dict[str, bytes]:
+    """The entries `_write_keras_file` added to the ``.keras`` file `src`, by name."""
+    if src.suffix != KERAS_SUFFIX or not zipfile.is_zipfile(src):
+        raise ValueError(
+            f"FittedModel.load reads a {KERAS_SUFFIX} file or a directory written by fitted.save; this file is "
+            f"neither. Received: path={str(src)!r}. Fix: the path that fitted.save returned."
+        )
+    with zipfile.ZipFile(src) as archive:
+        names = set(archive.namelist())
+        return {name: archive.read(ENTRY_PREFIX + name) for name in SAVED_ENTRIES if ENTRY_PREFIX + name in names}
