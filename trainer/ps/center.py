@@ -3,21 +3,30 @@
 Two modes, chosen by the update rule:
 
 * **In place** (the rule has ``server_apply``: DOWNPOUR, ADAG, DynSGD and
-  their compressed forms). The arrays are allocated once and updated in
-  place, each tensor under its own lock; the server's own lock guards only
-  its counters. A commit is a two-phase transaction (`Center.apply`): it
-  takes the tensor locks in tensor order, computes each tensor's new value
-  into the connection's reply buffer while holding that tensor's lock (the
-  rule's ufuncs release the GIL on large arrays) and checks it finite; only
-  when every tensor passed does it publish, copying the reply buffer into
-  the center one tensor at a time and releasing each tensor's lock right
-  after its copy. A refused commit (its result would not be finite) has
-  published nothing: the center is exactly as before, and never non-finite.
+  their compressed forms). Each tensor has its own lock; the server's own
+  lock guards only its counters. A commit is a two-phase transaction
+  (`Center.apply`): it takes the tensor locks in tensor order, computes each
+  tensor's new value into an array of its own while holding that tensor's
+  lock (the rule's ufuncs release the GIL on large arrays) and checks it
+  finite; only when every tensor passed does it publish, one tensor at a
+  time, releasing each tensor's lock right after. A refused commit (its
+  result would not be finite) has published nothing: the center is exactly
+  as before, and never non-finite.
+
+  Publishing swaps (``swap=True``): the commit computed into arrays taken
+  from a pool per tensor, they become the center (no copy), the connection
+  sends its reply from them, and the old center's arrays go back to the
+  pool. A swapped-in array is *in flight* until its connection has sent it
+  (`sent`); the pool hands out only arrays that are not, so a reply is never
+  changed on its way (a fresh array is made when every spare one is still
+  being sent). Compressed replies instead compute into the connection's
+  reply buffer and copy it in, because they reuse it as scratch afterwards.
   The next commit starts on tensor 0 while this one still publishes the
   others, so commits pipeline through the tensors in one order and never
   overtake each other.
 
-  Reading (`Center.read`: PULL, HELLO, ``center()``, ``snapshot()``) goes
+  Reading (`Center.read`: PULL, HELLO into pool arrays given back with
+  `release` once sent; ``center()``, ``snapshot()`` into fresh ones) goes
   hand over hand in the same order (lock i+1 is taken before lock i is
   released), so a reader can neither overtake a commit nor be overtaken by
   one: it sees every commit before it complete and none after it, which is
@@ -38,7 +47,7 @@ holding the server's lock.
 from __future__ import annotations
 
 import threading
-from typing import Callable, Sequence, TypeVar
+from typing import Any, Callable, Sequence, TypeVar
 
 import numpy as np
 
@@ -59,6 +68,8 @@ class Center:
         self.arrays: list[np.ndarray] = frozen
         self.locks = [threading.Lock() for _ in frozen] if self.in_place else []
         self.nbytes = sum(a.nbytes for a in frozen)
+        self._spare: list[list[np.ndarray]] = [[] for _ in frozen]  # per tensor: arrays free to write into
+        self._in_flight: set[int] = set()  # ids of swapped-in arrays whose connection is still sending them
 
     def __len__(self) -> int:
         return len(self.arrays)
@@ -67,43 +78,74 @@ class Center:
         """Uninitialised arrays shaped and typed like the center: one connection's reply buffer."""
         return [np.empty_like(a) for a in self.arrays]
 
+    def sent(self, arrays: Sequence[np.ndarray]) -> None:
+        """The connection that swapped `arrays` in has sent them: the pool may hand them out again."""
+        for a in arrays:
+            self._in_flight.discard(id(a))
+
+    def release(self, arrays: Sequence[np.ndarray]) -> None:
+        """Give back the pool arrays a `read` filled, once they are sent (``list.append`` needs no lock)."""
+        for spare, a in zip(self._spare, arrays):
+            spare.append(a)
+
+    def _take(self, i: int) -> np.ndarray:
+        """A spare array of tensor i that nobody is sending, else a fresh one (tensor i's lock held)."""
+        spare, in_flight = self._spare[i], self._in_flight
+        for j, a in enumerate(spare):
+            if id(a) not in in_flight:
+                return spare.pop(j)
+        return np.empty_like(self.arrays[i])
+
     # -- in place ----------------------------------------------------------------------
 
-    def read(self, out: Sequence[np.ndarray], first: Callable[[], T]) -> tuple[list[np.ndarray], T]:
-        """Copy a consistent state of the center into `out` (hand over hand, see the module docstring).
+    def read(self, out: list[np.ndarray] | None, first: Callable[[], T]) -> tuple[list[np.ndarray], T]:
+        """Copy a consistent state of the center (hand over hand, see the module docstring) into `out`, or
+        (None) into arrays of the pool: give those back with `release` once they are sent.
 
         `first` runs while tensor 0's lock is held, before anything is copied
-        (read the version there); returns ``(out as a list, what first returned)``.
+        (read the version there); returns ``(the arrays, what first returned)``.
         """
-        locks = self.locks
+        locks, arrays = self.locks, self.arrays
+        if out is not None and len(out) != len(arrays):
+            raise ValueError(f"read() needs one buffer per center array ({len(arrays)}), received {len(out)}")
+        copies: list[np.ndarray] = []
         locks[0].acquire()
         held = 0
         try:
             result = first()
-            for i, (o, a) in enumerate(zip(out, self.arrays, strict=True)):
-                np.copyto(o, a)
+            for i in range(len(arrays)):
+                o = self._take(i) if out is None else out[i]
+                copies.append(o)
+                np.copyto(o, arrays[i])
                 if i + 1 < len(locks):
                     locks[i + 1].acquire()
                 locks[i].release()
                 held = i + 1
+        except BaseException:
+            if out is None:
+                self.release(copies)
+            raise
         finally:
             if held < len(locks):
                 locks[held].release()
-        return list(out), result
+        return copies, result
 
     def apply(self, start: Callable[[], object], step: Callable[[int], str | None], finish: Callable[[], object],
-              out: Sequence[np.ndarray]) -> str | None:
+              out: list[Any], swap: bool = False) -> str | None:
         """One commit as a two-phase transaction; returns why it was refused (nothing published) or None.
 
         `start()` runs under tensor 0's lock (the commit's place in the order:
         read the staleness there); `step(i)` computes tensor i's new value
         into ``out[i]`` under its lock and returns a problem (not finite) or
         None; `finish()` runs with every tensor lock held once every step
-        passed (take the version there); then ``out`` is published. An
-        exception from a callback releases every lock and publishes nothing.
+        passed (take the version there); then ``out`` is published. With
+        `swap`, ``out[i]`` is first set to an array of the pool, and publishing
+        swaps it in as the center: it is in flight until `sent`. Without,
+        ``out`` (the caller's arrays) is copied in. An exception from a callback
+        releases every lock and publishes nothing.
         """
         locks, arrays = self.locks, self.arrays
-        acquired = released = 0
+        acquired = released = taken = 0
         try:
             locks[0].acquire()
             acquired = 1
@@ -112,16 +154,25 @@ class Center:
                 if i:
                     locks[i].acquire()
                     acquired = i + 1
+                if swap:
+                    out[i] = self._take(i)
+                    taken = i + 1
                 problem = step(i)
                 if problem is not None:
                     return problem
             finish()
-            for i, (a, o) in enumerate(zip(arrays, out)):
-                np.copyto(a, o)
+            for i in range(len(arrays)):
+                if swap:
+                    self._in_flight.add(id(out[i]))
+                    self._spare[i].append(arrays[i])
+                    arrays[i] = out[i]
+                else:
+                    np.copyto(arrays[i], out[i])
                 locks[i].release()
                 released = i + 1
             return None
         finally:
-            for lock in locks[released:acquired]:
-                lock.release()
-
+            for i in range(released, acquired):
+                if i < taken:  # computed, not published: back to the pool
+                    self._spare[i].append(out[i])
+                locks[i].release()

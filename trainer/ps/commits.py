@@ -7,16 +7,19 @@ directives and records.
 * In place (the rule has ``server_apply``): `_commit_in_place` runs the
   two-phase transaction of ``trainer.ps.center``. Under tensor 0's lock it
   reads the staleness (the commit's place in the order), then computes every
-  tensor's new value into the connection's reply buffer and checks it finite;
+  tensor's new value into arrays of the center's pool and checks it finite;
   with every tensor lock held it takes the next version and counts the
-  epoch's batches under the server's lock, then publishes. The reply is
-  encoded from the reply buffer (no copy) and sent after every lock is
-  released. The payload's values are not checked on their own: a NaN or inf
-  in them makes the result non-finite, and the refusal then names the
-  payload's array as before. With compressed replies (``Compressed(replies=
-  True)``) the reply is instead the change of the center since what the
-  connection's worker holds (the codec's ``encode_change``), encoded after every lock is
-  released, with meta ``reply: "change"``.
+  epoch's batches under the server's lock, then publishes by swapping those
+  arrays in as the center (no copy; ``Center.apply(swap=True)``). The reply
+  is encoded from them (no copy either) and sent after every lock is
+  released; they are in flight until then (``Center.sent``). The payload's
+  values are not checked on their own: a NaN or inf in them makes the result
+  non-finite, and the refusal then names the payload's array as before. With
+  compressed replies (``Compressed(replies=True)``) the reply is instead the
+  change of the center since what the connection's worker holds (the
+  codec's ``encode_change``), encoded after every lock is released, with
+  meta ``reply: "change"``; it is computed into the connection's reply
+  buffer, copied in, and the buffer is then the encoding's scratch.
 * Replaced (any other asynchronous rule): ``server_commit`` under the
   server's lock, its result frozen and checked, then swapped in.
 """
@@ -84,7 +87,7 @@ class AsynchronousCommits:
 
     def _commit_in_place(self: Any, conn: Any, frame: Frame) -> None:
         """Apply a commit in place (``trainer.ps.center``: two-phase over the tensor locks) and reply from
-        the connection's reply buffer after every lock is released."""
+        what was published after every lock is released."""
         counted, unseen, malformed = self._commit_fields(conn, frame)
         codec = self._reply_codec
         if malformed is None and codec is not None and conn.held is None:
@@ -92,10 +95,13 @@ class AsynchronousCommits:
         if malformed is not None:
             self._reply_error(conn, malformed)
             return
-        out, payload, per = self._reply_buffer(conn), frame.arrays, self._payload_arrays
+        # Swapped in: arrays of the center's pool (no copy); compressed replies: the connection's own, copied in.
+        out = [None] * len(self._center) if codec is None else self._reply_buffer(conn)
+        payload, per = frame.arrays, self._payload_arrays
         center, apply = self._center.arrays, self._algorithm.server_apply
         staleness = 0
         buffers: list = []
+        published: list[np.ndarray] = []  # the arrays swapped in as the center: the reply sends them
         meta: dict[str, Any] = {}
         record: UpdateRecord | None = None
 
@@ -109,7 +115,9 @@ class AsynchronousCommits:
             return center_problem(i, out[i], self._names)
 
         def finish() -> None:
-            nonlocal buffers, meta, record
+            nonlocal buffers, meta, record, published
+            if codec is None:
+                published = list(out)
             with self._lock:
                 meta = self._commit_meta_locked(conn, frame, counted, self._version + 1, staleness)
                 if codec is not None:
@@ -121,7 +129,7 @@ class AsynchronousCommits:
 
         try:
             with np.errstate(over="ignore", invalid="ignore"):  # an overflow is refused below, not printed
-                refused = self._center.apply(start, step, finish, out)
+                refused = self._center.apply(start, step, finish, out, swap=codec is None)
         except Exception as exc:
             log.exception("parameter server: server_apply failed")
             self._send(conn, encode(Msg.ERROR, {"error": f"server_apply failed: {type(exc).__name__}: {exc}"}))
@@ -132,8 +140,11 @@ class AsynchronousCommits:
         assert record is not None
         if codec is not None:
             buffers = encode(Msg.OK, meta, codec.encode_change(out, conn.held, overwrite=True))  # out: scratch now
-        self._notify(record)
-        self._send(conn, buffers)
+        try:
+            self._notify(record)
+            self._send(conn, buffers)
+        finally:
+            self._center.sent(published)
 
     def _commit_async(self: Any, conn: Any, frame: Frame) -> None:
         """A rule without ``server_apply``: ``server_commit`` under the server's lock; the center is replaced."""

@@ -9,9 +9,9 @@ workers commit over TCP:
   last received the center (plus, for a worker that overlaps its commits,
   the updates its payload's older base missed: COMMIT meta ``"unseen"``,
   ``trainer.ps.commits``). Rules with an in-place form (``server_apply``:
-  DOWNPOUR, ADAG, DynSGD, compressed) update the center in place, tensor by
-  tensor under one lock per tensor, into a reply buffer per connection that
-  is sent without copies after every lock is released; the server's lock
+  DOWNPOUR, ADAG, DynSGD, compressed) update the center tensor by tensor
+  under one lock per tensor, into arrays that are swapped in as the center
+  and sent as the reply without copies after every lock is released; the server's lock
   guards only its counters (``trainer.ps.center`` says how commits and
   readers stay consistent without it). Other rules run ``server_commit``
   under the server's lock. Frames of in-place commits are received into a
@@ -81,8 +81,8 @@ MAX_EVENTS = 10_000
 
 class _Conn(Connection):
     """Server-side state of one TCP connection: the center version it last received and, for in-place
-    rules, its receive buffer and its reply buffer (one array per center tensor), both allocated once;
-    with compressed replies, the center as its worker holds it (`held`, from its HELLO on)."""
+    rules, its receive buffer, allocated once; with compressed replies, its reply buffer (one array per
+    center tensor, allocated once) and the center as its worker holds it (`held`, from its HELLO on)."""
 
     def __init__(self, sock: Any, addr: Any) -> None:
         super().__init__(sock, addr)
@@ -407,7 +407,10 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
             self._hello(conn, meta)
         elif frame.msg == Msg.PULL:
             arrays, (version,) = self._read_center(conn, lambda: ())
-            self._reply(conn, {"version": version}, arrays)
+            try:
+                self._reply(conn, {"version": version}, arrays)
+            finally:
+                self._release(arrays)
         elif frame.msg == Msg.COMMIT:
             # In place every result is checked before it is published: the values need no check of their own.
             problem = self._check_commit(frame, finite=not self._center.in_place)
@@ -431,16 +434,22 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
 
     def _read_center(self, conn: _Conn, more: Callable[[], tuple]) -> tuple[list[np.ndarray], tuple]:
         """(the center to send `conn`, (version, *more())) of one consistent state; `conn` has received
-        that version from now on. In place the center is copied into the connection's reply buffer."""
+        that version from now on. In place the center is copied into arrays of its pool: `_release` them
+        once sent."""
         def counters() -> tuple[list[np.ndarray], tuple]:
             with self._lock:
                 conn.last_version = self._version
                 return self._center.arrays, (self._version, *more())
 
         if self._center.in_place:
-            arrays, (_, state) = self._center.read(self._reply_buffer(conn), counters)
+            arrays, (_, state) = self._center.read(None, counters)
             return arrays, state
         return counters()
+
+    def _release(self, arrays: list[np.ndarray]) -> None:
+        """`_read_center`'s arrays were sent."""
+        if self._center.in_place:
+            self._center.release(arrays)
 
     def _hello(self, conn: _Conn, meta: dict[str, Any]) -> None:
         attempt = meta.get("attempt", conn.attempt)
@@ -460,11 +469,14 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
             return self._start_epochs[attempt], self._num_workers
 
         center, (version, start, workers) = self._read_center(conn, start_epoch)
-        meta = {"version": version, "start_epoch": start, "num_workers": workers, **self._hello_meta}
-        if self._reply_codec is not None:  # replies to its commits are changes of what it holds from now on
-            conn.held = [np.array(a, copy=True) for a in center]
-            meta["reply_codec"] = self._reply_codec.describe()
-        self._reply(conn, meta, center)
+        try:
+            meta = {"version": version, "start_epoch": start, "num_workers": workers, **self._hello_meta}
+            if self._reply_codec is not None:  # replies to its commits are changes of what it holds from now on
+                conn.held = [np.array(a, copy=True) for a in center]
+                meta["reply_codec"] = self._reply_codec.describe()
+            self._reply(conn, meta, center)
+        finally:
+            self._release(center)
 
     def _epoch_done(self, conn: _Conn, meta: dict[str, Any]) -> None:
         epoch, logs = meta.get("epoch"), meta.get("logs", {})

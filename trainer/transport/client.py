@@ -37,6 +37,7 @@ from trainer.transport.wire import (
     TransportError,
     TransportTimeout,
     encode,
+    set_io_timeout,
 )
 
 #: Longest a client waits for the handshake itself (the TCP connection is up by then).
@@ -124,7 +125,7 @@ class AuthenticatedClient:
             channel, welcome, n_out, n_in = client_handshake(
                 sock, self._credentials, self.worker, self.attempt, where=where, service=self.service,
                 deadline=time.monotonic() + limit)
-            sock.settimeout(self.timeout)
+            set_io_timeout(sock, self.timeout)
         except (ConnectionClosed, ConnectionError) as exc:
             sock.close()
             raise _HandshakeCut(str(exc)) from None

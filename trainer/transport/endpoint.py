@@ -49,6 +49,7 @@ from trainer.transport.wire import (
     TransportError,
     TransportTimeout,
     encode,
+    set_io_timeout,
     write_frame,
 )
 
@@ -370,7 +371,7 @@ class AuthenticatedServer:
                 return
             channel = conn.channel
             assert channel is not None
-            conn.sock.settimeout(self._io_timeout)
+            set_io_timeout(conn.sock, self._io_timeout)
             while not self._stopping:
                 try:
                     frame = channel.recv(self._max_body, into=self._recv_buffer(conn))

@@ -24,9 +24,19 @@ connection has its own keys), as ChaCha20-Poly1305 derives one per nonce; its
 It runs at about 12 GB/s on the development machine against 1.7 GB/s for
 HMAC-SHA256 with the SHA extensions (``jobs/bench_security.py --mac-only``;
 docs/security.md has the figures), which is what keeps a MAC on every frame
-cheap next to the round trip. Poly1305 comes from the ``cryptography``
-package (a dependency); the other two from the standard library.
-``mac=None`` sends no trailer (the peers agreed to rely on TLS or on the network).
+cheap next to the round trip. Poly1305 comes from the system's libcrypto
+through ctypes where it loads and passes RFC 8439's test vector
+(:mod:`trainer.transport.libcrypto`: it hashes without the GIL), else from
+the ``cryptography`` package (a dependency); the other two from the
+standard library. ``mac=None`` sends no trailer (the peers agreed to rely on
+TLS or on the network).
+
+Where the MAC releases the GIL, a frame of at least `OVERLAP_MIN` bytes is
+hashed on a helper thread while the channel's thread sends or receives it
+(:mod:`trainer.transport.overlap`): the copy through the socket and the hash
+run side by side instead of one after the other. Otherwise it goes out in
+pieces of `MAC_PIECE` bytes, each hashed right before it is sent, and is
+hashed as it arrives.
 """
 
 from __future__ import annotations
@@ -41,6 +51,8 @@ try:
 except ImportError:  # installed without its dependencies: the standard library's MACs still work
     Poly1305 = None
 
+from trainer.transport import libcrypto
+from trainer.transport.overlap import HashBehind
 from trainer.transport.wire import (
     HEADER_SIZE,
     MAX_META,
@@ -75,10 +87,12 @@ def check_mac_algorithm(name: Any) -> str | None:
 
 
 class OneTimePoly1305:
-    """Poly1305 under a key of its own for the frame numbered `seq` (see the module docstring)."""
+    """Poly1305 under a key of its own for the frame numbered `seq` (see the module docstring); libcrypto's
+    (no GIL held while hashing) where it loads, else `cryptography`'s."""
 
     def __init__(self, key: bytes, seq: int) -> None:
-        self._mac = Poly1305(hmac.digest(key, b"poly1305" + _SEQ.pack(seq), "sha256"))
+        one_time = hmac.digest(key, b"poly1305" + _SEQ.pack(seq), "sha256")
+        self._mac = libcrypto.Poly1305(one_time) if libcrypto.available() else Poly1305(one_time)
 
     def update(self, data) -> None:
         self._mac.update(data)
@@ -95,6 +109,14 @@ def check_frame_mac(frame_mac: Any) -> bool | str:
         return frame_mac
     raise ValueError(f"`frame_mac` must be True, False or one of {', '.join(map(repr, MAC_ALGORITHMS))}. "
                      f"Received: frame_mac={frame_mac!r:.60}")
+
+
+def releases_gil(algorithm: str | None) -> bool:
+    """Whether hashing with `algorithm` lets other threads run Python (hashlib's do for buffers over 2 KiB;
+    Poly1305 where libcrypto's loads)."""
+    if algorithm == "poly1305":
+        return libcrypto.available()
+    return algorithm in ("hmac-sha256", "blake2b")
 
 
 def new_mac(algorithm: str, key: bytes, seq: int):
@@ -116,8 +138,10 @@ def frame_tag(algorithm: str, key: bytes, seq: int, buffers: Sequence) -> bytes:
     return h.digest()
 
 
-#: Bytes of a frame hashed, then sent, at a time (see `Channel.send`).
+#: Bytes of a frame hashed, then sent, at a time (see `Channel.send`) where the MAC holds the GIL.
 MAC_PIECE = 1 << 20
+#: Smallest frame hashed on the helper thread while it moves (smaller ones: handing over costs more).
+OVERLAP_MIN = 256 << 10
 
 
 def _pieces(buffers: Sequence, size: int) -> Iterator[list[memoryview]]:
@@ -156,20 +180,40 @@ class Channel:
         self.peer = peer
         self.sent = 0  # frames sent (the sequence number of the next one)
         self.received = 0  # frames received and verified
+        self._overlap = self.mac is not None and releases_gil(self.mac)
+        self._behind: HashBehind | None = None
+
+    def _hash_behind(self) -> HashBehind:
+        if self._behind is None:
+            self._behind = HashBehind(f"mac-{self.peer}")
+        return self._behind
 
     def send(self, buffers: list) -> int:
         """Send one encoded frame with its trailer; returns the bytes written.
 
-        With a MAC the frame goes out in pieces of `MAC_PIECE` bytes, each
-        hashed right before it is sent: the peer receives and hashes one piece
-        while this end hashes the next, instead of both hashing the whole
-        frame one after the other. The tag is the same.
+        With a MAC that releases the GIL, a frame of `OVERLAP_MIN` bytes or
+        more is hashed on the helper thread while this one sends it, and the
+        trailer follows. Otherwise it goes out in pieces of `MAC_PIECE`
+        bytes, each hashed right before it is sent: the peer receives and
+        hashes one piece while this end hashes the next. The tag is the same.
         """
         seq = self.sent
         self.sent += 1
         if self.mac is None:
             return send_buffers(self.sock, buffers)
         hasher = new_mac(self.mac, self._send_key, seq)  # type: ignore[arg-type]
+        if self._overlap:
+            views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
+            if sum(len(v) for v in views) >= OVERLAP_MIN:
+                behind = self._hash_behind()
+                for v in views:
+                    behind.update(hasher, v)
+                try:
+                    written = send_buffers(self.sock, views)
+                except BaseException:
+                    behind.cancel()
+                    raise
+                return written + send_buffers(self.sock, [TRAILER.pack(seq, behind.digest(hasher))])
         written = 0
         *pieces, last = _pieces(buffers, MAC_PIECE)  # a frame always has its header
         for piece in pieces:
@@ -205,27 +249,42 @@ class Channel:
         msg, meta_len, body_len = decode_header(header, max_body, max_meta=max_meta)
         n = meta_len + body_len
         size = HEADER_SIZE + n + (TRAILER.size if self.mac is not None else 0)
-        hasher = None
+        hasher = behind = None
         on_data = None
         if self.mac is not None:  # hashed as it arrives (the expected number: a wrong one fails below)
             hasher = new_mac(self.mac, self._recv_key, self.received)  # type: ignore[arg-type]
-            hasher.update(header)
+            if self._overlap and size >= OVERLAP_MIN:  # on the helper thread, while the rest arrives
+                behind = self._hash_behind()
+                behind.update(hasher, header)
+                update = behind.update
+            else:
+                hasher.update(header)
+                update = None
 
             def on_data(offset: int, chunk: memoryview) -> None:
-                if offset < n:
-                    hasher.update(chunk[:n - offset])  # not the trailer
+                if offset < n:  # not the trailer
+                    if update is None:
+                        hasher.update(chunk[:n - offset])
+                    else:
+                        update(hasher, chunk[:n - offset])
 
-        rest = (recv_exact(self.sock, size - HEADER_SIZE, deadline=deadline, into=into, on_data=on_data,
-                           align_at=meta_len) if size > HEADER_SIZE else bytearray())
+        try:
+            rest = (recv_exact(self.sock, size - HEADER_SIZE, deadline=deadline, into=into, on_data=on_data,
+                               align_at=meta_len) if size > HEADER_SIZE else bytearray())
+        except BaseException:
+            if behind is not None:
+                behind.cancel()
+            raise
         view = memoryview(rest)
         if hasher is not None:
+            digest = hasher.digest() if behind is None else behind.digest(hasher)
             seq, tag = TRAILER.unpack(view[n:])
             if seq != self.received:
                 raise IntegrityError(
                     f"frame out of sequence from {self.peer}: expected frame #{self.received}, received #{seq} "
                     "(a frame was dropped, replayed or injected in transit); the connection is closed"
                 )
-            if not hmac.compare_digest(hasher.digest(), tag):
+            if not hmac.compare_digest(digest, tag):
                 raise IntegrityError(
                     f"frame #{seq} ({msg.name}, {size} bytes) from {self.peer} failed its integrity check "
                     "(bad MAC): it was altered in transit, or the peer does not hold this session's key; the "
