@@ -37,7 +37,7 @@ from pathlib import Path
 
 from trainer import DOWNPOUR, LocalCluster, Trainer
 from trainer.data.prep import scale_pixels
-from trainer_jobs.mnist import build_cnn
+from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.report import markdown_table, write_results

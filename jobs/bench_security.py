@@ -43,7 +43,7 @@ from trainer.lr_schedules import planned_steps
 from trainer.ps import ParameterServer, PSClient
 from trainer.transport.session import OneTimePoly1305
 from trainer.transport.wire import new_secret
-from trainer_jobs.mnist import build_cnn
+from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.cli import add_verbose_arg, algorithm_from_args, positive_int, start_logging
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.report import markdown_table, write_results

@@ -31,7 +31,7 @@ import numpy as np
 
 from trainer import Trainer
 from trainer.data.prep import scale_pixels
-from trainer.lr_schedules import planned_steps, worker_learning_rate
+from trainer.lr_schedules import planned_steps
 from trainer_jobs.support.cli import (
     add_trainer_args,
     add_verbose_arg,
@@ -41,8 +41,10 @@ from trainer_jobs.support.cli import (
     positive_int,
     start_logging,
     trainer_options,
+    window_arg,
 )
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
+from trainer_jobs.support.models import LEARNING_RATE, build_cnn  # noqa: F401  (build_cnn: this job's model)
 from trainer_jobs.support.report import markdown_table, plot_speedup, write_results
 from trainer_jobs.support.scaling import (
     baseline_row,
@@ -57,40 +59,7 @@ from trainer_jobs.support.scaling import (
 from trainer_jobs.support.target import EpochSnapshots, score_epochs, time_to_target, with_target_speedup
 from trainer_jobs.support.tracking import add_mlflow_arg, log_results
 
-LEARNING_RATE = 1e-3
 TARGET_ACCURACY = 0.99
-
-
-def build_cnn(dropout: bool = True, steps: int | None = None):
-    """The seed's MNIST CNN (conv32-conv32-maxpool-dense225-dense10, 1,048,853 parameters).
-
-    By default with dropout after the pooling (0.25) and after the dense layer
-    (0.5): no extra parameters. Without it the model overfits (training loss
-    0.01 after 4 epochs) and stops at 98.6-98.7 % test accuracy; with it plain
-    Keras measured 98.9-99.1 % after 4 epochs, hence the job's 6 epochs.
-    ``dropout=False`` is the seed's model exactly. Adam at 1e-3; given the
-    optimizer `steps` one worker plans, held for the first tenth and then
-    cosine-decayed to a tenth of it (``trainer.lr_schedules``).
-    """
-    import keras  # deferred: trainer's quiet settings must be in place when TensorFlow starts
-
-    after_pool = [keras.layers.Dropout(0.25)] if dropout else []
-    after_dense = [keras.layers.Dropout(0.5)] if dropout else []
-    model = keras.Sequential([
-        keras.Input((28, 28, 1)),
-        keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.Conv2D(32, 3, activation="relu"),
-        keras.layers.MaxPooling2D(2),
-        *after_pool,
-        keras.layers.Flatten(),
-        keras.layers.Dense(225, activation="relu"),
-        *after_dense,
-        keras.layers.Dense(10, activation="softmax"),
-    ], name="mnist_cnn")
-    rate = worker_learning_rate(LEARNING_RATE, 1, scaling="none", steps=steps)
-    model.compile(optimizer=keras.optimizers.Adam(rate), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
-    return model
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -98,7 +67,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
     parser.add_argument("--algorithm", default="downpour", help="single, sync, downpour, adag, easgd, aeasgd, dynsgd")
-    parser.add_argument("--window", type=positive_int, default=5, help="batches between exchanges (default 5)")
+    parser.add_argument("--window", type=window_arg, default="auto",
+                        help="batches between exchanges, or auto: sized by the measured step and exchange times "
+                             "(default auto)")
     parser.add_argument("--epochs", type=positive_int, default=6, help="epochs per run (default 6)")
     parser.add_argument("--max-epochs", type=positive_int, default=None,
                         help="epochs a run may train to reach --target-accuracy; the learning rate is planned "

@@ -28,7 +28,7 @@ from pathlib import Path
 import numpy as np
 
 import trainer.algorithms as algorithms
-from trainer_jobs.mnist import build_cnn
+from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.datasets import load_mnist
 from trainer_jobs.support.overhead import run_single, run_workers, steady
 from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata

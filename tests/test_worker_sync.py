@@ -29,7 +29,7 @@ def tiny_model():
 def run(overlap: bool, validation=None) -> list[tuple[int, int]]:
     """Worker 0's callback and a bare client for worker 1 on one DynSGD server; returns (worker,
     staleness) of every update. Worker 1 commits once right after the HELLOs."""
-    from trainer.runtime.worker import make_sync_callback
+    from trainer.runtime.sync import make_sync_callback
 
     model = tiny_model()
     algorithm = DynSGD(window=1)

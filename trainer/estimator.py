@@ -1,11 +1,10 @@
 """The user API: ``Trainer(...).fit(df)`` returns a `trainer.fitted.FittedModel`.
 
 Example:
-    >>> from trainer import Trainer, ADAG, LocalCluster
+    >>> from trainer import Trainer, LocalCluster
     >>> with LocalCluster(workers=2) as cluster:
     ...     spark = cluster.session()
-    ...     fitted = Trainer(model, algorithm=ADAG(window=12), num_workers=2,
-    ...                      batch_size=32, epochs=4).fit(df)
+    ...     fitted = Trainer(model, num_workers=2, batch_size=32, epochs=4).fit(df)
     ...     fitted.evaluate(test_df)
     ...     predictions = fitted.transform(test_df)
 
@@ -45,10 +44,11 @@ import json
 import logging
 import os
 import time
+import warnings
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from trainer.algorithms import Algorithm, get_algorithm, with_compression
+from trainer.algorithms import ADAG, Algorithm, get_algorithm, with_compression
 from trainer.algorithms.delta import overlappable
 from trainer.callbacks import EpochCallbacks, check_callbacks
 from trainer.checkpoint import Checkpoint, Checkpointer, load_checkpoint
@@ -65,6 +65,7 @@ from trainer.ps.server import ParameterServer, uniform_progress
 from trainer.ps.shards import ShardedParameterServer
 from trainer.runtime.shard import FEEDS
 from trainer.runtime.shipping import ModelSource, pack_model, ship_by_value
+from trainer.runtime.state import optimizer_of
 from trainer.runtime.worker import RESULT_DDL, WorkerConfig, train_partition
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
 from trainer.spark.memory import task_memory_bytes
@@ -75,6 +76,28 @@ from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret
 
 log = logging.getLogger("trainer")
+
+
+def warn_slow_choice(algorithm: Algorithm, model) -> None:
+    """Warn where an explicit choice is known to learn far slower than plain Keras: ADAG at the learning rate
+    of one Keras process (it divides every commit by its window)."""
+    rule = getattr(algorithm, "inner", algorithm)  # a compressed rule wraps the delta rule
+    optimizer = getattr(model, "optimizer", None)
+    if not isinstance(rule, ADAG) or optimizer is None:
+        return
+    try:
+        rate = float(optimizer.learning_rate)
+        default = float(type(optimizer)().learning_rate)
+    except (TypeError, ValueError):  # a schedule, or an optimizer without defaults: no advice
+        return
+    if rate <= default:
+        warnings.warn(
+            f"ADAG divides every commit by its window ({rule.window}): at {type(optimizer).__name__}'s default "
+            f"learning rate ({rate:g}), tuned for one Keras process, the center moves about 1/{rule.window} as far "
+            "per batch and learns far slower than plain Keras. Fix: raise the learning rate about "
+            f"{rule.window}x, or leave `algorithm` out (the default learns like plain Keras, docs/algorithms.md).",
+            UserWarning, stacklevel=3,
+        )
 
 
 def _identity(batches):
@@ -110,7 +133,11 @@ class Trainer:
         model: a compiled ``keras.Model`` with a defined input shape, or a function
             with no arguments returning one (called once on the driver and once
             per worker task; use it for models that do not serialize).
-        algorithm: an `Algorithm` instance (``ADAG(window=12)``) or its name.
+        algorithm: an `Algorithm` instance (``DynSGD(window=5)``) or its name.
+            The default, ``"downpour"``, is ``DOWNPOUR(window="auto")``: every
+            batch of every worker moves the center once, as in plain Keras, on
+            a window sized by time (docs/algorithms.md: why, and the table
+            against plain Keras at 1 to 8 workers).
         num_workers: Integer. Number of long-lived worker tasks (one per slot).
         batch_size: Integer. Minibatch size on each worker.
         epochs: Integer. Passes over each worker's shard.
@@ -217,7 +244,7 @@ class Trainer:
         self,
         model: Any,
         *,
-        algorithm: Algorithm | str = "adag",
+        algorithm: Algorithm | str = "downpour",
         num_workers: int = 2,
         batch_size: int = 32,
         epochs: int = 1,
@@ -312,11 +339,13 @@ class Trainer:
         import keras  # deferred: TensorFlow starts only when a fit does
 
         if isinstance(self.model, keras.Model):
+            optimizer_of(self.model)  # built: the workers' copies and the callbacks' files hold its variables
             package = pack_model(self.model, self.custom_objects)
             return self.model, ModelSource(keras_bytes=package.data, custom_objects=package.custom_objects)
         model = self.model()
         if not isinstance(model, keras.Model):
             raise TypeError(f"The model function must return a keras.Model. Received: {type(model)}")
+        optimizer_of(model)
         ship_by_value(self.model, *(self.custom_objects or {}).values())
         return model, ModelSource(builder=self.model, custom_objects=self.custom_objects)
 
@@ -339,6 +368,7 @@ class Trainer:
         started = time.time()
         df, validation = split_validation(df, validation, self.seed)
         model, source = self._driver_model()
+        warn_slow_choice(self.algorithm, model)
         resumed = load_checkpoint(resume_from) if resume_from is not None else None
         center, version, epochs_done = model.get_weights(), 0, {}
         if resumed is not None:

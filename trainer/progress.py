@@ -9,11 +9,11 @@ from __future__ import annotations
 
 import threading
 
-from tqdm.auto import tqdm
-
 
 class TrainingProgress:
     def __init__(self, total_steps: int, num_workers: int, epochs: int, enabled: bool = True) -> None:
+        from tqdm.auto import tqdm  # deferred: the worker side (make bench-gpu) runs without it
+
         self._lock = threading.Lock()
         self._steps = [0] * num_workers
         self._base = 0  # steps shown before the current attempt

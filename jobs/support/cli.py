@@ -11,6 +11,7 @@ from trainer import SyncAveraging, get_algorithm
 from trainer.algorithms import parse_compression, with_compression
 from trainer.algorithms.delta import overlappable
 from trainer.checkpoint import has_checkpoint
+from trainer.cli.train import window_arg
 from trainer.verbosity import configure_logging, import_keras_quietly
 
 log = logging.getLogger("trainer_jobs")
@@ -133,11 +134,11 @@ def trainer_options(args, model_name: str, workers: int, seed: int | None = None
     return options, ({"resume_from": str(directory)} if resume else {})
 
 
-def algorithm_from_args(name: str, window: int | None):
+def algorithm_from_args(name: str, window: int | str | None):
     """An algorithm from CLI flags: `window` is the exchange window (``every`` for sync);
     None keeps the algorithm's default (per epoch for sync)."""
     if name.lower() == "sync":
-        return SyncAveraging(every=window or "epoch")
+        return SyncAveraging(every=window or "epoch")  # "auto" is refused there, with the reason
     return get_algorithm(name) if window is None else get_algorithm(name, window=window)
 
 

@@ -12,13 +12,17 @@ fresh process with one TensorFlow thread (as a Spark task with one core):
   exchange at all: what N processes training side by side cost each other on
   this machine's cores, caches and memory (the ceiling of ``workers=N``);
 * ``workers=N``: N workers running the real task loop's callback
-  (``trainer.runtime.worker.make_sync_callback``: an exchange with a real
+  (``trainer.runtime.sync.make_sync_callback``: an exchange with a real
   parameter server every `window` batches), each on 1/N of the rows, with the
   server in a separate process as in the driver; the server process reports
   its CPU seconds (the cores it takes from the workers).
 
 No Spark: the task loop's Spark parts (Arrow, the barrier) are not what is
-measured. Each worker reports its steady epoch time (the first epoch left
+measured, and nothing here imports pyspark, so the set-ups run on any
+machine with Keras and a backend (``make bench-gpu``, `jobs/bench_gpu.py`).
+Each process starts the Keras backend given (``backend``) on the cores given
+(``threads``: thread pools and, for workers, the CPU affinity a Spark task
+gets, ``trainer.runtime.process``). Each worker reports its steady epoch time (the first epoch left
 out), the exchange time and, where the tree records it, the exchange's parts,
 and every set-up the cores its process kept busy (CPU seconds / wall seconds:
 plain Keras's input pipeline and batch-end callbacks run on threads of their
@@ -29,6 +33,7 @@ from __future__ import annotations
 
 import cProfile
 import io
+import math
 import multiprocessing
 import os
 import pstats
@@ -74,8 +79,8 @@ def _noop_batch_callback():
 
 
 def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, seed: int, threads: int,
-            queue) -> None:
-    limit_keras_threads(threads)
+            queue, backend: str = "tensorflow", test: tuple | None = None) -> None:
+    limit_keras_threads(threads, backend)
     import keras  # deferred: after the thread settings
 
     from trainer.runtime.feed import ShardFeed
@@ -95,7 +100,10 @@ def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, se
             model.fit(**feed.fit_kwargs(batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
                       callbacks=callbacks)
     cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-    queue.put({"mode": mode, "worker": 0, "rows": len(x), "epoch_times": times, "cores_used": cores})
+    result = {"mode": mode, "worker": 0, "rows": len(x), "epoch_times": times, "cores_used": cores}
+    if test is not None:
+        result["test"] = {k: float(v) for k, v in model.evaluate(*test, verbose=0, return_dict=True).items()}
+    queue.put(result)
 
 
 def _server(algorithm, center, workers: int, secret: bytes, address_queue, stop, queue) -> None:
@@ -105,20 +113,22 @@ def _server(algorithm, center, workers: int, secret: bytes, address_queue, stop,
         address_queue.put(ps.address)
         cpu0 = time.process_time()
         stop.wait()
-        queue.put({"mode": "server", "cpu_s": time.process_time() - cpu0, "updates": ps.version})
+        queue.put({"mode": "server", "cpu_s": time.process_time() - cpu0, "updates": ps.version,
+                   "center": [np.array(a) for a in ps.center()]})
 
 
 def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int, batch_size: int, seed: int,
-            profile: bool, overlap: bool, queue) -> None:
+            profile: bool, overlap: bool, queue, backend: str = "tensorflow", threads: int = 1,
+            workers: int = 1) -> None:
     from trainer.runtime.process import configure_process
 
-    configure_process(1, None, "tensorflow", {})  # as a Spark task with one core sets up its process
+    configure_process(threads, None, backend, {}, index=worker)  # as a Spark task with `threads` cores does
     import keras  # deferred: after the thread settings
 
     from trainer.ps.client import PSClient
     from trainer.runtime.feed import ShardFeed
     from trainer.runtime.state import load_state
-    from trainer.runtime.worker import make_sync_callback
+    from trainer.runtime.sync import make_sync_callback
 
     keras.utils.set_random_seed(seed + worker)
     model = builder()
@@ -130,7 +140,9 @@ def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int,
         client.connect()
         center, _ = client.hello()
         load_state(model, list(center), with_optimizer=False, strict=False)
-        callback = make_sync_callback(client, algorithm, worker, record, None, overlap=overlap)
+        epoch_batches = math.ceil(len(x) / batch_size) * workers
+        callback = make_sync_callback(client, algorithm, worker, record, None, overlap=overlap,
+                                      epoch_batches=epoch_batches, workers=workers)
         callback.begin(model)
         feed = ShardFeed(x, y, seed=seed + worker)
         timer = epoch_timer(times)
@@ -153,7 +165,30 @@ def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int,
         top = text.getvalue()
     queue.put({"mode": "worker", "worker": worker, "rows": len(x), "epoch_times": times,
                "commits": record["commits"], "comm_s": record["comm_s"], "exchange_s": record["exchange_s"],
-               "cores_used": cores, "profile": top})
+               "window": record.get("window"), "cores_used": cores, "profile": top})
+
+
+def _model_task(builder, backend: str, seed: int, center, test, queue) -> None:
+    limit_keras_threads(1, backend)
+    import keras  # deferred: after the thread settings
+
+    keras.utils.set_random_seed(seed)
+    model = builder()
+    if center is None:
+        queue.put([np.asarray(w) for w in model.get_weights()])
+        return
+    model.set_weights(center)
+    queue.put({k: float(v) for k, v in model.evaluate(*test, verbose=0, return_dict=True).items()})
+
+
+def model_in_fresh_process(builder, backend: str = "tensorflow", seed: int = 0, center=None, test=None):
+    """In a fresh process (this one never starts a backend, nor takes a GPU): the seeded model's initial weights,
+    or with `center` and `test` = (x, y) the metrics of the model holding `center` on the test rows."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_model_task, args=(builder, backend, seed, center, test, queue))
+    proc.start()
+    return _collect([proc], queue, 1)[0]
 
 
 def _collect(procs, queue, count: int) -> list[dict[str, Any]]:
@@ -168,15 +203,16 @@ def _collect(procs, queue, count: int) -> list[dict[str, Any]]:
 
 
 def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0, copies: int = 1,
-               threads: int = 1) -> list[dict[str, Any]]:
+               threads: int = 1, backend: str = "tensorflow", test: tuple | None = None) -> list[dict[str, Any]]:
     """One plain-Keras set-up (``plain``, ``feed``, ``feed+callback``) in `copies` fresh processes of `threads`
-    TensorFlow threads started together, each on its 1/copies of the rows (as workers split them); one result
-    per process (``rows``, ``epoch_times``, ``cores_used``)."""
+    threads of `backend` started together, each on its 1/copies of the rows (as workers split them); one result
+    per process (``rows``, ``epoch_times``, ``cores_used``, and with `test` = (x, y) the model's ``test``
+    metrics)."""
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     bounds = np.linspace(0, len(x), copies + 1).round().astype(int)  # contiguous parts: views, not copies
     procs = [ctx.Process(target=_single, args=(mode, builder, x[a:b], y[a:b], epochs, batch_size, seed, threads,
-                                               queue))
+                                               queue, backend, test))
              for a, b in zip(bounds[:-1], bounds[1:])]
     for proc in procs:
         proc.start()
@@ -184,9 +220,11 @@ def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: 
 
 
 def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_size: int, seed: int = 0,
-                profile: bool = False, overlap: bool = False) -> list[dict[str, Any]]:
-    """`workers` worker processes and a server process; every worker trains on its 1/N of the rows."""
-    center = [np.asarray(w) for w in builder().get_weights()]
+                profile: bool = False, overlap: bool = False, backend: str = "tensorflow",
+                threads: int = 1) -> list[dict[str, Any]]:
+    """`workers` worker processes (`threads` cores of `backend` each) and a server process; every worker
+    trains on its 1/N of the rows. The server's result holds the final ``center``."""
+    center = model_in_fresh_process(builder, backend, seed)
     ctx = multiprocessing.get_context("spawn")
     queue, address_queue, stop = ctx.Queue(), ctx.Queue(), ctx.Event()
     secret = new_secret()
@@ -195,7 +233,8 @@ def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_si
     address = address_queue.get(timeout=120)
     shards = np.array_split(np.arange(len(x)), workers)
     procs = [ctx.Process(target=_worker, args=(builder, algorithm, address, secret, w, x[s], y[s], epochs,
-                                                batch_size, seed, profile and w == 0, overlap, queue))
+                                                batch_size, seed, profile and w == 0, overlap, queue, backend,
+                                                threads, workers))
              for w, s in enumerate(shards)]
     for p in procs:
         p.start()

@@ -24,6 +24,7 @@ class ADAG(DeltaRule):
     window: int = 12
 
     name: ClassVar[str] = "adag"
+    auto_window: ClassVar[bool] = False  # its commits are divided by the window: a fixed number
 
     def __post_init__(self) -> None:
         check_window(self.window, allow_epoch=False)

@@ -32,8 +32,10 @@ server side (runs in the parameter server thread of the driver)
         applied once every worker has sent its payload for the round;
         ``payloads`` and ``replies`` are ordered by worker index.
 
-``window`` is the number of minibatches between two exchanges, or ``None``
-for one exchange at the end of every epoch. Every worker also makes one last
+``window`` is the number of minibatches between two exchanges, ``None``
+for one exchange at the end of every epoch, or ``"auto"`` (rules with
+``auto_window``: DOWNPOUR, DynSGD) for a window the worker sizes from the
+measured step and exchange times (``trainer.runtime.cadence``). Every worker also makes one last
 exchange at the end of training if batches are left since its last one.
 
 Copies. A rule never modifies the arrays it is given, and nobody modifies the
@@ -61,6 +63,8 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 Arrays = list[np.ndarray]
+#: The window a worker sizes itself from the measured step and exchange times (``trainer.runtime.cadence``).
+AUTO = "auto"
 #: Each shard's pieces of the model: ``(tensor index, first flat element, end)``.
 Layout = Sequence[Sequence[tuple[int, int, int]]]
 
@@ -76,9 +80,11 @@ class Algorithm:
     Subclasses are frozen dataclasses that provide a ``window`` field or property.
     """
 
-    window: ClassVar[int | None] = None
+    window: ClassVar[int | str | None] = None
 
     name: ClassVar[str] = "algorithm"
+    #: True when ``window="auto"`` is allowed (the pure functions do not depend on the window).
+    auto_window: ClassVar[bool] = False
     synchronous: ClassVar[bool] = False
     #: True when workers send optimizer variables after the model weights.
     exchanges_optimizer_state: ClassVar[bool] = False
@@ -86,7 +92,7 @@ class Algorithm:
     payload_arrays: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
-        check_window(self.window)
+        check_window(self.window, allow_auto=self.auto_window)
 
     def check_workers(self, num_workers: int) -> None:
         """Raise AlgorithmConfigError if this rule cannot run on `num_workers`."""
@@ -128,6 +134,8 @@ class Algorithm:
 
     def describe(self) -> str:
         """Short human-readable name with hyper-parameters, for logs and reports."""
+        if self.window == AUTO:
+            return f"{self.name}(auto window)"
         every = "epoch" if self.window is None else f"{self.window} batches"
         return f"{self.name}(every {every})"
 
@@ -187,9 +195,10 @@ def add_into(out: Sequence[np.ndarray], a: Sequence[np.ndarray], b: Sequence[np.
             np.copyto(o, add([x], [y], scale)[0])
 
 
-def check_window(window: int | None, *, allow_epoch: bool = True) -> None:
-    if window is None and allow_epoch:
+def check_window(window: int | str | None, *, allow_epoch: bool = True, allow_auto: bool = False) -> None:
+    if (window is None and allow_epoch) or (window == AUTO and allow_auto):
         return
     if isinstance(window, bool) or not isinstance(window, int) or window < 1:
-        expected = "a positive number of batches" + (" or None (once per epoch)" if allow_epoch else "")
+        expected = ("a positive number of batches" + (" or None (once per epoch)" if allow_epoch else "")
+                    + (' or "auto" (sized by time)' if allow_auto else ""))
         raise AlgorithmConfigError(f"`window` must be {expected}. Received: window={window!r}")

@@ -10,6 +10,7 @@ differ only in the two scales.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import numpy as np
 
@@ -19,6 +20,8 @@ from trainer.algorithms.base import Algorithm, Arrays, add, add_into, sub
 @dataclass(frozen=True)
 class DeltaRule(Algorithm):
     """Base of the delta rules; subclasses set `worker_scale` and `server_scale`."""
+
+    auto_window: ClassVar[bool] = True
 
     def worker_scale(self) -> float:
         """What the worker multiplies its progress by before committing it."""

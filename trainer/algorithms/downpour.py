@@ -4,10 +4,18 @@ Every ``window`` batches a worker commits ``delta = W - W0`` (its progress since
 its last exchange); the server adds it to the center (``C += delta``) and the
 worker continues from the new center (``W = W0 = C``). Optimizer state stays
 local to each worker (moments keep tracking the worker's own trajectory).
-Commits add up, so N workers move the center about N times as far as one
-worker at the same learning rate: start from 1/N of the single-worker rate.
-Known weakness: diverges with many workers or long windows (>= 12 workers or
-window >= 15 in dist-keras' measurements); prefer ADAG or DynSGD there.
+
+The default rule of ``Trainer``, with ``window="auto"`` (its default): every
+batch any worker trains moves the center once, as every batch moves plain
+Keras's model once, so at the learning rate tuned for one Keras process N
+workers learn about as much per epoch as that process (the table in
+docs/algorithms.md: 1 to 8 workers against plain Keras). Dividing the
+commits by N (averaging) or by the window (ADAG) learns N or `window` times
+less per epoch at that rate. What grows with N is staleness: a commit is
+based on a center that misses the others' last ``(N - 1) * window`` batches;
+an automatic window (``trainer.runtime.cadence``) is sized by time and kept
+under half an epoch of that. A fixed long window with many workers diverges
+(>= 12 workers or window >= 15 in dist-keras' measurements).
 """
 
 from __future__ import annotations
@@ -20,6 +28,6 @@ from trainer.algorithms.delta import DeltaRule
 
 @dataclass(frozen=True)
 class DOWNPOUR(DeltaRule):
-    window: int | None = 5
+    window: int | str | None = "auto"
 
     name: ClassVar[str] = "downpour"

@@ -17,7 +17,7 @@ from trainer.algorithms.delta import DeltaRule
 
 @dataclass(frozen=True)
 class DynSGD(DeltaRule):
-    window: int | None = 5
+    window: int | str | None = 5
 
     name: ClassVar[str] = "dynsgd"
 

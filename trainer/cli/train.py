@@ -22,6 +22,19 @@ from typing import Any, Callable
 
 from trainer.verbosity import configure_logging, import_keras_quietly
 
+
+def window_arg(text: str) -> int | str:
+    """An argparse type for --window: a positive number of batches, or ``auto`` (sized by time)."""
+    if text.strip().lower() == "auto":
+        return "auto"
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer or auto, got {text!r}")
+    return value
+
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 
 
@@ -41,10 +54,12 @@ def add_model_parser(actions) -> None:
     model.add_argument("--workers", type=int, default=2, help="workers, one Spark task each (default: 2)")
     model.add_argument("--epochs", type=int, default=1, help="epochs (default: 1)")
     model.add_argument("--batch-size", type=int, default=32, help="minibatch size per worker (default: 32)")
-    model.add_argument("--algorithm", default="adag",
-                       help="sync, downpour, adag, easgd, aeasgd, dynsgd or single (default: adag)")
-    model.add_argument("--window", type=int, default=None, help="batches between exchanges (default: the "
-                                                                  "algorithm's)")
+    model.add_argument("--algorithm", default="downpour",
+                       help="downpour, sync, adag, easgd, aeasgd, dynsgd or single (default: downpour, "
+                            "which learns like plain Keras; docs/algorithms.md)")
+    model.add_argument("--window", type=window_arg, default=None,
+                       help="batches between exchanges, or auto (sized by time; downpour, dynsgd) (default: the "
+                            "algorithm's)")
     model.add_argument("--master", default=None,
                        help="Spark master URL (spark://..., yarn, k8s://...); default: an embedded cluster")
     model.add_argument("--save", default=None, help="directory to write the fitted model to (FittedModel.save)")

@@ -26,10 +26,9 @@ from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
 from pyspark.sql import types as T
 
+from trainer.data.columns import FEATURES, LABEL
 from trainer.errors import DataValidationError
 
-FEATURES = "features"
-LABEL = "label"
 
 
 @dataclass(frozen=True)

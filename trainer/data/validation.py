@@ -23,11 +23,9 @@ from typing import Any, Sequence
 from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
+from trainer.data.columns import VALIDATION_FLAG
 from trainer.data.validate import DataSpec, prepare_frame
 from trainer.errors import DataValidationError
-
-#: The boolean column that marks validation rows in a stage's frame.
-VALIDATION_FLAG = "_is_validation"
 
 
 def split_validation(df: DataFrame, validation: Any, seed: int) -> tuple[DataFrame, DataFrame | None]:

@@ -9,7 +9,7 @@ Example::
     pipeline = Pipeline(stages=[
         VectorAssembler(inputCols=["x1", "x2", "x3"], outputCol="raw"),
         StandardScaler(inputCol="raw", outputCol="features"),
-        KerasEstimator(model=build, algorithm="adag", numWorkers=2, epochs=4, batchSize=32,
+        KerasEstimator(model=build, numWorkers=2, epochs=4, batchSize=32,
                        labelCol="y", validationSplit=0.1, mlflow=True),
     ])
     fitted = pipeline.fit(df)                 # a PipelineModel whose last stage is a KerasModel
@@ -39,8 +39,8 @@ class KerasEstimator(Estimator, KerasEstimatorParams, StagePersistence):
     """Data-parallel training of a Keras model as a Spark ML stage; see the module docstring.
 
     Params (Spark ML camelCase): ``model`` (a compiled ``keras.Model`` or a
-    function returning one), ``algorithm`` (``"adag"``, ``ADAG(window=12)``,
-    ...), ``numWorkers``, ``epochs``, ``batchSize``, ``featuresCol``,
+    function returning one), ``algorithm`` (``"downpour"``, the default,
+    ``DynSGD(window=5)``, ...), ``numWorkers``, ``epochs``, ``batchSize``, ``featuresCol``,
     ``labelCol``, ``predictionCol``, ``validationCol`` (a boolean column
     marking validation rows) or ``validationSplit`` (a fraction), ``mlflow``,
     ``seed``, ``customObjects``, ``callbacks`` (Keras callbacks, run on the
@@ -48,7 +48,7 @@ class KerasEstimator(Estimator, KerasEstimatorParams, StagePersistence):
     """
 
     @keyword_only
-    def __init__(self, *, model: Any = None, algorithm: Any = "adag", numWorkers: int = 2, epochs: int = 1,
+    def __init__(self, *, model: Any = None, algorithm: Any = "downpour", numWorkers: int = 2, epochs: int = 1,
                  batchSize: int = 32, featuresCol: str = "features", labelCol: str = "label",
                  predictionCol: str = "prediction", validationCol: str | None = None, validationSplit: float = 0.0,
                  mlflow: bool = False, seed: int = 0, customObjects: dict | None = None,
@@ -57,7 +57,7 @@ class KerasEstimator(Estimator, KerasEstimatorParams, StagePersistence):
         self.setParams(**self._input_kwargs)
 
     @keyword_only
-    def setParams(self, *, model: Any = None, algorithm: Any = "adag", numWorkers: int = 2, epochs: int = 1,
+    def setParams(self, *, model: Any = None, algorithm: Any = "downpour", numWorkers: int = 2, epochs: int = 1,
                   batchSize: int = 32, featuresCol: str = "features", labelCol: str = "label",
                   predictionCol: str = "prediction", validationCol: str | None = None, validationSplit: float = 0.0,
                   mlflow: bool = False, seed: int = 0, customObjects: dict | None = None,

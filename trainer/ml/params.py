@@ -71,7 +71,7 @@ class KerasEstimatorParams(KerasParams):
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(algorithm="adag", numWorkers=2, epochs=1, batchSize=32, validationSplit=0.0, mlflow=False,
+        self._setDefault(algorithm="downpour", numWorkers=2, epochs=1, batchSize=32, validationSplit=0.0, mlflow=False,
                          seed=0)
 
 

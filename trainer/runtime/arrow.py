@@ -13,8 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from trainer.data.validate import FEATURES, LABEL
-from trainer.data.validation import VALIDATION_FLAG
+from trainer.data.columns import FEATURES, LABEL, VALIDATION_FLAG
 
 Arrays = tuple[np.ndarray, np.ndarray | None]
 

@@ -1,13 +1,23 @@
-"""Set up a task's Python process before TensorFlow starts: threads, GPUs, backend, log levels, allocator.
+"""Set up a task's Python process before its Keras backend starts: cores, GPUs, memory, backend, logs.
 
-TensorFlow and OpenMP read these variables when they start; a reused Python
-worker that already loaded TensorFlow keeps the pools of its first task,
-which had the same number of cores. GPUs: the task sees only the devices
-Spark assigned it (``TaskContext.resources()["gpu"]``, requested with
-``gpus_per_worker``, see ``trainer.spark.resources``) through
-``CUDA_VISIBLE_DEVICES``; a Python worker that already started TensorFlow
-keeps the devices of its first task (Spark assigns an executor's tasks the
-same addresses again when it has only as many GPUs as task slots).
+One place for what differs between backends (DESIGN.md, third stage):
+
+* **Cores.** TensorFlow and OpenMP (torch) read thread-count variables;
+  XLA (JAX) ignores them, so every task is also pinned to as many cores as
+  Spark gave it (`trainer.runtime.cores`). A reused Python worker that
+  already started its backend keeps the thread pools of its first task,
+  which had the same number of cores.
+* **GPUs.** The task sees only the devices Spark assigned it
+  (``TaskContext.resources()["gpu"]``, requested with ``gpus_per_worker``,
+  see ``trainer.spark.resources``) through ``CUDA_VISIBLE_DEVICES``; a
+  Python worker that already started its backend keeps the devices of its
+  first task (Spark assigns an executor's tasks the same addresses again
+  when it has only as many GPUs as task slots).
+* **GPU memory** (`gpu_memory_env`): tasks that share a GPU, and a driver on
+  a GPU host, take only what they use. JAX preallocates 75 % of a GPU per
+  process unless told otherwise; TensorFlow maps all of it; torch allocates
+  lazily already. Set before the backend starts; a value the user set wins.
+
 The C allocator keeps freed blocks of up to 32 MiB (``trainer.runtime.allocator``).
 """
 
@@ -17,20 +27,42 @@ import os
 
 from trainer import verbosity
 from trainer.runtime.allocator import keep_freed_memory
+from trainer.runtime.cores import choose_cores
+
+#: Thread-count variables of TensorFlow, OpenMP (torch, XLA's Eigen on some builds) and MKL.
+_THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
-def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env: dict[str, str]) -> None:
-    """Thread counts, GPU visibility, backend, quiet logs and the allocator of this process (see the module
-    docstring)."""
+def gpu_memory_env() -> dict[str, str]:
+    """The GPU memory policy: grow on demand under every backend (see the module docstring)."""
+    env = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
+    if "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ:  # a fraction the user chose means preallocate it
+        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
+    return env
+
+
+def apply_gpu_memory_env() -> None:
+    """`gpu_memory_env` in this process, unless the user set the variables (the driver calls it at import)."""
+    for key, value in gpu_memory_env().items():
+        os.environ.setdefault(key, value)
+
+
+def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env: dict[str, str],
+                      index: int = 0) -> list[int] | None:
+    """Cores, thread counts, GPU visibility and memory, backend, quiet logs and the allocator of this process
+    (see the module docstring); returns the cores it is pinned to (None: affinity off). `index` (the task's
+    partition) spreads tasks over the cores when there are more tasks than cores."""
     keep_freed_memory()
     os.environ.update(env)
     verbosity.apply_quiet_env()
+    apply_gpu_memory_env()
     os.environ["KERAS_BACKEND"] = keras_backend
-    for var in ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS"):
+    for var in _THREAD_VARS:
         os.environ[var] = str(cpus)
     os.environ["TF_NUM_INTEROP_THREADS"] = "1" if cpus <= 2 else "2"
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
+    return choose_cores(cpus, index)
 
 
 def task_resources(ctx) -> tuple[int, list[str] | None]:
@@ -44,15 +76,18 @@ def task_resources(ctx) -> tuple[int, list[str] | None]:
 
 def setup_barrier_task(ctx, keras_backend: str, env: dict[str, str]) -> dict:
     """`configure_process` for the barrier task of `ctx`; returns what it set, for the task's record:
-    ``{"cpus", "gpus"`` (the addresses Spark assigned, or None) ``, "visible_devices"}``."""
+    ``{"cpus", "gpus"`` (the addresses Spark assigned, or None) ``, "visible_devices", "pinned_cores",
+    "backend"}``."""
     cpus, gpus = task_resources(ctx)
-    configure_process(cpus, gpus, keras_backend, env)
-    return {"cpus": cpus, "gpus": gpus, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+    pinned = configure_process(cpus, gpus, keras_backend, env, index=ctx.partitionId())
+    return {"cpus": cpus, "gpus": gpus, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+            "pinned_cores": pinned, "backend": keras_backend}
 
 
 def setup_task(keras_backend: str, env: dict[str, str] | None = None) -> None:
     """`configure_process` with the resources of the current Spark task (any task, barrier or not)."""
     from pyspark import TaskContext
 
-    cpus, gpus = task_resources(TaskContext.get())
-    configure_process(cpus, gpus, keras_backend, env or {})
+    ctx = TaskContext.get()
+    cpus, gpus = task_resources(ctx)
+    configure_process(cpus, gpus, keras_backend, env or {}, index=ctx.partitionId() if ctx is not None else 0)

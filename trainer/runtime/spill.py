@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from trainer.data.validate import FEATURES, LABEL
+from trainer.data.columns import FEATURES, LABEL
 
 BLOCK_BYTES = 1 << 20  # rows per block: about 1 MB of samples
 SPILL_PREFIX = "trainer-spill-"

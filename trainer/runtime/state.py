@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from trainer.runtime.backends import read_weights
+
 
 def optimizer_of(model):
     """The model's optimizer, built for its trainable variables; a clear error for an uncompiled model."""
@@ -28,7 +30,7 @@ def model_state(model, with_optimizer: bool = True) -> list[np.ndarray]:
     """The weights followed (with `with_optimizer`) by the optimizer variables, as numpy arrays."""
     import keras  # deferred: TensorFlow starts only when a model is needed
 
-    weights = [np.asarray(w) for w in model.get_weights()]
+    weights = read_weights(model)
     if with_optimizer:
         weights += [np.asarray(keras.ops.convert_to_numpy(v)) for v in optimizer_of(model).variables]
     return weights

@@ -6,10 +6,10 @@ through a local spill file (`trainer.runtime.shard`), builds the Keras model
 once, pulls the center weights from the parameter server (from each of its
 shards, see `trainer.ps.shard_client`), and trains with
 plain ``model.fit`` on a single-threaded input pipeline (`trainer.runtime.feed`
-or `trainer.runtime.stream`). The `ParameterServerSync`
-Keras callback does the exchange every ``window`` batches (or at every epoch
-end) through the algorithm's pure worker rules.
-It yields one Arrow record with the worker's history.
+or `trainer.runtime.stream`). The ``ParameterServerSync`` Keras callback
+(`trainer.runtime.sync`) does the exchange every ``window`` batches, at
+every epoch end, or on a window sized by time, through the algorithm's pure
+worker rules. It yields one Arrow record with the worker's history.
 
 Validation. With validation rows in its shard (``trainer.data.validation``),
 a worker evaluates the CENTER model (pulled from the server) on them at the end
@@ -28,7 +28,10 @@ fixed passes the fast one would sit idle while the slow one finishes, with
 shared epochs the fast one does more batches (another reshuffled pass over
 its own shard) and the slow one fewer.
 
-It knows nothing about how it was launched beyond the Spark task context.
+It knows nothing about how it was launched beyond the Spark task context,
+which it imports when a task starts: this module imports neither pyspark nor
+a Keras backend, so the loop's parts run where neither is installed
+(``make bench-gpu``).
 """
 
 from __future__ import annotations
@@ -37,24 +40,20 @@ import json
 import math
 import os
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-import numpy as np
 import pyarrow as pa
-from pyspark import BarrierTaskContext
 
 from trainer.algorithms import Algorithm
-from trainer.algorithms.delta import fold_late, overlappable
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.arrow import ValidationRows
-from trainer.runtime.inference import validation_logs
 from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
 from trainer.runtime.process import setup_barrier_task
 from trainer.runtime.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource
-from trainer.runtime.state import load_state, model_state
+from trainer.runtime.state import load_state
+from trainer.runtime.sync import make_sync_callback
 
 RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])
 RESULT_DDL = "worker int, history string"
@@ -92,202 +91,10 @@ def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> 
     return math.ceil(shard_rows / batch_size) * num_workers
 
 
-def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, budget: int | None,
-                       validation: tuple | None = None, validation_batch_size: int = 256, overlap: bool = False):
-    """Build the Keras callback (imported lazily: keras must load after configure_process).
-
-    `budget` is the number of minibatches in one epoch over all workers when
-    the workers share each epoch (asynchronous rules with a window), else None;
-    `validation` is this worker's (x, y) validation rows, or None. With
-    `overlap` (delta rules with a window only) a commit's round trip runs on a
-    thread of its own while the next window trains; its reply is folded in at
-    the next exchange (``trainer.algorithms.delta.fold_late``), and every
-    epoch end waits for it.
-    """
-    import keras  # deferred: TensorFlow starts only when a model is needed
-
-    class ParameterServerSync(keras.callbacks.Callback):
-        """Exchanges with the parameter server every `window` batches; ends shared epochs.
-
-        One instance lives through every ``fit`` call of a task: `begin` once,
-        then `start_epoch`/`finish_epoch` around the passes of each epoch, then
-        `finish`.
-        """
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.with_optimizer = algorithm.exchanges_optimizer_state
-            self.since = 0
-            self.step = 0
-            self.epoch = 0
-            self.epoch_over = False
-            self.stopped = False  # the driver said stop
-            self.logs: dict[str, float] = {}
-            self.anchor: list[np.ndarray] = []
-            self.residual: list[np.ndarray] | None = None  # what a lossy codec left for the next commit
-            self.overlap = overlap and overlappable(algorithm)
-            self.in_flight: Future | None = None  # the commit whose reply is not folded in yet (overlap)
-            # Center versions: of the connection's last reply, and of the center the weights stem from
-            # (older with a commit in flight, or after a validation pull); the difference is staleness
-            # the server cannot see (COMMIT meta "unseen", trainer.ps.commits).
-            self.seen_version = self.base_version = 0
-            self.sender = ThreadPoolExecutor(1, thread_name_prefix="ps-commit") if self.overlap else None
-
-        def begin(self, model, version: int = 0) -> None:
-            """Start from the center of version `version` (HELLO's) already loaded into `model`."""
-            self.seen_version = self.base_version = version
-            self.set_model(model)
-            if self.with_optimizer:
-                model.optimizer.build(model.trainable_variables)
-            self.anchor = model_state(model, self.with_optimizer)
-
-        def start_epoch(self, epoch: int) -> None:
-            self.epoch, self.epoch_over = epoch, False
-            record["epochs"].append({"epoch": epoch, "start": time.time(), "batches": 0})
-
-        # The exchange runs when the next batch begins or the pass ends, never in a batch-END
-        # hook: with one, Keras turns every batch's logs into Python floats on the training
-        # thread; without, it does so on its own thread, as for plain Keras.
-        def on_train_batch_begin(self, batch, logs=None):
-            if algorithm.window is not None and self.since >= algorithm.window and not self.stopped:
-                self.exchange(None)
-            self.step += 1
-            self.since += 1
-            record["epochs"][-1]["batches"] += 1
-
-        def on_epoch_end(self, epoch, logs=None):
-            self.logs = {k: float(v) for k, v in (logs or {}).items()}
-            if algorithm.window is not None and self.since >= algorithm.window and not self.stopped:
-                self.exchange(self.logs)
-
-        def running_loss(self) -> float:
-            """The epoch's mean training loss so far (Keras's loss tracker), without waiting for batch logs."""
-            tracker = next((m for m in self.model.metrics if m.name == "loss"), None)
-            return float("nan") if tracker is None else float(tracker.result())
-
-        def finish_epoch(self) -> None:
-            self.fold_in_flight()
-            if algorithm.window is None and not self.stopped:
-                self.exchange(self.logs)
-            if self.stopped:
-                return
-            if validation is not None:
-                self.logs.update(self.validate_center())
-            record["epochs"][-1].update(end=time.time(), logs=self.logs)
-            self.follow(client.epoch_done(self.epoch, self.logs))
-
-        def validate_center(self) -> dict[str, float]:
-            """The center's metrics on this worker's validation rows (its own weights stay)."""
-            center, self.seen_version = client.pull()
-            own = self.model.get_weights()
-            self.model.set_weights(list(center[: len(own)]))
-            logs = validation_logs(self.model, *validation, validation_batch_size)
-            self.model.set_weights(own)
-            return {**logs, "rows": float(record["rows"]), "val_rows": float(len(validation[0]))}
-
-        def follow(self, meta: dict) -> None:
-            """Honour the server's directives: a new learning rate, or stop."""
-            rate = meta.get("learning_rate")
-            if rate is not None and float(self.model.optimizer.learning_rate) != rate:
-                self.model.optimizer.learning_rate = rate
-            if meta.get("stop"):
-                self.stopped = self.model.stop_training = True
-
-        def finish(self) -> None:
-            if self.since and not self.stopped:
-                self.exchange(self.logs)
-            self.fold_in_flight()
-            if self.sender is not None:
-                self.sender.shutdown()
-
-        def exchange(self, logs) -> None:
-            started = time.perf_counter()
-            weights = model_state(self.model, self.with_optimizer)
-            got_state = time.perf_counter()
-            payload, self.residual = algorithm.worker_commit(weights, self.anchor, self.residual)
-            encoded = time.perf_counter()
-            loss = float(logs["loss"]) if logs and "loss" in logs else self.running_loss()
-            meta = {"worker": worker, "epoch": self.epoch, "step": self.step, "loss": loss}
-            if budget is not None:
-                meta["batches"] = self.since
-            if self.overlap:
-                reply, reply_meta = self.wait_in_flight()
-                self.seen_version = reply_meta.get("version", self.seen_version)
-                self.note_unseen(meta, in_flight=reply is not None)
-                replied = time.perf_counter()
-                self.follow(reply_meta)
-                if reply is None:  # nothing was in flight: the weights stay, the progress is on its way
-                    self.anchor = weights
-                else:
-                    self.anchor = fold_late(reply, weights, self.anchor, out=weights)
-                    load_state(self.model, self.anchor, with_optimizer=self.with_optimizer, strict=False)
-                    self.base_version = self.seen_version
-                # Sent once the reply is loaded: sealing and sending 4 MB on the other thread meanwhile
-                # would compete with the fold and the load for the GIL and the memory bus.
-                self.in_flight = self.sender.submit(client.commit, payload, meta)
-            else:
-                self.note_unseen(meta, in_flight=False)
-                reply, reply_meta = client.commit(payload, meta)
-                replied = time.perf_counter()
-                self.stem_from(reply_meta)
-                self.follow(reply_meta)
-                if self.stopped and not reply:  # a synchronous round ended by the driver: nothing to apply
-                    return
-                new_weights, self.anchor = algorithm.worker_apply(weights, self.anchor, reply)
-                load_state(self.model, new_weights, with_optimizer=self.with_optimizer, strict=False)
-            self.since = 0
-            record["commits"] += 1
-            done = time.perf_counter()
-            record["comm_s"] += done - started
-            for part, seconds in (("state", got_state - started), ("payload", encoded - got_state),
-                                  ("round_trip", replied - encoded), ("load", done - replied)):
-                record["exchange_s"][part] += seconds
-            self.check_epoch_over(reply_meta)
-
-        def check_epoch_over(self, reply_meta: dict) -> None:
-            """A shared epoch ends once the server counted its batches; ({}: no reply, nothing to check)."""
-            if budget is not None and reply_meta and reply_meta.get("epoch_batches", budget) >= budget:
-                self.epoch_over = True
-                self.model.stop_training = True
-
-        def note_unseen(self, meta: dict, in_flight: bool) -> None:
-            """Tell the server the commits of the others that the payload's base has not seen beyond the
-            last reply: with a commit in flight, whose reply counted that commit too (hence the
-            -1), or after a validation pull."""
-            unseen = self.seen_version - self.base_version - int(in_flight)
-            if unseen > 0 and not algorithm.synchronous:
-                meta["unseen"] = unseen
-
-        def stem_from(self, reply_meta: dict) -> None:
-            """The weights now stem from this reply's center, the connection's last."""
-            self.base_version = self.seen_version = reply_meta.get("version", self.seen_version)
-
-        def wait_in_flight(self) -> tuple[list[np.ndarray] | None, dict]:
-            """The reply of the commit in flight (an error it met is raised here), or (None, {})."""
-            pending, self.in_flight = self.in_flight, None
-            return pending.result() if pending is not None else (None, {})
-
-        def fold_in_flight(self) -> None:
-            """Wait for the commit in flight and fold its reply in; the weights then have no progress in
-            flight, so the anchor is the center itself."""
-            if self.in_flight is None:
-                return
-            started = time.perf_counter()
-            reply, reply_meta = self.wait_in_flight()
-            weights = model_state(self.model, self.with_optimizer)
-            folded = fold_late(reply, weights, self.anchor, out=weights)
-            load_state(self.model, folded, with_optimizer=self.with_optimizer, strict=False)
-            self.anchor = list(reply)
-            self.stem_from(reply_meta)
-            record["comm_s"] += time.perf_counter() - started
-            self.follow(reply_meta)
-            self.check_epoch_over(reply_meta)
-
-    return ParameterServerSync()
-
-
 def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     """Body of one barrier task (the function given to ``mapInArrow(barrier=True)``)."""
+    from pyspark import BarrierTaskContext  # the task's context: imported where a task runs
+
     task_start = time.time()
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()
@@ -330,31 +137,34 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
         load_state(model, list(center), with_optimizer=config.algorithm.exchanges_optimizer_state, strict=False)
         record["start_epoch"] = start_epoch
         shared = config.share_epochs and not config.algorithm.synchronous and config.algorithm.window is not None
-        budget = epoch_batches_budget(shard.padded_rows, config.batch_size, len(sizes)) if shared else None
+        epoch_batches = epoch_batches_budget(shard.padded_rows, config.batch_size, len(sizes))
         record["shared_epochs"] = shared
-        callback = make_sync_callback(client, config.algorithm, worker, record, budget,
+        callback = make_sync_callback(client, config.algorithm, worker, record, epoch_batches if shared else None,
                                       validation if len(validation[0]) else None, config.validation_batch_size,
-                                      overlap=config.overlap)
+                                      overlap=config.overlap, epoch_batches=epoch_batches, workers=len(sizes))
         callback.begin(model, int(meta.get("version", 0)))
         feed = shard.feed(seed=config.seed + 1000 * config.attempt + worker)
-        train_start = time.time()
+        train_start, cpu_start = time.time(), time.process_time()
         for epoch in range(start_epoch, config.epochs):
             callback.start_epoch(epoch)
-            # A shared epoch ends when the server has counted `budget` batches from all
+            # A shared epoch ends when the server has counted `epoch_batches` batches from all
             # workers: a faster worker goes on with a reshuffled pass over its shard,
             # a slower one stops early, and nobody waits for a straggler.
             while True:
                 model.fit(**feed.fit_kwargs(config.batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
                           callbacks=[callback])
-                if budget is None or callback.epoch_over or callback.stopped:
+                if not shared or callback.epoch_over or callback.stopped:
                     break
             callback.finish_epoch()
             if callback.stopped:
                 record["stopped_at_epoch"] = epoch
                 break
         callback.finish()
+        train_s = time.time() - train_start
         record.update(
-            train_s=time.time() - train_start, end=time.time(), steps=callback.step,
+            train_s=train_s, end=time.time(), steps=callback.step,
+            # cores this process kept busy while training (CPU seconds over wall seconds): at most the task's
+            cores_used=(time.process_time() - cpu_start) / max(train_s, 1e-9),
             bytes_sent=client.bytes_sent, bytes_received=client.bytes_received, peak_rss_bytes=peak_rss_bytes(),
         )
     shard.close()  # deletes a spill file now (after a failure, when the shard is garbage-collected)

@@ -45,7 +45,7 @@ import numpy as np
 import pyarrow as pa
 from pyspark import BarrierTaskContext
 
-from trainer.data.validation import VALIDATION_FLAG
+from trainer.data.columns import VALIDATION_FLAG
 from trainer.runtime.arrow import split_shard
 from trainer.runtime.feed import ShardFeed
 from trainer.runtime.inference import validation_logs

@@ -1,0 +1,92 @@
+"""When a worker exchanges with the parameter server: every `window` batches, or sized by time.
+
+A fixed window (``DOWNPOUR(window=5)``) fits one machine and one model: an
+exchange costs about the same whatever the step costs, so a window that hides
+it behind 5 CPU steps of 30 ms leaves it at half of a worker's time behind 5
+GPU steps of 1.7 ms (REFERENCE.md §7: 18 ms an exchange, 0.33 of plain Keras).
+
+``window="auto"`` (the default rule's) amortises the exchange over time
+instead: after every exchange the worker measures the training time per
+batch since the previous one and what the exchange cost its training thread,
+and sizes the next window so that the exchange stays near `OVERHEAD` of the
+time::
+
+    window = ceil(exchange_s / (OVERHEAD * step_s))
+
+within ``[MIN_WINDOW, max_window]``. The bound on top is for accuracy, not
+speed: with N workers each commit is based on a center that misses the
+other workers' last commits, about ``(N - 1) * window`` batches of
+progress, and the simulations and fits behind docs/algorithms.md lost
+accuracy once that passed about half an epoch of the shared data; so
+``max_window = epoch_batches / (2 * (N - 1))`` (an epoch's batches over all
+workers), never below `MIN_WINDOW`. One worker has no staleness: its bound is
+half an epoch, so that progress, early stopping and the loss still come a few
+times per epoch.
+
+The step and exchange times are smoothed (the mean of the last value and the
+new one); the first window, which holds the model's compilation, is not
+taken as a step time. Pure Python: the callback feeds it times and counts.
+"""
+
+from __future__ import annotations
+
+import math
+
+AUTO = "auto"
+#: Share of a worker's time the exchanges of an automatic window aim at.
+OVERHEAD = 0.05
+MIN_WINDOW = 4
+#: The window of an automatic cadence before anything is measured.
+FIRST_WINDOW = MIN_WINDOW
+
+
+def max_auto_window(epoch_batches: int | None, workers: int) -> int:
+    """The largest automatic window for `workers` sharing epochs of `epoch_batches` batches (module docstring)."""
+    if not epoch_batches:
+        return 1 << 20
+    return max(MIN_WINDOW, int(epoch_batches) // (2 * max(1, workers - 1)))
+
+
+class Cadence:
+    """Counts batches and says when the next exchange is due.
+
+    Args:
+        window: Integer (every `window` batches), None (once per epoch, never
+            due between epoch ends) or ``"auto"`` (sized by time, see the module
+            docstring).
+        epoch_batches: Integer or None. Batches of one epoch over all workers
+            (bounds an automatic window).
+        workers: Integer. Workers training together.
+    """
+
+    def __init__(self, window: int | str | None, epoch_batches: int | None = None, workers: int = 1) -> None:
+        self.auto = window == AUTO
+        self.max_window = max_auto_window(epoch_batches, workers)
+        self.window = (min(FIRST_WINDOW, self.max_window) if self.auto else window)
+        self.step_s: float | None = None
+        self.exchange_s: float | None = None
+        self._windows_seen = 0
+
+    def due(self, since: int) -> bool:
+        """Whether an exchange is due after `since` batches since the last one."""
+        return self.window is not None and since >= self.window
+
+    def observe(self, batches: int, train_s: float, exchange_s: float) -> None:
+        """One window measured: `batches` trained in `train_s` seconds, then an exchange that held the training
+        thread `exchange_s` seconds. Sizes the next window of an automatic cadence."""
+        if not self.auto or batches <= 0:
+            return
+        self._windows_seen += 1
+        if self._windows_seen > 1:  # the first window holds the compilation of the train step
+            step = max(train_s, 0.0) / batches
+            self.step_s = step if self.step_s is None else (self.step_s + step) / 2
+        cost = max(exchange_s, 0.0)
+        self.exchange_s = cost if self.exchange_s is None else (self.exchange_s + cost) / 2
+        if self.step_s:
+            wanted = math.ceil(self.exchange_s / (OVERHEAD * self.step_s))
+            self.window = max(MIN_WINDOW, min(self.max_window, wanted))
+
+    def describe(self) -> str:
+        if self.auto:
+            return f"auto (now {self.window} batches, at most {self.max_window})"
+        return "epoch" if self.window is None else f"{self.window} batches"
