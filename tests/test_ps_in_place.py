@@ -107,6 +107,8 @@ def test_concurrent_clients_sum_every_delta_exactly_and_reads_are_never_torn():
         assert snapshots and all(value == STEP * version for value, version in snapshots), snapshots[:5]
         totals = ps.update_history()[1]
         assert totals["updates"] == workers * commits
+        # The pool makes an array only when every spare one is on its way: one commit and one read per worker.
+        assert max(len(spare) for spare in ps._center._spare) <= 2 * workers + 1
         assert totals["per_worker"] == {w: commits for w in range(workers)}
 
 
@@ -182,3 +184,30 @@ def test_dynsgd_counts_the_commits_an_overlapped_payload_reports_unseen():
                 c0.commit(constant(1.0), {"unseen": -1})
             assert ps.version == 4  # the malformed commit changed nothing
         assert [r.staleness for r in ps.updates] == [0, 1, 2, 3]
+
+
+@pytest.mark.timeout(60)
+def test_a_reply_still_on_its_way_is_never_written_by_the_commits_after_it():
+    """A commit publishes by swapping its arrays in as the center and sends its reply from them once the locks
+    are released: while that reply is still on its way (here: its worker does not read), later commits must
+    take other arrays of the pool, not write into it (the old center goes back to the pool at each commit)."""
+    import socket
+    import time
+
+    from trainer.transport.wire import Msg, encode
+
+    shape = (4_000_000,)  # 16 MB: more than the socket buffers hold for a reader that does not read
+    with ParameterServer(DOWNPOUR(), [np.zeros(shape, np.float32)], 2, SECRET) as ps:
+        with PSClient(*ps.address, ps.credentials, 0, timeout=30).connect() as slow, \
+                PSClient(*ps.address, ps.credentials, 1, timeout=30).connect() as fast:
+            slow._sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 64 << 10)
+            slow._channel.send(encode(Msg.COMMIT, {"worker": 0, "step": 0}, [np.full(shape, STEP, np.float32)]))
+            deadline = time.monotonic() + 20
+            while ps.version < 1 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            for step in range(3):  # the second one would take the slow reply's arrays: they are in flight
+                reply, meta = fast.commit([np.full(shape, STEP, np.float32)], {"step": step})
+                assert uniform([reply[0]]) == STEP * meta["version"]
+            frame = slow._channel.recv(None)
+            assert frame.meta["version"] == 1 and uniform([frame.arrays[0]]) == STEP
+        assert uniform(ps.center()) == 4 * STEP

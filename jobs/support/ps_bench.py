@@ -37,8 +37,12 @@ import numpy as np
 import trainer.algorithms as algorithms
 import trainer.ps
 from trainer.ps import ParameterServer, PSClient
+import trainer.transport.wire as wire
 from trainer.transport.session import DEFAULT_MAC, Channel
 from trainer.transport.wire import Msg, RecvBuffer, TransportError, encode, frame_size, new_secret
+
+# The echo's sockets wait as the server's and the client's do after their handshake (older trees: a timeout).
+_set_io_timeout = getattr(wire, "set_io_timeout", lambda sock, seconds: sock.settimeout(seconds))
 
 # Share of the parameters in each kernel of the MNIST CNN (conv, conv, dense, dense) and its biases.
 _KERNEL_SHARES = (288 / 1_048_853, 9216 / 1_048_853, 1_036_800 / 1_048_853)
@@ -160,6 +164,7 @@ def _echo_client(address, worker, shapes, compression, mac, keys, seconds, ready
     replies = RecvBuffer()
     with socket.create_connection(address, timeout=120.0) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _set_io_timeout(sock, 120.0)
         channel = Channel(sock, mac=mac, send_key=keys[0], recv_key=keys[1], peer="the echo server")
         ready.put(worker)
         start.wait()
@@ -245,6 +250,7 @@ class _AuthenticatedEcho(_EchoServer):
 
     def _serve(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        _set_io_timeout(sock, 120.0)
         channel = Channel(sock, mac=self.mac, send_key=self.keys[1], recv_key=self.keys[0], peer="a client")
         commits = RecvBuffer()
         with sock:

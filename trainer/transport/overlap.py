@@ -29,8 +29,10 @@ class HashBehind:
     """Hashes, on one helper thread, the views handed to `update`, in the order given.
 
     One frame at a time (a channel is used by one thread at a time): `update`
-    any number of views into one hasher, then `digest` (or `cancel` when the
-    frame broke off). The views must stay valid and unchanged until then.
+    any number of views into one hasher (all of a frame at once when it is
+    sent, each piece as it arrives when it is received), then `digest` (or
+    `cancel` when the frame broke off). The views must stay valid and
+    unchanged until then.
     """
 
     def __init__(self, name: str) -> None:
@@ -41,10 +43,10 @@ class HashBehind:
         self._error: BaseException | None = None
         self._thread: threading.Thread | None = None
 
-    def update(self, hasher: Any, view: Any) -> None:
-        """Queue `view` to be hashed into `hasher` after what was queued before it."""
+    def update(self, hasher: Any, *views: Any) -> None:
+        """Queue `views` to be hashed into `hasher`, in order, after what was queued before them."""
         with self._cond:
-            self._queue.append((hasher, view))
+            self._queue.append((hasher, views))
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -82,10 +84,11 @@ class HashBehind:
                     if not cond.wait(IDLE_SECONDS) and not queue:
                         self._thread = None
                         return
-                hasher, view = queue.popleft()
+                hasher, views = queue.popleft()
                 self._busy = True
             try:
-                hasher.update(view)
+                for view in views:
+                    hasher.update(view)
             except BaseException as exc:  # handed to the channel's thread by digest()
                 with cond:
                     self._error = exc

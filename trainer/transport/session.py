@@ -206,8 +206,7 @@ class Channel:
             views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
             if sum(len(v) for v in views) >= OVERLAP_MIN:
                 behind = self._hash_behind()
-                for v in views:
-                    behind.update(hasher, v)
+                behind.update(hasher, *views)
                 try:
                     written = send_buffers(self.sock, views)
                 except BaseException:

@@ -72,6 +72,10 @@ ALLOWED_DTYPES: dict[str, np.dtype] = {
     name: np.dtype(name).newbyteorder("<")
     for name in ("float16", "float32", "float64", "int8", "int16", "int32", "int64", "uint8", "bool")
 }
+# The wire dtype of an array's dtype, either byte order (numpy's dtype.name is Python code: slow per array).
+_WIRE_DTYPES: dict[np.dtype, tuple[str, np.dtype]] = {
+    d: (name, wire) for name, wire in ALLOWED_DTYPES.items() for d in (wire, wire.newbyteorder(">"))
+}
 
 _MAX_DIM = 1 << 62
 
@@ -157,7 +161,10 @@ def _json_default(obj: Any) -> Any:
 
 
 def _prepare_array(a: Any, index: int) -> np.ndarray:
-    arr = np.asarray(a)
+    arr = a if type(a) is np.ndarray else np.asarray(a)
+    known = _WIRE_DTYPES.get(arr.dtype)
+    if known is not None and arr.flags.c_contiguous and arr.ndim <= MAX_NDIM:
+        return arr if arr.dtype is known[1] or arr.dtype == known[1] else np.ascontiguousarray(arr, known[1])
     name = arr.dtype.name
     if name not in ALLOWED_DTYPES or arr.dtype.fields is not None:
         raise ProtocolError(
@@ -189,7 +196,7 @@ def encode(msg: Msg | int, meta: dict[str, Any] | None = None, arrays: Sequence[
         raise ProtocolError("frame meta key 'arrays' is reserved for the array descriptors; rename it")
     prepared = [_prepare_array(a, i) for i, a in enumerate(arrays)]
     full_meta = dict(meta)
-    full_meta["arrays"] = [[a.dtype.name, list(a.shape)] for a in prepared]
+    full_meta["arrays"] = [[_WIRE_DTYPES[a.dtype][0], list(a.shape)] for a in prepared]
     try:
         meta_bytes = json.dumps(full_meta, default=_json_default, separators=(",", ":")).encode("utf-8")
     except (TypeError, ValueError) as exc:
