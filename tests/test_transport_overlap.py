@@ -32,6 +32,21 @@ KEY_A, KEY_B = bytes(range(32)), bytes(range(32, 64))
 GIL_FREE = [m for m in MAC_ALGORITHMS if releases_gil(m)]
 
 
+@pytest.fixture(autouse=True)
+def helper_threads_on_any_machine(monkeypatch):
+    """Frames are hashed behind only where the process has 4 cores or more: here, on every machine."""
+    monkeypatch.setattr(overlap, "MIN_CORES", 1)
+
+
+def test_frames_are_hashed_behind_only_with_cores_to_spare(monkeypatch):
+    a, b = socket.socketpair()
+    with a, b:
+        assert Channel(a, mac="hmac-sha256", send_key=KEY_A, recv_key=KEY_B, peer="b")._overlap
+        monkeypatch.setattr(overlap, "MIN_CORES", 10_000)
+        assert not overlap.enabled()
+        assert not Channel(a, mac="hmac-sha256", send_key=KEY_A, recv_key=KEY_B, peer="b")._overlap
+
+
 def big_frame(step: int = 1) -> tuple[list, list[np.ndarray]]:
     arrays = [np.arange(OVERLAP_MIN, dtype="f4") * step, np.ones(7, "f8"), np.arange(300_001, dtype="i2")]
     return encode(Msg.COMMIT, {"step": step}, arrays), arrays
@@ -92,6 +107,14 @@ def test_libcrypto_poly1305_gives_the_rfc_tag_and_the_tags_of_cryptography():
         libcrypto.Poly1305(bytes(16))
 
 
+def test_without_libcrypto_its_poly1305_refuses_and_the_channel_uses_cryptographys(monkeypatch):
+    monkeypatch.setattr(libcrypto, "_state", {"ok": False})
+    with pytest.raises(OSError, match="not available here .* use cryptography's Poly1305 instead"):
+        libcrypto.Poly1305(bytes(32))
+    assert not releases_gil("poly1305") and releases_gil("hmac-sha256")
+    assert frame_tag("poly1305", KEY_A, 3, [b"abc"]) == frame_tag("poly1305", KEY_A, 3, [b"a", b"bc"])
+
+
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("mac", GIL_FREE)
 def test_a_frame_hashed_behind_has_the_tag_of_the_whole_frame_and_a_flipped_byte_anywhere_is_caught(mac):
@@ -122,14 +145,16 @@ def test_a_frame_hashed_behind_has_the_tag_of_the_whole_frame_and_a_flipped_byte
 @pytest.mark.timeout(60)
 def test_with_a_mac_that_holds_the_gil_frames_are_hashed_in_line_with_the_same_tag(monkeypatch):
     buffers, arrays = big_frame(3)
+    loaded = libcrypto.available()
     monkeypatch.setitem(libcrypto._state, "ok", False)  # cryptography's Poly1305: no helper thread
     a, b = socket.socketpair()
     with a, b:
         sender = Channel(a, mac="poly1305", send_key=KEY_A, recv_key=KEY_B, peer="the receiver")
         wire = wire_of(sender, b, buffers)
     assert sender._behind is None and not releases_gil("poly1305")
-    monkeypatch.undo()
-    frame, _ = receive(bytes(wire), "poly1305")  # a peer hashing behind (where libcrypto loads) agrees
+    monkeypatch.setitem(libcrypto._state, "ok", loaded)
+    frame, receiver = receive(bytes(wire), "poly1305")  # a peer hashing behind (where libcrypto loads) agrees
+    assert (receiver._behind is not None) == loaded
     np.testing.assert_array_equal(frame.arrays[0], arrays[0])
     wire[HEADER_SIZE + 100] ^= 1
     with pytest.raises(IntegrityError, match="bad MAC"):

@@ -100,13 +100,17 @@ def _load() -> bool:
 
 
 class Poly1305:
-    """Poly1305 under a 32-byte one-time key; `update` hashes with the GIL released (call `available()` first)."""
+    """Poly1305 under a 32-byte one-time key; `update` hashes with the GIL released (OSError where not
+    `available()`)."""
 
     releases_gil = True
 
     def __init__(self, key: bytes) -> None:
         if len(key) != KEY_LEN:
             raise ValueError(f"a Poly1305 key is {KEY_LEN} bytes, received {len(key)}")
+        if "lib" not in _state and not available():  # (while available() checks the library, "lib" is set)
+            raise OSError("libcrypto's Poly1305 is not available here (no OpenSSL 3 with EVP_MAC, or a wrong tag "
+                          "for RFC 8439's test vector); use cryptography's Poly1305 instead")
         lib = _state["lib"]
         self._lib = lib
         self._ctx = lib.EVP_MAC_CTX_new(_state["mac"])

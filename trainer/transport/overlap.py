@@ -12,17 +12,33 @@ is the same: only who computes it, and when, changed.
 
 The thread starts with the first frame large enough to be worth it and ends
 after `IDLE_SECONDS` without one (the next frame starts it again), so an idle
-or closed connection keeps no thread.
+or closed connection keeps no thread. It needs a core of its own: a process
+that may run on fewer than `MIN_CORES` cores hashes in line (`enabled`),
+because there the helper only adds threads to the ones the peers already
+keep busy (measured on two cores: one client no faster, four and eight
+clients' echo 15-22 % slower; docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
 import collections
+import os
 import threading
 from typing import Any
 
 #: A helper thread with nothing to hash for this long ends (the next frame starts another).
 IDLE_SECONDS = 30.0
+#: Fewest cores this process may run on for frames to be hashed on a helper thread.
+MIN_CORES = 4
+
+
+def enabled() -> bool:
+    """Whether this process may run on at least `MIN_CORES` cores."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not Linux
+        cores = os.cpu_count() or 1
+    return cores >= MIN_CORES
 
 
 class HashBehind:

@@ -31,10 +31,11 @@ the ``cryptography`` package (a dependency); the other two from the
 standard library. ``mac=None`` sends no trailer (the peers agreed to rely on
 TLS or on the network).
 
-Where the MAC releases the GIL, a frame of at least `OVERLAP_MIN` bytes is
-hashed on a helper thread while the channel's thread sends or receives it
-(:mod:`trainer.transport.overlap`): the copy through the socket and the hash
-run side by side instead of one after the other. Otherwise it goes out in
+Where the MAC releases the GIL and the process has cores to spare, a frame
+of at least `OVERLAP_MIN` bytes is hashed on a helper thread while the
+channel's thread sends or receives it (:mod:`trainer.transport.overlap`):
+the copy through the socket and the hash run side by side instead of one
+after the other. Otherwise it goes out in
 pieces of `MAC_PIECE` bytes, each hashed right before it is sent, and is
 hashed as it arrives.
 """
@@ -51,7 +52,7 @@ try:
 except ImportError:  # installed without its dependencies: the standard library's MACs still work
     Poly1305 = None
 
-from trainer.transport import libcrypto
+from trainer.transport import libcrypto, overlap
 from trainer.transport.overlap import HashBehind
 from trainer.transport.wire import (
     HEADER_SIZE,
@@ -180,7 +181,7 @@ class Channel:
         self.peer = peer
         self.sent = 0  # frames sent (the sequence number of the next one)
         self.received = 0  # frames received and verified
-        self._overlap = self.mac is not None and releases_gil(self.mac)
+        self._overlap = self.mac is not None and releases_gil(self.mac) and overlap.enabled()
         self._behind: HashBehind | None = None
 
     def _hash_behind(self) -> HashBehind:
@@ -191,8 +192,8 @@ class Channel:
     def send(self, buffers: list) -> int:
         """Send one encoded frame with its trailer; returns the bytes written.
 
-        With a MAC that releases the GIL, a frame of `OVERLAP_MIN` bytes or
-        more is hashed on the helper thread while this one sends it, and the
+        With a MAC that releases the GIL (and cores to spare), a frame of
+        `OVERLAP_MIN` bytes or more is hashed on the helper thread while this one sends it, and the
         trailer follows. Otherwise it goes out in pieces of `MAC_PIECE`
         bytes, each hashed right before it is sent: the peer receives and
         hashes one piece while this end hashes the next. The tag is the same.
