@@ -6,7 +6,9 @@ PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 PIP         := $(VENV)/bin/pip
-EXTRAS      ?= tf,test,data,connect
+EXTRAS      ?= tf,jax,torch,test,data,connect
+# Keras backends whose `-m backend` tests `make test` runs after the main run (under TensorFlow).
+TEST_BACKENDS ?= jax torch
 # The one file of exact pins (transitive ones included); `make lock` regenerates it.
 CONSTRAINTS ?= constraints.txt
 # Cells of the compatibility matrix (requirements/matrix-CELL.txt) and where their venvs are cached.
@@ -16,12 +18,15 @@ WORKERS     ?= 2
 OUT         ?= results
 PYTEST_ARGS ?=
 BENCH_PS_ARGS ?=
+BENCH_GPU_ARGS ?=
+# Keras backend(s) for bench-gpu (jax, torch, tensorflow; comma-separated); empty: the first installed.
+BACKEND     ?=
 
 SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core bench-ps clean lock lock-mlflow-server dist
+.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core bench-ps bench-gpu clean lock lock-mlflow-server dist
 
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -41,7 +46,7 @@ venv: $(VENV)/.installed ## create the virtualenv with the pinned dependencies (
 
 lock: venv ## regenerate constraints.txt, requirements/matrix-*.txt and mlflow-server.txt from the ranges (uv)
 	$(PIP) install --quiet -c $(CONSTRAINTS) uv
-	$(VENV)/bin/uv pip compile --quiet pyproject.toml --all-extras --python-version 3.11 \
+	$(VENV)/bin/uv pip compile --quiet pyproject.toml --all-extras -c requirements/lock-pins.in --python-version 3.11 \
 	    --python-platform x86_64-unknown-linux-gnu --no-header --output-file $(CONSTRAINTS).tmp
 	{ echo "# Exact pins for Linux x86_64, Python 3.11 (dev, CI, the image): \`make lock\` writes this file"; \
 	  echo "# from pyproject.toml (uv pip compile --all-extras) and requirements/extra-pins.in. Install with -c."; \
@@ -70,8 +75,10 @@ dist: venv ## build the wheel and the sdist into dist/
 demo: venv ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times
 	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --no-baseline --out $(OUT)/demo
 
-test: venv ## run every test (unit, Spark integration, containers when a Docker engine is up)
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+test: venv ## run every test (unit, Spark integration, containers when a Docker engine is up), then the backend tests under JAX and torch
+	@status=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || status=$$?; \
+	for backend in $(TEST_BACKENDS); do echo "== KERAS_BACKEND=$$backend pytest -m backend"; \
+	    KERAS_BACKEND=$$backend $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) || status=$$?; done; exit $$status
 
 test-unit: venv ## run the tests that need neither Spark nor Docker
 	$(VENV)/bin/pytest -m "not spark and not docker" $(PYTEST_ARGS)
@@ -94,6 +101,9 @@ bench-select: venv ## model selection: MOP vs task parallelism vs sequential on 
 
 bench-ps: venv ## parameter server vs raw loopback and an authenticated echo: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps
 	$(PY) jobs/bench_ps.py --out $(OUT)/bench_ps $(BENCH_PS_ARGS)
+
+bench-gpu: venv ## the worker loop and parameter server vs plain Keras on this machine's GPU, no Spark needed (BACKEND=jax,torch; a short run without a GPU); results under $(OUT)/bench_gpu
+	$(PY) jobs/bench_gpu.py --out $(OUT)/bench_gpu $(if $(BACKEND),--backend $(BACKEND)) $(BENCH_GPU_ARGS)
 
 clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./data)
 	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info dist build .matrix

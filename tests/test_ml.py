@@ -29,6 +29,7 @@ def table(spark):
     return spark.createDataFrame(rows, "x1 double, x2 double, x3 double, y double, is_val boolean").cache()
 
 
+@pytest.mark.backend
 @pytest.mark.timeout(400)
 def test_pipeline_fits_saves_loads_and_predicts_the_same(table, tmp_path):
     estimator = KerasEstimator(model=build_regressor, algorithm=DOWNPOUR(window=4), numWorkers=2, epochs=4,

@@ -265,6 +265,7 @@ def accuracy_run(digits):
 
 @pytest.mark.spark
 @pytest.mark.core
+@pytest.mark.backend
 @pytest.mark.timeout(900)
 def test_every_model_trains_every_shard_once_per_epoch(accuracy_run):
     ids = [c.id for c in accuracy_run.configs]

@@ -65,10 +65,13 @@ class TrainingHistory:
             rows, ``val_rows`` in all).
         events: notable events (retries, server-side rejections).
         timings: wall_s, data_delivery_s, model_build_s, train_s, epoch_s.
+        backend: the Keras backend the workers trained with (the driver's,
+            ``KERAS_BACKEND``); each worker's record has it too, with its cores.
     """
 
     algorithm: str
     num_workers: int
+    backend: str = ""
     update_log: dict[str, Any] = field(default_factory=dict)
     update_totals: dict[str, Any] = field(default_factory=dict)
     workers: list[dict] = field(default_factory=list)
@@ -146,7 +149,8 @@ class TrainingHistory:
         }
         update_log, update_totals = ps.update_history()
         return cls(
-            algorithm=algorithm, num_workers=num_workers, update_log=update_log, update_totals=update_totals,
+            algorithm=algorithm, num_workers=num_workers, backend=final[0].get("backend", "") if final else "",
+            update_log=update_log, update_totals=update_totals,
             workers=sorted(workers, key=lambda w: (w["attempt"], w["worker"])),
             epochs=epochs, events=list(ps.events) + events, timings=timings,
         )

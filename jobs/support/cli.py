@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 from pathlib import Path
 from typing import Any, Callable
 
@@ -43,17 +44,32 @@ def compression_arg(text: str) -> str:
     return text.strip().lower()
 
 
+BACKENDS = ("tensorflow", "jax", "torch")
+
+
 def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
-    """-v/--verbose: our INFO logs and the libraries' warnings (``trainer.verbosity``)."""
+    """The flags every job has: -v/--verbose (our INFO logs and the libraries' warnings, ``trainer.verbosity``)
+    and --backend (the Keras backend of the driver, which every task uses)."""
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log what the trainer does and show Spark's and TensorFlow's warnings "
                              "(TRAINER_LOG=debug shows everything)")
+    parser.add_argument("--backend", choices=BACKENDS, default=None,
+                        help="Keras backend of the driver and every task (default: $KERAS_BACKEND, else tensorflow)")
 
 
 def start_logging(args: argparse.Namespace, keras: bool = True) -> None:
-    """Quiet logging for a job, or verbose with --verbose (see ``trainer.verbosity``); with `keras` (a job that
-    trains), Keras is imported now and TensorFlow's import banners dropped."""
+    """Quiet logging for a job, or verbose with --verbose (see ``trainer.verbosity``); --backend set before Keras
+    starts; with `keras` (a job that trains), Keras is imported now and TensorFlow's import banners dropped."""
     configure_logging(getattr(args, "verbose", False))
+    backend = getattr(args, "backend", None)
+    if backend is not None:
+        import sys
+
+        loaded = sys.modules.get("keras")
+        if loaded is not None and loaded.backend.backend() != backend:
+            raise SystemExit(f"--backend {backend}: Keras already started with {loaded.backend.backend()} in this "
+                             "process; run the job in a fresh process (or set KERAS_BACKEND before it starts).")
+        os.environ["KERAS_BACKEND"] = backend
     if keras:
         import_keras_quietly()
 

@@ -1,0 +1,165 @@
+"""The first fit with the defaults against plain Keras: small problems a new user tries, 1 to 8 workers.
+
+``Trainer(build, num_workers=N, epochs=3, batch_size=32).fit(df)`` with no algorithm named (the default
+rule: DOWNPOUR with an automatic window, docs/algorithms.md) against plain ``model.fit`` on the same rows,
+same epochs, same compiled optimizer (Adam at Keras's default rate), on three problems a Dense(16) network
+learns in 3 epochs:
+
+* ``binary``: 3,000 rows of 10 features, a noisy almost-linear boundary;
+* ``classes``: 4,000 rows of 8 features, 4 Gaussian classes;
+* ``regression``: 3,000 rows of 10 features, a linear target with two nonlinear terms and noise.
+
+Quality is measured on 1,000 held-out rows of each: accuracy (classification) and the loss (cross-entropy or
+MSE). A run is within the bounds when its accuracy is at most 0.02 below plain Keras's and its loss at most
+1.2x plain Keras's (``within``). More workers than cores share them (time-shared): only quality is
+measured here, never speed. `tests/test_defaults.py` runs it at 2 and 8 workers in `make test`.
+
+    python jobs/bench_defaults.py --workers 1,2,4,8 --out results/defaults
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from trainer import Trainer
+from trainer_jobs.support.cli import add_verbose_arg, parse_workers, start_logging
+from trainer_jobs.support.report import markdown_table, run_metadata
+from trainer_jobs.support.scaling import cluster_session
+
+PROBLEMS = ("binary", "classes", "regression")
+ACCURACY_GAP = 0.02
+LOSS_RATIO = 1.2
+COLUMNS = ["problem", "workers", "plain_accuracy", "accuracy", "plain_loss", "loss", "loss_ratio", "window",
+           "within"]
+
+
+def make_problem(kind: str, seed: int = 0) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """((x, y) training rows, (x, y) 1,000 test rows) of one problem (module docstring)."""
+    rng = np.random.default_rng(seed)
+    if kind == "binary":
+        n, d = 3000, 10
+        x = rng.normal(size=(n + 1000, d)).astype(np.float32)
+        logits = x @ rng.normal(size=d) + 0.5 * np.sin(3 * x[:, 0])
+        y = (logits + rng.normal(scale=0.5, size=len(x)) > 0).astype(np.int32)
+    elif kind == "classes":
+        n, d = 4000, 8
+        centers = rng.normal(scale=2.0, size=(4, d))
+        y = rng.integers(0, 4, size=n + 1000).astype(np.int32)
+        x = (centers[y] + rng.normal(size=(n + 1000, d))).astype(np.float32)
+    elif kind == "regression":
+        n, d = 3000, 10
+        x = rng.normal(size=(n + 1000, d)).astype(np.float32)
+        y = (x @ (2 * rng.normal(size=d)) + 2 * np.sin(2 * x[:, 1]) + x[:, 2] ** 2
+             + rng.normal(size=len(x))).astype(np.float32)
+    else:
+        raise ValueError(f"Unknown problem {kind!r}. Expected one of: {', '.join(PROBLEMS)}.")
+    return (x[:n], y[:n]), (x[n:], y[n:])
+
+
+def builder(kind: str, features: int):
+    """A function building the problem's compiled Dense(16) network (Adam at Keras's default rate)."""
+
+    def build():
+        import keras
+
+        out, loss, metrics = {
+            "binary": (keras.layers.Dense(1, activation="sigmoid"), "binary_crossentropy", ["accuracy"]),
+            "classes": (keras.layers.Dense(4, activation="softmax"), "sparse_categorical_crossentropy", ["accuracy"]),
+            "regression": (keras.layers.Dense(1), "mse", []),
+        }[kind]
+        model = keras.Sequential([keras.Input((features,)), keras.layers.Dense(16, activation="relu"), out])
+        model.compile(optimizer="adam", loss=loss, metrics=metrics)
+        return model
+
+    return build
+
+
+def plain_keras(kind: str, epochs: int, batch_size: int, seed: int) -> dict[str, float]:
+    """Plain ``model.fit`` in this process: the problem's test metrics."""
+    import keras
+
+    (x, y), (xt, yt) = make_problem(kind, seed)
+    keras.utils.set_random_seed(seed)
+    model = builder(kind, x.shape[1])()
+    model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0)
+    return {k: float(v) for k, v in model.evaluate(xt, yt, verbose=0, return_dict=True).items()}
+
+
+def frames(spark, kind: str, seed: int):
+    """The problem's training and test rows as DataFrames (features array<float>, label)."""
+    (x, y), (xt, yt) = make_problem(kind, seed)
+    label = "label float" if kind == "regression" else "label int"
+
+    def frame(a, b):
+        return spark.createDataFrame([(r.tolist(), v.item()) for r, v in zip(a, b)],
+                                     f"features array<float>, {label}").cache()
+
+    return frame(x, y), frame(xt, yt)
+
+
+def compare(kind: str, workers: int, plain: dict, ours: dict, window) -> dict:
+    """One row: ours against plain Keras, and whether it is within the bounds."""
+    row = {"problem": kind, "workers": workers, "plain_loss": plain["loss"], "loss": ours["loss"],
+           "loss_ratio": ours["loss"] / plain["loss"], "window": window}
+    within = row["loss_ratio"] <= LOSS_RATIO
+    if "accuracy" in plain:
+        row.update(plain_accuracy=plain["accuracy"], accuracy=ours["accuracy"])
+        within = within and ours["accuracy"] >= plain["accuracy"] - ACCURACY_GAP
+    row["within"] = bool(within)
+    return row
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workers", default="1,2,4,8", help="worker counts (default 1,2,4,8)")
+    parser.add_argument("--problems", default=",".join(PROBLEMS), help=f"comma-separated ({', '.join(PROBLEMS)})")
+    parser.add_argument("--epochs", type=int, default=3, help="epochs (default 3)")
+    parser.add_argument("--batch-size", type=int, default=32, help="minibatch per worker (default 32)")
+    parser.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
+    parser.add_argument("--out", default="results/defaults", help="results directory (default results/defaults)")
+    add_verbose_arg(parser)
+    args = parser.parse_args(argv)
+    try:
+        counts = parse_workers(args.workers)
+    except ValueError as exc:
+        parser.error(str(exc))
+    kinds = [k.strip() for k in args.problems.split(",") if k.strip()]
+    unknown = [k for k in kinds if k not in PROBLEMS]
+    if unknown:
+        parser.error(f"unknown problem(s) {', '.join(unknown)}; expected {', '.join(PROBLEMS)}")
+    start_logging(args)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    rows: list[dict] = []
+    slots = max(counts)
+    with cluster_session(None, 2 if slots > 1 else 1, max(1, (slots + 1) // 2), "defaults") as spark:
+        for kind in kinds:
+            plain = plain_keras(kind, args.epochs, args.batch_size, args.seed)
+            train, test = frames(spark, kind, args.seed)
+            features = len(train.first()["features"])
+            for n in counts:
+                started = time.time()
+                fitted = Trainer(builder(kind, features), num_workers=n, epochs=args.epochs,
+                                 batch_size=args.batch_size, seed=args.seed, verbose=False).fit(train)
+                windows = [w.get("window", {}).get("last") for w in fitted.history.workers]
+                rows.append(compare(kind, n, plain, fitted.evaluate(test), max(w for w in windows if w)))
+                rows[-1]["seconds"] = time.time() - started
+                print(markdown_table(rows[-1:], COLUMNS), flush=True)
+    meta = run_metadata({"job": "bench_defaults", **vars(args)})
+    (out / "defaults.json").write_text(json.dumps({"metadata": meta, "rows": rows}, indent=2) + "\n")
+    text = (f"# The defaults against plain Keras\n\n- {meta['timestamp']} on {meta['host']} ({meta['cores']} cores); "
+            f"{args.epochs} epochs, batch {args.batch_size}, seed {args.seed}; within: accuracy at most "
+            f"{ACCURACY_GAP} below plain Keras's and loss at most {LOSS_RATIO}x\n\n{markdown_table(rows, COLUMNS)}\n")
+    (out / "defaults.md").write_text(text, encoding="utf-8")
+    print(text)
+    return 0 if all(r["within"] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,58 @@
+"""Every Keras backend, first class: what a user does, and the cores a task may use, under the backend this
+process runs (``KERAS_BACKEND``).
+
+`make test` runs the tests marked ``backend`` once per backend: TensorFlow in the main run, then
+``KERAS_BACKEND=jax`` and ``KERAS_BACKEND=torch`` with ``-m backend`` (the Pipeline and model-selection tests
+carry the marker too). The driver's backend is the one every task uses.
+"""
+
+from __future__ import annotations
+
+import keras
+import numpy as np
+import pytest
+
+from conftest import digits_model
+from trainer import Trainer
+
+pytestmark = [pytest.mark.spark, pytest.mark.backend]
+
+
+@pytest.mark.timeout(600)
+def test_fit_resume_transform_evaluate_and_save_under_this_backend(digits, tmp_path):
+    train, test = digits
+    backend = keras.backend.backend()
+    checkpoints = tmp_path / "checkpoints"
+    first = Trainer(digits_model(0.005), num_workers=2, epochs=2, checkpoint_dir=str(checkpoints),
+                    verbose=False).fit(train)
+    assert first.history.backend == backend
+    assert {w["backend"] for w in first.history.workers} == {backend}
+
+    resumed = Trainer(digits_model(0.005), num_workers=2, epochs=4, verbose=False).fit(
+        train, resume_from=str(checkpoints))
+    assert [w["start_epoch"] for w in resumed.history.workers] == [2, 2]
+    assert [e["epoch"] for e in resumed.history.epochs] == [2, 3]
+    accuracy = resumed.evaluate(test)["accuracy"]
+    assert accuracy >= 0.8  # digits: chance 0.1, plain Keras 0.95-0.97 after 4 epochs at this rate
+
+    predicted = resumed.transform(test).select("label", "prediction").toPandas()
+    agreement = np.mean([int(np.argmax(p)) == label for p, label in zip(predicted["prediction"], predicted["label"])])
+    assert agreement == pytest.approx(accuracy, abs=0.01)  # the same model on the executors
+
+    path = resumed.save(tmp_path / "model.keras")
+    loaded = keras.saving.load_model(path)
+    rows = np.asarray(test.limit(8).toPandas()["features"].tolist(), dtype=np.float32)
+    np.testing.assert_allclose(loaded.predict(rows, verbose=0), resumed.keras_model.predict(rows, verbose=0),
+                               rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.timeout(600)
+def test_a_one_core_task_keeps_to_one_core(digits):
+    """XLA ignores thread-count variables (a JAX task meant to use one core used 1.6 of this machine's two);
+    every task is pinned to the cores Spark gave it, whatever the backend."""
+    train, _ = digits
+    fitted = Trainer(digits_model(0.005), num_workers=2, epochs=8, verbose=False).fit(train)
+    for worker in fitted.history.workers:
+        assert worker["cpus"] == 1 and len(worker["pinned_cores"]) == 1, worker
+        assert worker["cores_used"] <= 1.15, worker
+    assert len({w["pinned_cores"][0] for w in fitted.history.workers}) == 2  # one core each, not both on one

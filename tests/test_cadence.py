@@ -1,0 +1,87 @@
+"""When a worker exchanges (trainer.runtime.cadence) and which cores a task claims (trainer.runtime.cores): pure
+logic and real processes, no Spark."""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+
+import pytest
+
+from trainer.algorithms import ADAG, DOWNPOUR, DynSGD, SyncAveraging, get_algorithm
+from trainer.algorithms.base import AlgorithmConfigError
+from trainer.runtime import cores
+from trainer.runtime.cadence import MIN_WINDOW, Cadence, max_auto_window
+
+
+def test_a_fixed_window_is_due_every_window_batches_and_never_moves():
+    cadence = Cadence(5)
+    assert [cadence.due(n) for n in (4, 5, 6)] == [False, True, True]
+    cadence.observe(5, 0.001, 10.0)  # an exchange far dearer than the steps: a fixed window stays
+    assert cadence.window == 5 and not Cadence(None).due(10**6)  # None: only at epoch ends
+
+
+def test_an_automatic_window_keeps_the_exchange_near_five_percent_of_the_time():
+    cadence = Cadence("auto", epoch_batches=100_000, workers=1)
+    assert cadence.window == MIN_WINDOW  # nothing measured yet
+    cadence.observe(4, 5.0, 0.010)  # the first window holds the compilation: not a step time
+    assert cadence.window == MIN_WINDOW and cadence.step_s is None
+    cadence.observe(4, 4 * 0.002, 0.010)  # a GPU: 2 ms steps, 10 ms exchanges -> 100 batches
+    assert cadence.window == 100
+    cadence.observe(100, 100 * 0.030, 0.010)  # steps of a CPU: the smoothed step is 16 ms -> 13 batches
+    assert cadence.window == 13
+    for _ in range(10):
+        cadence.observe(cadence.window, cadence.window * 0.030, 0.010)
+    assert cadence.window == 7  # 10 ms is 5 % of 7 steps of 30 ms
+    for _ in range(10):
+        cadence.observe(cadence.window, cadence.window * 0.300, 0.010)
+    assert cadence.window == MIN_WINDOW  # steps of 300 ms: the smallest window
+    assert "auto" in cadence.describe()
+
+
+def test_the_automatic_window_is_bounded_by_the_other_workers_staleness():
+    assert [max_auto_window(10_000, n) for n in (1, 2, 3, 4, 8)] == [5_000, 5_000, 10, 4, 1]
+    assert max_auto_window(60, 2) == 30  # never more than half an epoch of the shared data
+    cadence = Cadence("auto", epoch_batches=10_000, workers=8)
+    cadence.observe(1, 1.0, 1.0)
+    cadence.observe(1, 0.001, 1.0)
+    assert cadence.window == 1 and cadence.due(1)
+
+
+def test_auto_windows_belong_to_the_rules_whose_math_ignores_the_window():
+    assert DOWNPOUR().window == "auto" and get_algorithm("downpour").describe() == "downpour(auto window)"
+    assert DynSGD(window="auto").window == "auto"
+    for make in (lambda: ADAG(window="auto"), lambda: SyncAveraging(every="auto"), lambda: DOWNPOUR(window="5")):
+        with pytest.raises(AlgorithmConfigError, match="window"):
+            make()
+
+
+def _claim(count: int, hint: int, queue, hold) -> None:
+    queue.put(cores.choose_cores(count, hint))
+    hold.wait(60)
+
+
+@pytest.mark.skipif(not cores.enabled() or len(os.sched_getaffinity(0)) < 2, reason="needs CPU affinity, 2 cores")
+def test_tasks_claim_different_cores_and_share_them_once_all_are_claimed(tmp_path, monkeypatch):
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # a lock directory of this test's own
+    allowed = sorted(os.sched_getaffinity(0))
+    ctx = multiprocessing.get_context("spawn")
+    queue, hold = ctx.Queue(), ctx.Event()
+    procs = [ctx.Process(target=_claim, args=(1, 0, queue, hold)) for _ in range(len(allowed) + 1)]
+    try:
+        for proc in procs[:-1]:
+            proc.start()
+        first = sorted(queue.get(timeout=60)[0] for _ in allowed)
+        assert first == allowed  # every task its own core, although every hint was 0
+        procs[-1].start()
+        extra = queue.get(timeout=60)
+        assert len(extra) == 1 and extra[0] in allowed  # all claimed: it shares one, still a single core
+    finally:
+        hold.set()
+        for proc in procs:
+            proc.join(30)
+
+
+def test_affinity_can_be_switched_off(monkeypatch):
+    monkeypatch.setenv(cores.ENV, "off")
+    assert cores.choose_cores(1) is None
