@@ -43,8 +43,9 @@ def test_the_defaults_learn_like_plain_keras_at_2_and_8_workers(tmp_path):
 
 def test_the_bounds_and_the_problems():
     (x, y), (xt, yt) = make_problem("classes")
-    assert x.shape == (4000, 8) and xt.shape == (1000, 8) and set(y.tolist()) == {0, 1, 2, 3}
-    assert make_problem("binary")[0][0].shape == (3000, 10)
+    assert x.shape == (10_000, 8) and xt.shape == (2_000, 8) and set(y.tolist()) == {0, 1, 2, 3}
+    assert make_problem("binary")[0][0].shape == (10_000, 10)
+    assert abs(float(make_problem("regression")[0][1].std()) - 1.0) < 1e-3
     plain = {"accuracy": 0.95, "loss": 0.2}
     assert compare("binary", 2, plain, {"accuracy": 0.931, "loss": 0.23}, 5)["within"]
     assert not compare("binary", 2, plain, {"accuracy": 0.929, "loss": 0.23}, 5)["within"]
