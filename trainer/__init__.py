@@ -3,7 +3,7 @@
 Public API (imported lazily, so ``python -m trainer`` and the executors stay light):
     Trainer                                   -- trainer.estimator
     FittedModel, TrainingHistory              -- trainer.fitted
-    SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, Algorithm, get_algorithm
+    SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, AllReduce, Algorithm, get_algorithm
                                               -- trainer.algorithms
     LocalCluster                              -- trainer.spark.local_cluster
     spark_session                             -- trainer.spark.session
@@ -30,7 +30,7 @@ versions.check_installed()
 
 _EXPORTS = {
     "trainer.algorithms": [
-        "ADAG", "AEASGD", "DOWNPOUR", "EASGD", "Algorithm", "DynSGD", "SingleWorker", "SyncAveraging",
+        "ADAG", "AEASGD", "AllReduce", "DOWNPOUR", "EASGD", "Algorithm", "DynSGD", "SingleWorker", "SyncAveraging",
         "get_algorithm",
     ],
     "trainer.errors": [

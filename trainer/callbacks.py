@@ -25,7 +25,11 @@ the driver, once per epoch that EVERY worker finished:
 
 Callbacks run on a thread of their own, so a slow one (a checkpoint, a
 TensorBoard write) never holds up the parameter server; epochs that end after
-a stop are not reported.
+a stop are not reported. With ``inline=True`` (the all-reduce fit,
+``trainer.collective_fit``) they run on the server's thread before its reply to
+the epoch's report instead: the workers wait for them and follow their stop or
+new learning rate from the next epoch on, as plain Keras runs its callbacks
+between two epochs.
 """
 
 from __future__ import annotations
@@ -101,10 +105,11 @@ class EpochCallbacks:
     after it. `epochs` holds the logs each completed epoch was reported with.
     """
 
-    def __init__(self, model, callbacks: Sequence[Any], num_workers: int, epochs: int) -> None:
+    def __init__(self, model, callbacks: Sequence[Any], num_workers: int, epochs: int, inline: bool = False) -> None:
         import keras  # deferred: TensorFlow starts only when a fit does
 
         self.model = model
+        self.inline = inline
         self.server: Any = None
         self.num_workers = num_workers
         self.list = keras.callbacks.CallbackList(list(callbacks), add_history=False, add_progbar=False, model=model,
@@ -145,14 +150,19 @@ class EpochCallbacks:
         logs.update(epoch_time_s=end - previous,
                     updates=float(stats["updates"]), bytes=float(stats["bytes"]),
                     staleness=stats["staleness"] / stats["updates"] if stats["updates"] else 0.0)
-        self._queue.put((epoch, logs, self.server.center()))
+        item = (epoch, logs, self.server.center())
+        if self.inline:
+            self._handle(item)
+        else:
+            self._queue.put(item)
 
     # -- lifecycle (driver thread) ------------------------------------------------
     def start(self, server) -> None:
         self.server = server
         self._last_end = time.time()
         self.list.on_train_begin()
-        self._thread.start()
+        if not self.inline:
+            self._thread.start()
 
     def restart(self, num_workers: int) -> None:
         """A retried attempt: epochs not every worker finished are reported anew."""
@@ -162,8 +172,9 @@ class EpochCallbacks:
     def finish(self, center: list) -> None:
         """Wait for the pending epochs' callbacks, load the final `center`, run ``on_train_end``;
         raises a callback's error."""
-        self._queue.put(None)
-        self._thread.join()
+        if not self.inline:
+            self._queue.put(None)
+            self._thread.join()
         if self.error is not None:
             raise self.error
         load_final_center(self.model, center)
@@ -184,15 +195,18 @@ class EpochCallbacks:
 
     def _run(self) -> None:
         while (item := self._queue.get()) is not None:
-            epoch, logs, center = item
-            if self.stopped_epoch is not None or self.error is not None:
-                continue  # Keras runs no epoch after a stop
-            try:
-                self._epoch_end(epoch, logs, center)
-            except BaseException as exc:  # raised by finish(); the workers stop now
-                log.error("A callback failed at epoch %d: %s: %s", epoch + 1, type(exc).__name__, exc)
-                self.error = exc
-                self.server.direct(stop=True)
+            self._handle(item)
+
+    def _handle(self, item: tuple[int, dict[str, Any], list]) -> None:
+        epoch, logs, center = item
+        if self.stopped_epoch is not None or self.error is not None:
+            return  # Keras runs no epoch after a stop
+        try:
+            self._epoch_end(epoch, logs, center)
+        except BaseException as exc:  # raised by finish(); the workers stop now
+            log.error("A callback failed at epoch %d: %s: %s", epoch + 1, type(exc).__name__, exc)
+            self.error = exc
+            self.server.direct(stop=True)
 
     def _epoch_end(self, epoch: int, logs: dict[str, Any], center: list) -> None:
         self.model.set_weights(center[: len(self.model.weights)])

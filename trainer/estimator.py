@@ -421,6 +421,10 @@ class Trainer:
             return self._fit(df, resume_from, validation, callbacks, run)
 
     def _fit(self, df, resume_from, validation, callbacks, run: RunLogger | None) -> FittedModel:
+        if getattr(self.algorithm, "collective", False):  # AllReduce: the backend's collectives, no server loop
+            from trainer.collective_fit import fit_collective  # deferred: only collective fits need it
+
+            return fit_collective(self, df, resume_from, validation, callbacks, run)
         import keras  # deferred: TensorFlow starts only when a fit does
 
         identity = TlsIdentity.generate() if self.tls else None  # a missing tool fails before any cluster work

@@ -6,7 +6,10 @@ Pick one by instance (``ADAG(window=12)``) or by name through
 
 from __future__ import annotations
 
+import dataclasses
+
 from trainer.algorithms.adag import ADAG
+from trainer.algorithms.allreduce import AllReduce
 from trainer.algorithms.base import Algorithm, AlgorithmConfigError
 from trainer.algorithms.compressed import Compressed, with_compression
 from trainer.algorithms.compression import BFloat16, Codec, Float16, TopK, parse_compression
@@ -17,7 +20,7 @@ from trainer.algorithms.single import SingleWorker
 from trainer.algorithms.sync import SyncAveraging
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD)
+    cls.name: cls for cls in (SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, AllReduce)
 }
 
 
@@ -32,11 +35,18 @@ def get_algorithm(name: str | Algorithm, **kwargs) -> Algorithm:
         raise AlgorithmConfigError(
             f"Unknown algorithm {name!r}. Expected one of: {', '.join(ALGORITHMS)}."
         )
+    fields = [f.name for f in dataclasses.fields(ALGORITHMS[key])]
+    unknown = [k for k in kwargs if k not in fields]
+    if unknown:  # e.g. a window for allreduce, which exchanges every step
+        raise AlgorithmConfigError(
+            f"{key} takes {'the hyper-parameters ' + ', '.join(fields) if fields else 'no hyper-parameters'}. "
+            f"Received: {', '.join(f'{k}={kwargs[k]!r}' for k in unknown)}. Fix: leave out {', '.join(unknown)}."
+        )
     return ALGORITHMS[key](**kwargs)
 
 
 __all__ = [
-    "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmConfigError", "BFloat16", "Codec", "Compressed",
-    "DOWNPOUR", "DynSGD", "EASGD", "Float16", "SingleWorker", "SyncAveraging", "TopK", "get_algorithm",
+    "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmConfigError", "AllReduce", "BFloat16", "Codec",
+    "Compressed", "DOWNPOUR", "DynSGD", "EASGD", "Float16", "SingleWorker", "SyncAveraging", "TopK", "get_algorithm",
     "parse_compression", "with_compression",
 ]

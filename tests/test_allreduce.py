@@ -1,0 +1,307 @@
+"""AllReduce: N barrier tasks as ONE Keras distribution (JAX's distributed runtime, gloo on CPU), all-reducing
+every step's gradients.
+
+The tests marked ``backend`` run once per Keras backend in `make test`: under TensorFlow (the main run) and
+torch they check the clear error before any cluster work; under ``KERAS_BACKEND=jax`` they train on the
+real LocalCluster (the ``spark`` fixture) with the real JAX distributed runtime: the weights after k steps
+equal plain Keras's on the same global batches, validation, the learning-rate schedule and a driver-side
+callback behave as in plain Keras, and a killed executor fails the stage, whose retry resumes from the last
+epoch end. The collective loop itself also runs without Spark (two processes and a real parameter server),
+in every run where JAX is installed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from conftest import digits_model
+from trainer import Trainer
+from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, get_algorithm
+from trainer.runtime.arrow import pad_shard
+from trainer.runtime.collective import equal_rows, free_port, start_process, wait_process
+from trainer.runtime.collective_loop import CollectiveJob, epoch_order
+
+
+# --------------------------------------------------------------------------- the rule, pure
+
+
+def test_allreduce_is_a_named_collective_rule():
+    rule = get_algorithm("allreduce")
+    assert isinstance(rule, AllReduce) and ALGORITHMS["allreduce"] is AllReduce
+    assert rule.collective and rule.exchanges_optimizer_state and rule.describe() == "allreduce(every step)"
+    state = [np.arange(3.0), np.ones((2, 2))]
+    center, reply = rule.server_commit([np.zeros(3), np.zeros((2, 2))], state, staleness=0)
+    assert center[0] is state[0] and reply == []  # the center is task 0's state; nothing goes back
+
+
+def test_keras_estimator_and_its_saved_params_take_allreduce():
+    from trainer.ml import KerasEstimator
+    from trainer.ml.params import algorithm_from_json, algorithm_to_json
+
+    estimator = KerasEstimator(model=digits_model, algorithm="allreduce", numWorkers=2)
+    assert isinstance(estimator.trainer().algorithm, AllReduce)
+    assert algorithm_to_json(AllReduce()) == {"name": "allreduce", "params": {}}
+    assert algorithm_from_json({"name": "allreduce", "params": {}}) == AllReduce()
+    with pytest.raises(AlgorithmConfigError, match="allreduce takes no hyper-parameters. Received: window=5"):
+        get_algorithm("allreduce", window=5)
+
+
+@pytest.mark.parametrize("backend", ["tensorflow", "torch", "numpy"])
+def test_a_backend_without_a_collective_path_is_named_with_the_fix(backend):
+    with pytest.raises(AlgorithmConfigError, match=rf"Received: backend='{backend}'.*KERAS_BACKEND=jax"):
+        AllReduce().check_backend(backend)
+    AllReduce().check_backend("jax")
+
+
+def test_shards_are_padded_to_the_largest_and_too_uneven_ones_refused():
+    assert equal_rows([750, 750], 32) == 750
+    assert equal_rows([605, 604, 604], 32) == 605
+    with pytest.raises(ValueError, match=r"\[100, 300\] rows: too uneven .*Fix: "):
+        equal_rows([100, 300], 32)
+    with pytest.raises(ValueError, match="too uneven"):
+        equal_rows([0, 10], 4)
+
+
+def test_every_process_feeds_the_same_permutation_each_epoch():
+    first = epoch_order(10, seed=3, epoch=0)
+    assert sorted(first) == list(range(10))
+    np.testing.assert_array_equal(first, epoch_order(10, seed=3, epoch=0))
+    assert not np.array_equal(first, epoch_order(10, seed=3, epoch=1))
+
+
+# --------------------------------------------------------------------------- plain Keras on the global batch
+
+
+def _plain_global_batches(shards: list[tuple[np.ndarray, np.ndarray]], batch_size: int, seed: int, epoch: int):
+    """The rows plain Keras sees in `epoch` with batch ``len(shards) * batch_size``: step k's global batch is
+    every process's k-th local batch of its shard in `epoch_order`, in process order."""
+    rows = len(shards[0][0])
+    order = epoch_order(rows, seed, epoch)
+    xs, ys = [], []
+    for start in range(0, rows, batch_size):
+        for x, y in shards:
+            xs.append(x[order[start:start + batch_size]])
+            ys.append(y[order[start:start + batch_size]])
+    return np.concatenate(xs), np.concatenate(ys)
+
+
+def _schedule_model():
+    """digits_model with Adam on a step-decayed rate: the schedule reads the optimizer's iteration count."""
+    import keras
+
+    model = digits_model()
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.01, decay_steps=20, decay_rate=0.7)
+    model.compile(optimizer=keras.optimizers.Adam(schedule), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.timeout(600)
+def test_two_collective_processes_without_spark_take_plain_keras_steps():
+    """The loop's mechanics alone: two processes joined by JAX's distributed runtime and a real parameter
+    server (task 0 reports there), no Spark; the state task 0 reports equals plain Keras's."""
+    pytest.importorskip("jax")
+    from trainer.algorithms import AllReduce
+    from trainer.ps.server import ParameterServer
+    from trainer.runtime.shipping import ModelSource, pack_model
+    from trainer.transport.wire import new_secret
+
+    rng = np.random.default_rng(0)
+    x = rng.random((96, 64), dtype=np.float32)
+    y = rng.integers(0, 10, 96).astype(np.int32)
+    shards = [(x[0::2], y[0::2]), (x[1::2], y[1::2])]  # 48 rows each: 3 steps of 16 per epoch
+    model = _schedule_model()
+    model.optimizer.build(model.trainable_variables)
+    start = [w.copy() for w in model.get_weights()]
+    server = ParameterServer(AllReduce(), start, 1, new_secret())
+    server.start()
+    port, processes = free_port(), []
+    try:
+        for pid, (sx, sy) in enumerate(shards):
+            directory = Path(tempfile.mkdtemp(prefix="allreduce-test-"))
+            for name, array in (("x", sx), ("y", sy), ("vx", sx[:0]), ("vy", sy[:0])):
+                np.save(directory / f"{name}.npy", array)
+            job = CollectiveJob(model=ModelSource(keras_bytes=pack_model(model, None).data),
+                                ps_address=server.address, secret=server.credentials,
+                                coordinator=f"127.0.0.1:{port}", process_id=pid, num_processes=2, batch_size=16,
+                                epochs=2, seed=5, parent_pid=os.getpid(),
+                                record={"worker": pid, "attempt": 0, "rows": 48, "padded_rows": 48})
+            processes.append((start_process(directory, job), directory))
+        records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]
+        center = server.center()
+    finally:
+        server.stop()
+    plain = _schedule_model()
+    plain.set_weights(start)
+    for epoch in range(2):
+        gx, gy = _plain_global_batches(shards, 16, seed=5, epoch=epoch)
+        logs = plain.fit(gx, gy, batch_size=32, epochs=1, shuffle=False, verbose=0).history
+        assert records[0]["epochs"][epoch]["logs"]["loss"] == pytest.approx(logs["loss"][0], rel=1e-5)
+    for got, want in zip(center, plain.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    assert int(center[len(start)]) == 6  # the optimizer's iterations came along: 2 epochs x 3 global steps
+    assert [r["steps"] for r in records] == [6, 6] and records[0]["commits"] == 2 and records[1]["commits"] == 0
+
+
+# --------------------------------------------------------------------------- on Spark, per backend
+
+
+def _shards_of(trainer: Trainer, df, validation) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Each task's training rows, in the order the task receives them: the trainer's own plan, dealt by the
+    same repartition the stage runs (Spark sorts before a round-robin repartition, so it is deterministic)."""
+    import pyarrow as pa
+    from pyspark.sql.types import IntegerType, StructField, StructType
+
+    from trainer.data.columns import FEATURES, LABEL, VALIDATION_FLAG
+
+    frame = trainer._plan(df, None, validation).frame.repartition(trainer.num_workers)
+
+    def tag(batches):
+        from pyspark import TaskContext
+
+        part = TaskContext.get().partitionId()
+        for batch in batches:
+            yield batch.append_column("part", pa.array([part] * batch.num_rows, pa.int32()))
+
+    schema = StructType(frame.schema.fields + [StructField("part", IntegerType())])
+    rows = frame.mapInArrow(tag, schema).toPandas()
+    rows = rows[~rows[VALIDATION_FLAG]]
+    return [(np.stack(rows[rows.part == p][FEATURES].to_numpy()).astype(np.float32),
+             rows[rows.part == p][LABEL].to_numpy().astype(np.int32)) for p in range(trainer.num_workers)]
+
+
+def _jobs(spark) -> set[int]:
+    return set(spark.sparkContext.statusTracker().getJobIdsForGroup())
+
+
+@pytest.mark.spark
+@pytest.mark.backend
+@pytest.mark.timeout(900)
+def test_two_workers_train_as_plain_keras_on_the_global_batch(spark, digits):
+    """2 workers x batch 16: the weights after every step equal plain Keras's at batch 32 on the same rows in
+    the same order; validation, the learning-rate schedule (by step) and a driver-side EarlyStopping (it
+    stops after the second epoch, so the weights are those of 2 x 48 steps) behave as in plain Keras."""
+    import keras
+
+    train, test = digits
+    backend = keras.backend.backend()
+    model = _schedule_model()
+    start = [w.copy() for w in model.get_weights()]
+
+    def stopper():  # improves only at the first epoch: plain Keras stops after the second
+        return keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1.0, patience=1)
+
+    trainer = Trainer(model, algorithm="allreduce", num_workers=2, batch_size=16, epochs=4, seed=7, verbose=False)
+    if backend != "jax":
+        jobs = _jobs(spark)
+        with pytest.raises(AlgorithmConfigError, match=f"Received: backend='{backend}'.*KERAS_BACKEND=jax"):
+            trainer.fit(train, validation=test, callbacks=[stopper()])
+        assert _jobs(spark) == jobs, "the error comes before any Spark job"
+        return
+    shards = _shards_of(trainer, train, test)
+    # Validation rows are dealt with the training rows, so the training shards differ by a few rows: each
+    # task pads its own with repeats of its rows (seeded seed + worker), as the stage does.
+    size = max(len(x) for x, _ in shards)
+    assert size - min(len(x) for x, _ in shards) <= 30
+    shards = [pad_shard(x, y, size, seed=7 + worker) for worker, (x, y) in enumerate(shards)]
+    fitted = trainer.fit(train, validation=test, callbacks=[stopper()])
+
+    vx = np.stack(test.toPandas()["features"].to_numpy()).astype(np.float32)
+    vy = test.toPandas()["label"].to_numpy()
+    plain = _schedule_model()
+    plain.set_weights(start)
+    plain_stopper, plain_logs = stopper(), []
+    plain_stopper.set_model(plain)
+    plain_stopper.on_train_begin()
+    for epoch in range(4):
+        gx, gy = _plain_global_batches(shards, 16, seed=7, epoch=epoch)
+        logs = {k: v[0] for k, v in plain.fit(gx, gy, batch_size=32, epochs=1, shuffle=False, verbose=0,
+                                             validation_data=(vx, vy)).history.items()}
+        plain_logs.append(logs)
+        plain_stopper.on_epoch_end(epoch, logs)
+        if plain.stop_training:
+            break
+    assert len(plain_logs) == 2
+    assert [e["epoch"] for e in fitted.history.epochs] == [0, 1]
+    assert any(e.get("event") == "stopped_by_callback" for e in fitted.history.events)
+    for got, want in zip(fitted.history.epochs, plain_logs):
+        for key in ("loss", "accuracy", "val_loss", "val_accuracy"):
+            assert got[key] == pytest.approx(want[key], rel=1e-4, abs=1e-5), key
+    for got, want in zip(fitted.keras_model.get_weights(), plain.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+    assert int(keras.ops.convert_to_numpy(fitted.keras_model.optimizer.iterations)) == 2 * math.ceil(size / 16)
+    workers = fitted.history.workers
+    assert [w["worker"] for w in workers] == [0, 1] and {w["devices"] for w in workers} == {2}
+    assert all(len(w["pinned_cores"]) == 1 for w in workers)  # each process on its task's one core
+
+
+@pytest.mark.spark
+@pytest.mark.backend
+@pytest.mark.timeout(300)
+def test_a_cluster_without_room_for_every_worker_fails_before_training(spark, digits):
+    import keras
+
+    from trainer.errors import ClusterCapacityError
+
+    if keras.backend.backend() != "jax":
+        pytest.skip("under other backends the backend's error comes first (the test above)")
+    train, _ = digits
+    with pytest.raises(ClusterCapacityError, match="num_workers=3 needs 3 task slots"):
+        Trainer(digits_model(), algorithm="allreduce", num_workers=3, slot_timeout=1, verbose=False).fit(train)
+
+
+@pytest.mark.spark
+@pytest.mark.backend
+@pytest.mark.timeout(900)
+def test_a_killed_executor_fails_the_stage_and_the_retry_resumes_from_the_last_epoch_end(
+        local_cluster_2, spark, digits, tmp_path):
+    import keras
+    from test_faults import _executor_pids
+
+    from trainer.checkpoint import load_checkpoint
+
+    if keras.backend.backend() != "jax":
+        pytest.skip("AllReduce trains under JAX; the other backends' error is tested above")
+    train, test = digits
+    executors = _executor_pids(local_cluster_2, spark.sparkContext.applicationId)
+    assert len(executors) == 2
+    reported, killed = [], threading.Event()
+
+    def slow_epochs(record) -> None:
+        # An epoch of digits trains in a fraction of a second: until the kill, every epoch's report waits
+        # on the driver, so that the kill lands while both processes are still training.
+        reported.append(record.epoch)
+        if not killed.is_set():
+            time.sleep(1.0)
+
+    def kill_one() -> None:  # during epoch 1's report: epoch 0 is done, so the retry starts at 1 or 2
+        deadline = time.monotonic() + 400
+        while max(reported, default=-1) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        os.kill(executors[0], signal.SIGKILL)
+        killed.set()
+
+    killer = threading.Thread(target=kill_one, daemon=True)
+    killer.start()
+    fitted = Trainer(digits_model(), algorithm="allreduce", num_workers=2, epochs=8, max_retries=2, verbose=False,
+                     checkpoint_dir=str(tmp_path), on_update=slow_epochs).fit(train)
+    killer.join()
+    failures = [e for e in fitted.history.events if e.get("event") == "attempt_failed"]
+    assert failures and failures[0]["retry"], fitted.history.events
+    final = max(w["attempt"] for w in fitted.history.workers)
+    retried = [w for w in fitted.history.workers if w["attempt"] == final]
+    assert final >= 1 and len(retried) == 2
+    assert {w["start_epoch"] for w in retried} == {retried[0]["start_epoch"]} and retried[0]["start_epoch"] >= 1, \
+        "both processes resumed after the epochs task 0 had reported, not from scratch"
+    assert [e["epoch"] for e in fitted.history.epochs] == list(range(retried[0]["start_epoch"], 8))
+    assert load_checkpoint(tmp_path).completed_epochs == 8
+    assert fitted.evaluate(test)["accuracy"] >= 0.88
