@@ -89,7 +89,7 @@ test-matrix: venv ## run the Spark-integration core (-m core) in each cell of MA
 matrix-venv: venv ## build (or find in MATRIX_DIR) the venv of each cell of MATRIX_CELLS, run nothing
 	for cell in $(MATRIX_CELLS); do $(PY) tests/matrix.py --cell $$cell --cache $(MATRIX_DIR) --venv-only; done
 
-bench: venv ## run the MNIST and forecasting benchmarks (options: MNIST_ARGS="...", FORECAST_ARGS="..."); results under $(OUT)/
+bench: venv ## run the MNIST and forecasting benchmarks, the default rule then allreduce under JAX (options: MNIST_ARGS="...", FORECAST_ARGS="..."); results under $(OUT)/
 	$(PY) jobs/bench.py --out $(OUT) --mnist-args='$(MNIST_ARGS)' --forecast-args='$(FORECAST_ARGS)'
 
 bench-out-of-core: venv ## MNIST on one worker, shard in memory vs streamed from a spill file, up to 16x MNIST; results under $(OUT)/out_of_core

@@ -31,8 +31,17 @@ took 12 minutes on a busy 2-core machine.
     python jobs/bench.py --dry-run          # print the commands only
     python jobs/bench.py --skip-forecast --mnist-args="--window 10 --overlap"
 
+All-reduce next to the default rule: each job runs a second time with
+``--algorithm allreduce --backend jax`` (``trainer.algorithms.allreduce``:
+the workers form one Keras distribution and all-reduce every step's
+gradients, no parameter server) on 1, 2 and 4 workers (4 time-shared on a
+2-core machine) plus the counts timed above, with its own plain Keras
+baseline under JAX. ``--skip-allreduce`` leaves those runs out (they are left
+out anyway where JAX is not installed); each job's section in BENCH.md then
+puts the two side by side.
+
 ``--mnist-args`` / ``--forecast-args`` (``make bench MNIST_ARGS=... FORECAST_ARGS=...``)
-pass more options to a job, checked by the job's own parser before anything runs.
+pass more options to a job (its all-reduce run too), checked by the job's own parser before anything runs.
 """
 
 from __future__ import annotations
@@ -41,6 +50,7 @@ import argparse
 import contextlib
 import datetime as dt
 import importlib
+import importlib.util
 import io
 import json
 import logging
@@ -71,6 +81,11 @@ QUICK = {
     "forecast": ["--limit", "2000", "--epochs", "2", "--max-epochs", "4"],
 }
 JOBS = ("mnist", "forecast")
+#: The all-reduce runs: these flags after the job's other arguments, on these worker counts and those timed.
+ALLREDUCE = ["--algorithm", "allreduce", "--backend", "jax"]
+ALLREDUCE_COUNTS = (1, 2, 4)
+SIDE_BY_SIDE = ["model", "workers", "backend", "algorithm", "epoch_time_s", "speedup", "metric_value",
+                "time_to_target_s", "target_speedup", "target_epochs", "timing_valid"]
 EXAMPLES = {"mnist": "--window 10 --overlap", "forecast": "--algorithm adag"}
 TITLES = {"mnist": "MNIST CNN", "forecast": "Energy-demand forecasting (LSTM, GRU)"}
 METRICS = {"mnist": "accuracy", "forecast": "MAPE (%)"}
@@ -87,6 +102,7 @@ class Step:
     argv: list[str]
     out: Path
     workers: list[int] = field(default_factory=list)
+    label: str = ""  # "" for the job's default rule, "allreduce" for its all-reduce run
 
     @property
     def command(self) -> list[str]:
@@ -109,8 +125,9 @@ def timing_valid_counts(cores: int) -> list[int]:
 
 
 def plan(out: Path, *, quick: bool = False, skip_mnist: bool = False, skip_forecast: bool = False,
-         cores: int | None = None, extra: dict[str, list[str]] | None = None) -> list[Step]:
-    """The job runs `make bench` does, in order; ``extra[job]`` is appended to that job's arguments."""
+         cores: int | None = None, extra: dict[str, list[str]] | None = None, allreduce: bool = True) -> list[Step]:
+    """The job runs `make bench` does, in order; ``extra[job]`` is appended to that job's arguments. With
+    `allreduce`, each job's run is followed by its all-reduce run (`allreduce_step`)."""
     extra = extra or {}
     cores = cores or os.cpu_count() or 1
     valid = timing_valid_counts(cores)
@@ -122,13 +139,28 @@ def plan(out: Path, *, quick: bool = False, skip_mnist: bool = False, skip_forec
         steps.append(Step("mnist", ["--workers", ",".join(map(str, counts)), "--out", str(out / "mnist"),
                                     *(QUICK["mnist"] if quick else []), *extra.get("mnist", [])],
                             out / "mnist", counts))
+        if allreduce:
+            steps.append(allreduce_step(steps[-1], quick))
     if not skip_forecast:
         counts = sorted(set(valid[:2] if quick else valid) | set(TIME_SHARED[:1] if quick else TIME_SHARED))
         more = QUICK["forecast"] if quick else ["--repeats", str(FORECAST_REPEATS),
                                                 "--max-epochs", str(FORECAST_MAX_EPOCHS)]
         steps.append(Step("forecast", ["--workers", ",".join(map(str, counts)), "--out", str(out / "forecast"),
                                        *more, *extra.get("forecast", [])], out / "forecast", counts))
+        if allreduce:
+            steps.append(allreduce_step(steps[-1], quick))
     return steps
+
+
+def allreduce_step(step: Step, quick: bool) -> Step:
+    """`step` again with ``--algorithm allreduce --backend jax``, on 1, 2 and 4 workers and the counts `step`
+    times (not the 8 time-shared ones: every all-reduce step waits for all workers), under ``<out>/<job>-allreduce``."""
+    counts = [1, 2] if quick else sorted({n for n in step.workers if n not in TIME_SHARED[1:]} | set(ALLREDUCE_COUNTS))
+    out = step.out.with_name(f"{step.job}-allreduce")
+    argv = list(step.argv)
+    argv[argv.index("--workers") + 1] = ",".join(map(str, counts))
+    argv[argv.index("--out") + 1] = str(out)
+    return Step(step.job, [*argv, *ALLREDUCE], out, counts, label="allreduce")
 
 
 def run_step(step: Step) -> tuple[int, float]:
@@ -165,7 +197,8 @@ def _load_rows(step: Step) -> tuple[dict[str, Any], list[dict[str, Any]]]:
 
 def _section(step: Step, rc: int, seconds: float, out: Path) -> list[str]:
     rel = step.out.relative_to(out) if step.out.is_relative_to(out) else step.out
-    lines = [f"## {TITLES[step.job]}", "", f"`{shlex.join(['python', f'jobs/{step.job}.py', *step.argv])}`", ""]
+    title = TITLES[step.job] + (f": {step.label}" if step.label else "")
+    lines = [f"## {title}", "", f"`{shlex.join(['python', f'jobs/{step.job}.py', *step.argv])}`", ""]
     meta, rows = _load_rows(step)
     status = "finished" if rc == 0 else f"**FAILED with exit code {rc}**"
     lines += [f"{status} in {seconds / 60:.1f} min; console output: [{step.job}.log]({rel}/{step.job}.log)", ""]
@@ -177,7 +210,7 @@ def _section(step: Step, rc: int, seconds: float, out: Path) -> list[str]:
         f"Files: [{step.job}.md]({rel}/{step.job}.md), [{step.job}.csv]({rel}/{step.job}.csv), "
         f"[{step.job}.json]({rel}/{step.job}.json)",
         "",
-        f"![{TITLES[step.job]}]({rel}/{step.job}.png)",
+        f"![{title}]({rel}/{step.job}.png)",
         "",
         markdown_table(rows, [c for c in TABLE_COLUMNS if any(c in r for r in rows)]),
         "",
@@ -195,6 +228,22 @@ def _section(step: Step, rc: int, seconds: float, out: Path) -> list[str]:
                   f"{meta.get('algorithm')} (window {meta.get('window')}), training rows "
                   f"{meta.get('training_windows') or meta.get('limit') or 'all'}.", ""]
     return lines
+
+
+def _side_by_side(*steps: Step) -> list[str]:
+    """One table of the rows of `steps` (a job's default-rule and all-reduce runs), with each run's backend."""
+    rows = []
+    for step in steps:
+        meta, found = _load_rows(step)
+        backend = meta.get("backend") or os.environ.get("KERAS_BACKEND", "tensorflow")
+        rows += [{**r, "backend": backend, "algorithm": r.get("algorithm") if r.get("workers") else "plain keras"}
+                 for r in found]
+    if not rows:
+        return []
+    return [f"### {TITLES[steps[0].job]}: the default rule and all-reduce side by side", "",
+            "Each speed-up is against the 1-worker run of the same rule and backend; `workers` 0 is plain Keras "
+            "under that backend.", "",
+            markdown_table(rows, [c for c in SIDE_BY_SIDE if any(c in r for r in rows)]), ""]
 
 
 def _target_text(job: str, target: float | None) -> str:
@@ -231,6 +280,9 @@ def write_summary(out: Path, results: list[tuple[Step, int, float]], started: dt
     ]
     for step, rc, seconds in results:
         lines += _section(step, rc, seconds, out)
+        default = next((s for s, code, _ in results if s.job == step.job and not s.label and code == 0), None)
+        if step.label and rc == 0 and default is not None:
+            lines += _side_by_side(default, step)
     out.mkdir(parents=True, exist_ok=True)
     path = out / "BENCH.md"
     path.write_text("\n".join(lines), encoding="utf-8")
@@ -244,6 +296,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="short version: MNIST 6,000 images and forecast 2,000 hours, 2 epochs, fewer workers")
     parser.add_argument("--skip-mnist", action="store_true", help="do not run jobs/mnist.py")
     parser.add_argument("--skip-forecast", action="store_true", help="do not run jobs/forecast.py")
+    parser.add_argument("--skip-allreduce", action="store_true",
+                        help="do not run the jobs a second time with --algorithm allreduce --backend jax")
     for job in JOBS:
         parser.add_argument(f"--{job}-args", default="", metavar="ARGS",
                             help=f"more arguments for jobs/{job}.py in one string, e.g. --{job}-args=\"{EXAMPLES[job]}\" "
@@ -254,12 +308,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.skip_mnist and args.skip_forecast:
         parser.error("--skip-mnist and --skip-forecast together leave nothing to run.")
-    args.extra = {job: _job_args(parser, job, getattr(args, f"{job}_args")) for job in JOBS}
+    args.extra = {job: _job_args(parser, job, getattr(args, f"{job}_args"),
+                                 [] if args.skip_allreduce else ALLREDUCE) for job in JOBS}
     return args
 
 
-def _job_args(parser: argparse.ArgumentParser, job: str, text: str) -> list[str]:
-    """`text` split as a shell would, checked by the job's own parser now rather than minutes into the run."""
+def _job_args(parser: argparse.ArgumentParser, job: str, text: str, allreduce: list[str]) -> list[str]:
+    """`text` split as a shell would, checked by the job's own parser now rather than minutes into the run,
+    alone and followed by `allreduce` (the flags of the job's all-reduce run, when it has one)."""
     try:
         words = shlex.split(text)
     except ValueError as exc:
@@ -269,15 +325,18 @@ def _job_args(parser: argparse.ArgumentParser, job: str, text: str) -> list[str]
         parser.error(f"--{job}-args may not set {', '.join(taken)}: the benchmark picks the worker counts this "
                      "machine can time and writes under --out. Fix: drop them; run the job itself for other "
                      "worker counts.")
-    if words:
-        job_parser = importlib.import_module(f"trainer_jobs.{job}").parse_args
+    if not words:
+        return words
+    job_parser = importlib.import_module(f"trainer_jobs.{job}").parse_args
+    for more in ([], allreduce) if allreduce else ([],):
         said = io.StringIO()
         try:
             with contextlib.redirect_stderr(said):
-                job_parser(words)
+                job_parser([*words, *more])
         except SystemExit:  # argparse's usage and "prog: error: ..." went to `said`; keep the error
             refusal = said.getvalue().strip().splitlines()[-1:] or ["(no message)"]
-            parser.error(f"jobs/{job}.py refused --{job}-args {text!r}: {refusal[0].partition('error: ')[2]}")
+            run = f" in its all-reduce run ({shlex.join(more)}; or --skip-allreduce)" if more else ""
+            parser.error(f"jobs/{job}.py refused --{job}-args {text!r}{run}: {refusal[0].partition('error: ')[2]}")
     return words
 
 
@@ -285,8 +344,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start_logging(args, keras=False)  # it only starts the jobs
     out = Path(args.out)
+    allreduce = not args.skip_allreduce and importlib.util.find_spec("jax") is not None
+    if not args.skip_allreduce and not allreduce:
+        log.warning("JAX is not installed: the all-reduce runs are left out (pip install '.[jax]')")
     steps = plan(out, quick=args.quick, skip_mnist=args.skip_mnist, skip_forecast=args.skip_forecast,
-                 extra=args.extra)
+                 extra=args.extra, allreduce=allreduce)
     if args.dry_run:
         for step in steps:
             print(shlex.join(step.command))

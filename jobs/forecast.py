@@ -215,8 +215,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
-    parser.add_argument("--algorithm", default=ALGORITHM, help="single, sync, downpour, adag, easgd, aeasgd, dynsgd "
-                                                                f"(default {ALGORITHM}: averaging every --window batches)")
+    parser.add_argument("--algorithm", default=ALGORITHM,
+                        help="single, sync, downpour, adag, easgd, aeasgd, dynsgd, or allreduce (gradients "
+                             f"all-reduced every step, no --window; needs --backend jax) (default {ALGORITHM}: "
+                             "averaging every --window batches)")
     parser.add_argument("--window", type=positive_int, default=5, help="batches between exchanges (default 5)")
     parser.add_argument("--epochs", type=positive_int, default=4, help="epochs per run (default 4)")
     parser.add_argument("--max-epochs", type=positive_int, default=None,

@@ -1,17 +1,30 @@
 """Predict speed-up against 1-64 workers from measured costs; check it against measured runs; plot it.
 
 The model is ``trainer_jobs.support.scale_model`` (mean-value analysis of
-the workers and the server's CPU and link). Its inputs, measured on this
-project's machine (defaults; override them, or read them from result files):
+the workers and the server's CPU and link; for all-reduce, a ring over every
+worker's own link). Its inputs, measured on this
+project's machine (defaults: the faster machine's, 2026-11-25, see
+docs/benchmarks.md; override them, or read them from result files):
 
 * ``--batch-ms``: one batch of the MNIST CNN in plain Keras, one thread
-  (41.9 s/epoch / 1,875 batches = 22.3 ms, issue 17);
+  (10.8 ms; the first machine's was 41.9 s/epoch / 1,875 batches = 22.3 ms, issue 17);
 * ``--worker-ms``: a worker's own exchange work per commit (reading its
   weights, the payload, loading the reply: ``jobs/profile_overhead.py``);
 * ``--server-ms``: the server's CPU per commit: 1 / the most commits/s
   `make bench-ps` reached with 1M parameters (``--bench-ps`` reads it);
   ``--replies-server-ms`` the same with compressed replies (its ``+replies``
-  rows).
+  rows);
+* ``--hop-us``: all-reduce's latency per ring hop (2(N - 1) hops a step; on a
+  LAN gloo's and TCP's per-message cost); each worker sends 2(N - 1)/N of the
+  gradient's bytes per step over its own link.
+
+The plot has one panel per link speed (1, 10 and 100 GbE; the parameter
+server's curves are the driver's link, all-reduce's each worker's), with the
+parameter server's scenarios and all-reduce side by side, and a panel that
+checks both against runs on this machine: all-reduce's 1 and 2 workers from
+``--bench-allreduce`` (a ``make bench`` ``mnist-allreduce/mnist.json``; its
+speed-up is against plain Keras under JAX), whose 2-worker run also sets
+``--hop-us`` for this machine's loopback when given.
 
 It writes the predictions (JSON, CSV), the knees, a validation table against
 measured runs, and the plot (default ``docs/scale_model.png``). The runs it
@@ -22,7 +35,7 @@ the whole Spark job, per-epoch costs included).
 
     python jobs/scale_model.py --out results/scale_model
     python jobs/scale_model.py --bench-ps results/bench_ps/bench_ps.json --overhead results/overhead/overhead.json \
-        --bench-mnist results/mnist/mnist.json
+        --bench-mnist results/mnist/mnist.json --bench-allreduce results/mnist-allreduce/mnist.json
 """
 
 from __future__ import annotations
@@ -35,10 +48,24 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainer_jobs.support.report import markdown_table
-from trainer_jobs.support.scale_model import Cluster, Workload, curve, knee, predict, with_codec
+from trainer_jobs.support.scale_model import (
+    Cluster,
+    Workload,
+    curve,
+    knee,
+    predict,
+    predict_allreduce,
+    with_codec,
+)
 
 PARAMS = 1_048_853
 COUNTS = list(range(1, 65))
+LINKS = (1.0, 10.0, 100.0)  # Gbit/s
+HOP_US = 50.0  # all-reduce's latency per ring hop on a LAN (gloo over TCP), microseconds
+# This machine's loopback as all-reduce meets it (two processes, one core each; measured, see docs/benchmarks.md).
+HERE_HOP_US = 1800.0  # jobs/bench_ring.py, 2 processes, 2026-11-26 (a busy 2-core machine: 1,000-1,800)
+HERE_GBIT = 7.0  # the same runs: 4.8-9.4
+HERE_JAX_BATCH_MS = 57.0  # one batch of the MNIST CNN in plain Keras under JAX, one core (XLA's CPU convolutions)
 # Measured runs to check the model against: (where, workers, speed-up against what, value).
 MEASURED = [
     ("issue 17, 2 cores (the first machine: plain 41.9, 1 worker 48.8, 2 workers 24.2 s/epoch)", 1, "plain",
@@ -48,17 +75,28 @@ MEASURED = [
     ("lab, 2 cores (docs/lab.md: 6,000 images, 2 epochs)", 2, "1 worker", 1.32),
     ("lab, 2 cores (docs/lab.md: 6,000 images, 2 epochs)", 3, "1 worker", 0.93),
 ]
+# The runs the default inputs came from (the faster machine, 2026-11-25), unless --overhead / --bench-mnist give
+# their files.
+OVERHEAD_RUN = [("profile_overhead, 2 cores (the faster machine, 2026-11-25: the inputs' run)", n, "plain", v)
+                for n, v in ((1, 0.85), (2, 1.66))]
+BENCH_RUN = [("make bench, 2 cores (the faster machine, 2026-11-25: the whole Spark job)", n, "plain", v)
+             for n, v in ((1, 0.83), (2, 1.49))]
 # How the plot marks each kind of measured run: (a word of its label, marker, colour, legend).
 STYLES = [
+    ("allreduce", "*", "black", "measured: all-reduce (x plain Keras under JAX)"),
     ("lab", "x", "black", "measured in the lab (x 1-worker model)"),
     ("issue", "s", "tab:red", "measured: issue 17 (the first machine)"),
     ("bench", "D", "tab:purple", "measured: make bench (--bench-mnist)"),
     ("overhead", "^", "tab:green", "measured: profile_overhead (the inputs' run)"),
 ]
+# Measured all-reduce runs: (where, workers, speed-up against plain Keras under JAX); --bench-allreduce adds more.
+MEASURED_ALLREDUCE: list[tuple[str, int, float]] = []
 
 
 def _measured_inputs(args) -> None:
-    """Fill --server-ms / --worker-ms / --batch-ms from result files when given."""
+    """Fill --server-ms / --worker-ms / --batch-ms from result files when given, and the runs to check against."""
+    args.measured += [] if args.overhead else OVERHEAD_RUN
+    args.measured += [] if args.bench_mnist else BENCH_RUN
     if args.bench_ps:
         rows = json.loads(Path(args.bench_ps).read_text(encoding="utf-8"))["rows"]
         best = max((r for r in rows if r["compression"] == "none" and r["params"] < 2_000_000  # as fits run it:
@@ -82,6 +120,17 @@ def _measured_inputs(args) -> None:
                 if f"workers={n}" in rows and rows[f"workers={n}"].get("vs_plain"):
                     args.measured.append((f"profile_overhead, 2 cores ({Path(args.overhead).name}, the inputs' run)",
                                           n, "plain", n * rows[f"workers={n}"]["vs_plain"]))
+    if args.bench_allreduce:
+        data = json.loads(Path(args.bench_allreduce).read_text(encoding="utf-8"))
+        rows = data["rows"]
+        plain = [r for r in rows if r.get("workers") == 0 and r.get("samples_per_s_per_worker")]
+        if plain:  # the run's own plain Keras under JAX
+            batch = data.get("metadata", {}).get("batch_size", 32)
+            args.jax_batch_ms = 1000.0 * batch / plain[0]["samples_per_s_per_worker"]
+        for row in rows:
+            if row.get("workers") in (1, 2) and row.get("timing_valid") and row.get("throughput_vs_keras"):
+                args.measured_allreduce.append((f"allreduce: make bench, 2 cores ({Path(args.bench_allreduce).name})",
+                                                row["workers"], row["workers"] * row["throughput_vs_keras"]))
     if args.bench_mnist:
         rows = json.loads(Path(args.bench_mnist).read_text(encoding="utf-8"))["rows"]
         for row in rows:
@@ -106,39 +155,47 @@ def scenarios(base: Workload, fast_server_ms: float, replies_server_ms: float) -
     }
 
 
-def plot(base: Workload, variants, png: Path, measured) -> None:
+def plot(base: Workload, variants, png: Path, measured, hop_s: float, here: Cluster, here_hop_s: float,
+         measured_allreduce, jax_base: Workload) -> None:
     import matplotlib  # deferred: only the plot needs it
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt  # deferred, as matplotlib
 
-    fig, axes = plt.subplots(1, 3, figsize=(16, 5))
-    for ax, (title, gbit) in zip(axes[:2], (("1 GbE driver link", 1.0), ("10 GbE driver link", 10.0))):
+    fig, axes = plt.subplots(1, len(LINKS) + 1, figsize=(21, 5.2))
+    for ax, gbit in zip(axes[:-1], LINKS):
         for name, (work, shards) in variants.items():
             ys = [p["speedup"] for p in curve(work, Cluster(link_gbit=gbit, shards=shards), COUNTS)]
-            line, = ax.plot(COUNTS, ys, label=name)
+            line, = ax.plot(COUNTS, ys, label=f"PS: {name}", linewidth=1.0)
             k = knee(work, Cluster(link_gbit=gbit, shards=shards))
             if k <= COUNTS[-1]:
                 ax.axvline(k, color=line.get_color(), linestyle=":", linewidth=0.8)
+        ys = [predict_allreduce(base, Cluster(link_gbit=gbit), n, hop_s)["speedup"] for n in COUNTS]
+        ax.plot(COUNTS, ys, color="black", linewidth=2.4, label=f"all-reduce (ring, {hop_s * 1e6:g} us per hop)")
         ax.plot(COUNTS, COUNTS, color="grey", linestyle="--", linewidth=0.8, label="ideal")
-        ax.set(title=title, xlabel="workers", ylabel="speed-up vs plain Keras", xlim=(1, 64), ylim=(0, 64))
-        ax.legend(fontsize=7, loc="upper left")
-    ax = axes[2]
-    here = Cluster(link_gbit=None, cores=2)
+        ax.set(title=f"{gbit:g} GbE (PS: the driver's link; all-reduce: each worker's)", xlabel="workers",
+               ylabel="speed-up vs plain Keras", xlim=(1, 64), ylim=(0, 64))
+        ax.legend(fontsize=6.5, loc="upper left")
+    ax = axes[-1]
     ns = [1, 2, 3, 4]
-    ax.plot(ns, [predict(base, here, n)["speedup"] for n in ns], marker="o", label="model: 2 cores, loopback")
+    ax.plot(ns, [predict(base, Cluster(link_gbit=None, cores=2), n)["speedup"] for n in ns], marker="o",
+            label="model, PS: 2 cores, loopback")
+    ax.plot(ns, [predict_allreduce(jax_base, here, n, here_hop_s)["speedup"] for n in ns], marker="o",
+            color="black", label=f"model, all-reduce: 2 cores, loopback, JAX ({jax_base.batch_s * 1000:.0f} ms/batch)")
     shown = set()
-    for where, n, against, value in measured:
-        scale = predict(base, here, 1)["speedup"] if against == "1 worker" else 1.0
+    points = [(w, n, a, v) for w, n, a, v in measured] + [(w, n, "plain", v) for w, n, v in measured_allreduce]
+    for where, n, against, value in points:
+        scale = predict(base, Cluster(link_gbit=None, cores=2), 1)["speedup"] if against == "1 worker" else 1.0
         word, marker, color, label = next((s for s in STYLES if s[0] in where), STYLES[-1])
-        ax.scatter([n], [value * scale], marker=marker, color=color, zorder=3,
+        ax.scatter([n], [value * scale], marker=marker, color=color, zorder=3, s=60 if marker == "*" else 30,
                    label=None if word in shown else label)
         shown.add(word)
     ax.set(title="validation: this 2-core machine", xlabel="workers", ylabel="speed-up vs plain Keras",
            xticks=ns)
-    ax.legend(fontsize=7, loc="upper left")
-    fig.suptitle(f"Scale model: MNIST CNN ({base.params:,} parameters), batch {base.batch_s * 1000:.1f} ms, "
-                 f"worker {base.worker_s * 1000:.1f} ms and server {base.server_s * 1000:.1f} ms per commit")
+    ax.legend(fontsize=6.5, loc="upper left")
+    fig.suptitle(f"Scale model: MNIST CNN ({base.params:,} parameters), batch {base.batch_s * 1000:.1f} ms; parameter "
+                 f"server (window {base.window}): worker {base.worker_s * 1000:.1f} ms and server "
+                 f"{base.server_s * 1000:.1f} ms per commit; all-reduce: 2(N-1)/N of 4.2 MB per worker per step")
     fig.tight_layout()
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
@@ -147,27 +204,45 @@ def plot(base: Workload, variants, png: Path, measured) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--batch-ms", type=float, default=41.9 / 1875 * 1000, help="plain Keras ms per batch")
-    parser.add_argument("--worker-ms", type=float, default=10.0, help="worker's exchange work per commit (ms)")
-    parser.add_argument("--server-ms", type=float, default=1000 / 144.0, help="server CPU per commit (ms)")
+    parser.add_argument("--batch-ms", type=float, default=10.8, help="plain Keras ms per batch (default 10.8)")
+    parser.add_argument("--worker-ms", type=float, default=2.3,
+                        help="worker's exchange work per commit (ms, default 2.3)")
+    parser.add_argument("--server-ms", type=float, default=1000 / 312.0,
+                        help="server CPU per commit (ms, default 1000/312: the commits/s bench-ps reached)")
     parser.add_argument("--fast-server-ms", type=float, default=1.0,
                         help="server CPU per commit of the faster server to plot (ms, default 1)")
-    parser.add_argument("--replies-server-ms", type=float, default=1000 / 209.0,
+    parser.add_argument("--replies-server-ms", type=float, default=4.8,
                         help="server CPU per commit with compressed replies (ms; --bench-ps reads it from its "
                              "+replies rows)")
     parser.add_argument("--window", type=int, default=5, help="batches per commit (default 5)")
     parser.add_argument("--bench-ps", default=None, help="bench_ps.json to read --server-ms from")
     parser.add_argument("--overhead", default=None, help="overhead.json to read --worker-ms and --batch-ms from")
     parser.add_argument("--bench-mnist", default=None, help="a make bench mnist.json to check the model against")
+    parser.add_argument("--hop-us", type=float, default=HOP_US,
+                        help=f"all-reduce's latency per ring hop on a LAN, microseconds (default {HOP_US:g})")
+    parser.add_argument("--here-hop-us", type=float, default=HERE_HOP_US,
+                        help="the same on this machine's loopback, for the validation panel (default "
+                             f"{HERE_HOP_US:g}, measured)")
+    parser.add_argument("--here-gbit", type=float, default=HERE_GBIT,
+                        help=f"this machine's loopback bandwidth for all-reduce, Gbit/s (default {HERE_GBIT:g}, "
+                             "measured)")
+    parser.add_argument("--jax-batch-ms", type=float, default=HERE_JAX_BATCH_MS,
+                        help="plain Keras ms per batch under JAX on this machine, for the all-reduce check (default "
+                             f"{HERE_JAX_BATCH_MS:g}; --bench-allreduce reads it from its plain Keras row)")
+    parser.add_argument("--bench-allreduce", default=None,
+                        help="a make bench mnist-allreduce/mnist.json (its 1- and 2-worker rows) to check the "
+                             "all-reduce model against")
     parser.add_argument("--png", default="docs/scale_model.png", help="plot path (default docs/scale_model.png)")
     parser.add_argument("--out", default="results/scale_model", help="results directory")
     args = parser.parse_args(argv)
     args.measured = list(MEASURED)
+    args.measured_allreduce = list(MEASURED_ALLREDUCE)
     _measured_inputs(args)
     base = Workload(PARAMS, args.batch_ms / 1000, args.window, args.worker_ms / 1000, args.server_ms / 1000)
     variants = scenarios(base, args.fast_server_ms, args.replies_server_ms)
     rows, knees = [], []
-    for gbit in (1.0, 10.0):
+    hop_s = args.hop_us / 1e6
+    for gbit in LINKS:
         for name, (work, shards) in variants.items():
             cluster = Cluster(link_gbit=gbit, shards=shards)
             k = knee(work, cluster)
@@ -176,6 +251,14 @@ def main(argv: list[str] | None = None) -> int:
                           "speedup_at_16": predict(work, cluster, 16)["speedup"], "speedup_at_64": at64["speedup"],
                           "bottleneck": at64["bottleneck"]})
             rows += [{"link_gbit": gbit, "scenario": name, **p} for p in curve(work, cluster, COUNTS)]
+        ring = Cluster(link_gbit=gbit)
+        knees.append({"link": f"{gbit:g} GbE", "scenario": f"all-reduce ({args.hop_us:g} us per hop)",
+                      "knee_workers": float("inf"),
+                      "speedup_at_16": predict_allreduce(base, ring, 16, hop_s)["speedup"],
+                      "speedup_at_64": predict_allreduce(base, ring, 64, hop_s)["speedup"],
+                      "bottleneck": "each worker's link and the hops"})
+        rows += [{"link_gbit": gbit, "scenario": "all-reduce", **predict_allreduce(base, ring, n, hop_s)}
+                 for n in COUNTS]
     here = Cluster(link_gbit=None, cores=2)
     one = predict(base, here, 1)["speedup"]
     checks = []
@@ -183,18 +266,26 @@ def main(argv: list[str] | None = None) -> int:
         model = predict(base, here, n)["speedup"] / (one if against == "1 worker" else 1.0)
         checks.append({"run": where, "workers": n, "against": against, "measured": value, "model": model,
                        "model_vs_measured": model / value})
+    ring_here = Cluster(link_gbit=args.here_gbit, cores=2)
+    jax_base = replace(base, batch_s=args.jax_batch_ms / 1000)  # the measured all-reduce runs train under JAX
+    for where, n, value in args.measured_allreduce:
+        model = predict_allreduce(jax_base, ring_here, n, args.here_hop_us / 1e6)["speedup"]
+        checks.append({"run": where, "workers": n, "against": "plain (JAX)", "measured": value, "model": model,
+                       "model_vs_measured": model / value})
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     inputs = {"params": PARAMS, "batch_ms": args.batch_ms, "worker_ms": args.worker_ms, "server_ms": args.server_ms,
               "window": args.window, "fast_server_ms": args.fast_server_ms,
-              "replies_server_ms": args.replies_server_ms}
+              "replies_server_ms": args.replies_server_ms, "hop_us": args.hop_us, "here_hop_us": args.here_hop_us,
+              "here_gbit": args.here_gbit, "jax_batch_ms": args.jax_batch_ms}
     (out / "scale_model.json").write_text(json.dumps({"inputs": inputs, "knees": knees, "validation": checks,
                                                       "predictions": rows}, indent=2) + "\n", encoding="utf-8")
     with open(out / "scale_model.csv", "w", encoding="utf-8", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+        writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         writer.writeheader()
         writer.writerows(rows)
-    plot(base, variants, Path(args.png), args.measured)
+    plot(base, variants, Path(args.png), args.measured, hop_s, ring_here, args.here_hop_us / 1e6,
+         args.measured_allreduce, jax_base)
     print("inputs:", ", ".join(f"{k} {v:.4g}" for k, v in inputs.items()))
     print(markdown_table(knees, list(knees[0])))
     print()

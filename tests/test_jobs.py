@@ -327,29 +327,46 @@ def test_bench_worker_counts(bench_job):
 
 
 def test_bench_plan(bench_job, tmp_path):
-    mnist, forecast = bench_job.plan(tmp_path, cores=2)
+    mnist, _, forecast, _ = bench_job.plan(tmp_path, cores=2)
     assert mnist.job == "mnist" and mnist.workers == [1, 2]
     assert forecast.job == "forecast" and forecast.workers == [1, 2, 4, 8]
     assert forecast.argv[forecast.argv.index("--out") + 1] == str(tmp_path / "forecast")
     assert "--limit" not in mnist.argv + forecast.argv
     assert forecast.argv[forecast.argv.index("--repeats") + 1] == "3" and "--repeats" not in mnist.argv
     assert forecast.argv[forecast.argv.index("--max-epochs") + 1] == "8"  # N workers may need more epochs
-    quick = bench_job.plan(tmp_path, quick=True, skip_mnist=True, cores=2)
+    quick = bench_job.plan(tmp_path, quick=True, skip_mnist=True, cores=2, allreduce=False)
     assert [s.job for s in quick] == ["forecast"] and quick[0].workers == [1, 2, 4]
     assert "--limit" in quick[0].argv and "--epochs" in quick[0].argv and "--repeats" not in quick[0].argv
     assert bench_job.plan(tmp_path, cores=16)[0].workers == [1, 2, 4, 8, 16]
-    assert bench_job.plan(tmp_path, cores=16)[1].workers == [1, 2, 4, 8, 16]
+    assert bench_job.plan(tmp_path, cores=16)[2].workers == [1, 2, 4, 8, 16]
+
+
+def test_bench_runs_each_job_again_with_allreduce_next_to_the_default_rule(bench_job, tmp_path):
+    steps = bench_job.plan(tmp_path, cores=2, extra={"forecast": ["--models", "gru"]})
+    assert [(s.job, s.label) for s in steps] == [("mnist", ""), ("mnist", "allreduce"), ("forecast", ""),
+                                                ("forecast", "allreduce")]
+    for default, allreduce in (steps[:2], steps[2:]):
+        assert allreduce.workers == [1, 2, 4]  # 4 time-shared here; not the 8 the default forecast rule runs
+        assert allreduce.argv[-4:] == ["--algorithm", "allreduce", "--backend", "jax"]
+        assert allreduce.argv[allreduce.argv.index("--out") + 1] == str(tmp_path / f"{default.job}-allreduce")
+        assert {a for a in default.argv if a.startswith("--")} == {a for a in allreduce.argv[:-4]
+                                                                   if a.startswith("--")}
+    assert "--models" in steps[3].argv and "--repeats" in steps[3].argv
+    assert [s.workers for s in bench_job.plan(tmp_path, cores=2, quick=True)[1::2]] == [[1, 2], [1, 2]]
 
 
 def test_bench_passes_more_job_arguments_and_checks_them_before_running(bench_job, tmp_path, capsys):
-    args = bench_job.parse_args(["--mnist-args=--window 10 --overlap", "--forecast-args", "--algorithm adag"])
+    args = bench_job.parse_args(["--mnist-args=--window 10 --overlap", "--forecast-args", "--algorithm adag",
+                                 "--skip-allreduce"])
     assert args.extra == {"mnist": ["--window", "10", "--overlap"], "forecast": ["--algorithm", "adag"]}
-    mnist, forecast = bench_job.plan(tmp_path, cores=2, extra=args.extra)
+    mnist, forecast = bench_job.plan(tmp_path, cores=2, extra=args.extra, allreduce=False)
     assert mnist.argv[-3:] == ["--window", "10", "--overlap"] and "--overlap" not in forecast.argv
     assert forecast.argv[-2:] == ["--algorithm", "adag"] and "--repeats" in forecast.argv
     refusals = {"--window 0": "jobs/mnist.py refused --mnist-args '--window 0': argument --window",
                 "--workers 3": "may not set --workers", "--out=elsewhere": "may not set --out",
-                "--epochs '2": "No closing quotation"}
+                "--epochs '2": "No closing quotation",
+                "--overlap": "refused --mnist-args '--overlap' in its all-reduce run (--algorithm allreduce "
+                             "--backend jax; or --skip-allreduce): --overlap needs a delta rule"}
     for text, message in refusals.items():
         with pytest.raises(SystemExit):
             bench_job.parse_args([f"--mnist-args={text}"])
@@ -364,7 +381,7 @@ def test_bench_rejects_skipping_everything(bench_job, capsys):
 
 
 def test_bench_summary(bench_job, tmp_path):
-    mnist, forecast = bench_job.plan(tmp_path, cores=2)
+    mnist, forecast = bench_job.plan(tmp_path, cores=2, allreduce=False)
     rows = [
         {"model": "gru", "mode": "plain keras (1 thread)", "workers": 0, "epoch_time_s": 10.0,
          "metric_name": "mape", "metric_value": 3.3, "updates": 0, "timing_valid": True},
@@ -388,6 +405,23 @@ def test_bench_summary(bench_job, tmp_path):
     assert "8616" in text
     assert "Time to target (MAPE (%) of the 1-worker run after --epochs" in text
     assert "| gru | 8 * | 3.40 | 1 of 1 |" in text and "| 237" in text  # epochs and steps, not the time
+
+
+def test_bench_summary_puts_the_default_rule_and_allreduce_side_by_side(bench_job, tmp_path):
+    mnist, mnist_allreduce = bench_job.plan(tmp_path, cores=2, skip_forecast=True)
+    for step, backend, algorithm, time_s in ((mnist, None, "downpour(auto window)", 30.0),
+                                            (mnist_allreduce, "jax", "allreduce(every step)", 12.0)):
+        rows = [{"model": "cnn", "mode": "plain keras (1 thread)", "workers": 0, "algorithm": "none",
+                 "epoch_time_s": 10.0, "metric_name": "accuracy", "metric_value": 0.99, "timing_valid": True},
+                {"model": "cnn", "mode": "distributed", "workers": 2, "algorithm": algorithm, "epoch_time_s": time_s,
+                 "speedup": 1.5, "metric_name": "accuracy", "metric_value": 0.98, "timing_valid": True}]
+        write_results(rows, step.out, "mnist", metadata={"backend": backend, "epochs": 2})
+    text = bench_job.write_summary(tmp_path, [(mnist, 0, 60.0), (mnist_allreduce, 0, 60.0)],
+                                   bench_job.dt.datetime.now(bench_job.dt.timezone.utc), quick=False).read_text()
+    assert "## MNIST CNN: allreduce" in text and "[mnist.log](mnist-allreduce/mnist.log)" in text
+    table = text.split("### MNIST CNN: the default rule and all-reduce side by side")[1]
+    assert "| cnn | 2 | jax | allreduce(every step) | 12.0" in table
+    assert "| cnn | 0 | jax | plain keras |" in table and "| downpour(auto window) |" in table
 
 
 # ------------------------------------------------------- end to end (real Spark)
@@ -465,6 +499,21 @@ def test_demo_output_is_quiet(tmp_path):
     # no baseline and no target reached: the tables leave out those columns rather than show them empty
     for table in (_table_after(text, "| mode |"), _table_after((out / "mnist.md").read_text(), "| model |")):
         assert len(table) == 4 and not _empty_columns(table), "\n".join(table)
+
+
+@pytest.mark.spark
+@pytest.mark.backend
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_a_job_runs_on_the_keras_backend_it_is_given(jobs_cluster, tmp_path):
+    """--backend: the driver's Keras backend, which every task of the job uses (make test runs this under each)."""
+    import keras
+
+    backend = keras.backend.backend()
+    out = tmp_path / "mnist"
+    result = run_job("mnist", ["--master", jobs_cluster.master_url, "--backend", backend, "--workers", "1",
+                               "--epochs", "1", "--limit", "600", "--no-baseline"], out)
+    assert result["metadata"]["keras_backend"] == backend
+    assert [r["workers"] for r in result["rows"]] == [1] and result["rows"][0]["updates"] > 0
 
 
 @pytest.mark.spark

@@ -6,7 +6,17 @@ import math
 
 import pytest
 
-from trainer_jobs.support.scale_model import GBIT, Cluster, Workload, demands, knee, predict, with_codec
+from trainer_jobs.support.scale_model import (
+    GBIT,
+    Cluster,
+    Workload,
+    allreduce_step_s,
+    demands,
+    knee,
+    predict,
+    predict_allreduce,
+    with_codec,
+)
 
 MNIST = Workload(params=1_048_853, batch_s=1 / 30, window=5)
 
@@ -125,3 +135,47 @@ def test_the_script_reads_measured_inputs_and_checks_itself_against_a_make_bench
     one = predict(Workload(1_048_853, 0.020, 5, 0.003, 0.004), Cluster(link_gbit=None, cores=2), 1)["speedup"]
     assert bench[0]["model"] == pytest.approx(one)
     assert png.stat().st_size > 10_000
+
+
+def test_allreduce_moves_2_n_minus_1_over_n_of_the_gradient_per_worker_per_step():
+    work = Workload(10**6, 0.02)
+    assert predict_allreduce(work, Cluster(link_gbit=10.0), 1)["speedup"] == pytest.approx(1.0)  # nothing to reduce
+    ring = 2 * 3 / 4 * 4e6  # 4 workers: 6 MB per worker per step
+    step = 0.02 + ring / (10 * GBIT) + 2 * 3 * 50e-6
+    assert allreduce_step_s(work, Cluster(link_gbit=10.0), 4, hop_s=50e-6) == pytest.approx(step)
+    p = predict_allreduce(work, Cluster(link_gbit=10.0), 4, hop_s=50e-6)
+    assert p["speedup"] == pytest.approx(4 * 0.02 / step) and p["ring_bytes_per_worker"] == pytest.approx(ring)
+    # no shared station: at 64 workers on 10 GbE the efficiency stays near batch / (batch + 8 * params / link)
+    far = predict_allreduce(work, Cluster(link_gbit=10.0), 64)["efficiency"]
+    assert far == pytest.approx(0.02 / (0.02 + 2 * 63 / 64 * 4e6 / (10 * GBIT)))
+    assert far > predict(Workload(10**6, 0.02, window=5), Cluster(link_gbit=10.0), 64)["efficiency"]
+    # loopback: only the hops; fewer cores than workers time-share the compute
+    assert allreduce_step_s(work, Cluster(link_gbit=None, cores=2), 4, hop_s=1e-4) == pytest.approx(0.04 + 6e-4)
+    with pytest.raises(ValueError, match="positive number of workers"):
+        allreduce_step_s(work, Cluster(), 0)
+
+
+def test_the_script_checks_allreduce_against_its_measured_runs(tmp_path):
+    import json
+
+    from trainer_jobs.scale_model import main
+
+    measured = {"metadata": {"batch_size": 32},  # plain Keras under JAX: 1,600 samples/s, 20 ms per batch
+                "rows": [{"workers": 0, "timing_valid": True, "throughput_vs_keras": None,
+                          "samples_per_s_per_worker": 1600.0},
+                         {"workers": 1, "timing_valid": True, "throughput_vs_keras": 0.95},
+                         {"workers": 2, "timing_valid": True, "throughput_vs_keras": 0.9},
+                         {"workers": 4, "timing_valid": False, "throughput_vs_keras": 0.4}]}
+    path = tmp_path / "mnist.json"
+    path.write_text(json.dumps(measured), encoding="utf-8")
+    assert main(["--bench-allreduce", str(path), "--here-hop-us", "100", "--here-gbit", "20",
+                 "--out", str(tmp_path / "out"), "--png", str(tmp_path / "scale.png")]) == 0
+    result = json.loads((tmp_path / "out" / "scale_model.json").read_text(encoding="utf-8"))
+    assert result["inputs"]["jax_batch_ms"] == pytest.approx(20.0)
+    checks = [c for c in result["validation"] if c["run"].startswith("allreduce")]
+    assert [(c["workers"], c["measured"]) for c in checks] == [(1, pytest.approx(0.95)), (2, pytest.approx(1.8))]
+    step = 0.020 + 4 * 1_048_853 / (20 * GBIT) + 2 * 100e-6  # 2 workers: the whole gradient once, two hops
+    assert checks[1]["model"] == pytest.approx(2 * 0.020 / step)
+    ring = [r for r in result["predictions"] if r["scenario"] == "all-reduce"]
+    assert {r["link_gbit"] for r in ring} == {1.0, 10.0, 100.0} and len(ring) == 3 * 64
+    assert any(k["scenario"].startswith("all-reduce") for k in result["knees"])

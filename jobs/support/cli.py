@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainer import SyncAveraging, get_algorithm
-from trainer.algorithms import parse_compression, with_compression
+from trainer.algorithms import ALGORITHMS, parse_compression, with_compression
 from trainer.algorithms.delta import overlappable
 from trainer.checkpoint import has_checkpoint
 from trainer.cli.train import window_arg
@@ -126,6 +126,11 @@ def check_trainer_args(parser, args) -> None:
             algorithm = with_compression(algorithm, args.compression, replies=getattr(args, "compress_replies", False))
     except ValueError as exc:
         parser.error(str(exc))
+    if getattr(algorithm, "collective", False):
+        try:  # the fit would refuse it before any cluster work; the job refuses it before loading any data
+            algorithm.check_backend(getattr(args, "backend", None) or os.environ.get("KERAS_BACKEND", "tensorflow"))
+        except ValueError as exc:
+            parser.error(f"{exc} In a job: --backend jax.")
     if getattr(args, "overlap", False) and not overlappable(algorithm):
         parser.error(f"--overlap needs a delta rule with a window (downpour, adag, dynsgd); received "
                      f"{algorithm.describe()}. Fix: pass --algorithm dynsgd (or downpour, adag), or drop --overlap.")
@@ -152,9 +157,11 @@ def trainer_options(args, model_name: str, workers: int, seed: int | None = None
 
 def algorithm_from_args(name: str, window: int | str | None):
     """An algorithm from CLI flags: `window` is the exchange window (``every`` for sync);
-    None keeps the algorithm's default (per epoch for sync)."""
+    None keeps the algorithm's default (per epoch for sync); a collective rule (allreduce) has none."""
     if name.lower() == "sync":
         return SyncAveraging(every=window or "epoch")  # "auto" is refused there, with the reason
+    if getattr(ALGORITHMS.get(name.lower()), "collective", False):
+        return get_algorithm(name)  # all-reduce exchanges every step: the jobs' default window does not apply
     return get_algorithm(name) if window is None else get_algorithm(name, window=window)
 
 

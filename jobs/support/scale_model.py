@@ -27,6 +27,20 @@ framework overhead at N = 1. The knee ``N* = (Z + sum D) / max D`` is where
 the workers' demand meets the busiest station's capacity (Z: a worker's own
 time per commit, D: each station's time per commit): below it speed-up grows
 nearly linearly, past it it flattens at ``window * batch_s / max D``.
+
+All-reduce (`allreduce_step_s`, `predict_allreduce`): no server; every step,
+each of the N workers computes its batch, then the workers sum the gradient
+in a ring: 2(N - 1) hops, each sending 1/N of the gradient to the next
+worker over that worker's OWN link, so every worker sends (and receives)
+``2 (N - 1) / N`` of the gradient's bytes per step whatever N is, and each
+hop pays a latency (``hop_s``: the network's and the collective's per-message
+cost). A step takes ``batch_s + 2 (N - 1) / N * 4 * params / link +
+2 (N - 1) * hop_s`` (no overlap of compute and communication: XLA on CPUs
+runs the all-reduce after the backward pass); the N workers train N batches
+in it, against plain Keras's one in ``batch_s``. Nothing crosses a shared
+station, so the curve has no knee; its efficiency falls to
+``batch_s / (batch_s + 8 * params / link)`` for large N, and the hop latency
+grows with N.
 """
 
 from __future__ import annotations
@@ -137,3 +151,26 @@ def with_codec(work: Workload, codec: str, replies: bool = False) -> Workload:
     else:
         raise ValueError(f"unknown codec {codec!r}; expected none, fp16, bf16 or topk:F")
     return replace(work, compression=fraction, reply_compression=fraction if replies else 1.0)
+
+
+def allreduce_step_s(work: Workload, cluster: Cluster, n: int, hop_s: float = 0.0) -> float:
+    """Seconds of one synchronous all-reduce step of `n` workers (the module docstring): the batch (slower
+    when `n` workers share fewer `cluster.cores`), the ring's bytes over each worker's link (none on
+    loopback, ``link_gbit=None``) and its 2(n - 1) hops of `hop_s`."""
+    if n < 1:
+        raise ValueError(f"n must be a positive number of workers, received {n}")
+    compute = work.batch_s * (max(1.0, n / cluster.cores) if cluster.cores else 1.0)
+    if n == 1:
+        return compute  # one process: nothing to reduce
+    ring = 2.0 * (n - 1) / n * 4.0 * work.params
+    transfer = 0.0 if cluster.link_gbit is None else ring / (cluster.link_gbit * GBIT)
+    return compute + transfer + 2 * (n - 1) * hop_s + cluster.latency_s
+
+
+def predict_allreduce(work: Workload, cluster: Cluster, n: int, hop_s: float = 0.0) -> dict[str, float]:
+    """Speed-up against plain Keras (N batches per step against one per ``batch_s``), efficiency, and the ring's
+    bytes each worker sends per step, at `n` workers."""
+    step = allreduce_step_s(work, cluster, n, hop_s)
+    speedup = n * work.batch_s / step
+    return {"workers": n, "step_s": step, "speedup": speedup, "efficiency": speedup / n,
+            "ring_bytes_per_worker": 2.0 * (n - 1) / n * 4.0 * work.params}

@@ -255,14 +255,36 @@ def _start(model, client, record: dict) -> int:
     return start_epoch
 
 
+def _committed_state():
+    """A callback that commits every variable's array to its device(s) before the first step. Keras leaves
+    the arrays it creates uncommitted and the state its steps return committed, so without it XLA compiles
+    the train step a second time at the second epoch (measured: 10 s of the MNIST CNN's on this machine)."""
+    import jax
+    import keras
+
+    class CommittedState(keras.callbacks.Callback):
+        def on_train_begin(self, logs=None):
+            model = self.model
+            for variable in list(model.variables) + list(model.optimizer.variables) + list(model.metrics_variables):
+                value = variable.value
+                if not getattr(value, "committed", True):
+                    variable.assign(jax.device_put(value, value.sharding))
+
+    return CommittedState()
+
+
 def _train(model, shard: _Shard, validation: _Validation | None, client, job: CollectiveJob, record: dict,
            start_epoch: int) -> None:
-    record.update(epochs=[], commits=0, comm_s=0.0, steps=0, bytes_sent=0, bytes_received=0)
+    gradient = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.trainable_variables)
+    record.update(epochs=[], commits=0, comm_s=0.0, steps=0, bytes_sent=0, bytes_received=0,
+                  ring_bytes_per_step=2.0 * (job.num_processes - 1) / job.num_processes * gradient)
+    committed = _committed_state()
     train_start, cpu_start = time.time(), time.process_time()
     for epoch in range(start_epoch, job.epochs):
         entry = {"epoch": epoch, "start": time.time(), "batches": shard.steps}
         record["epochs"].append(entry)
-        history = model.fit(shard.dataset(epoch), epochs=epoch + 1, initial_epoch=epoch, shuffle=False, verbose=0)
+        history = model.fit(shard.dataset(epoch), epochs=epoch + 1, initial_epoch=epoch, shuffle=False, verbose=0,
+                            callbacks=[committed])
         record["steps"] += shard.steps
         logs = {k: float(v[-1]) for k, v in history.history.items()}
         reported = dict(logs, rows=float(record["padded_rows"]) * job.num_processes)
