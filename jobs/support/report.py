@@ -39,6 +39,7 @@ import math
 import os
 import platform
 import socket
+import sys
 from importlib import metadata as _metadata
 from pathlib import Path
 from typing import Any, Iterable, Mapping, Sequence
@@ -147,6 +148,9 @@ def run_metadata(extra: Mapping[str, Any] | None = None) -> dict:
         "platform": platform.platform(),
         "python": platform.python_version(),
         "versions": versions,
+        # the driver's Keras backend, which every task uses (KERAS_BACKEND, the jobs' --backend)
+        "keras_backend": (sys.modules["keras"].backend.backend() if "keras" in sys.modules
+                          else os.environ.get("KERAS_BACKEND", "tensorflow")),
     }
     if extra:
         meta.update(extra)
