@@ -91,9 +91,11 @@ class OneTimePoly1305:
     """Poly1305 under a key of its own for the frame numbered `seq` (see the module docstring); libcrypto's
     (no GIL held while hashing) where it loads, else `cryptography`'s."""
 
-    def __init__(self, key: bytes, seq: int) -> None:
+    def __init__(self, key: bytes, seq: int, size: int | None = None) -> None:
         one_time = hmac.digest(key, b"poly1305" + _SEQ.pack(seq), "sha256")
-        self._mac = libcrypto.Poly1305(one_time) if libcrypto.available() else Poly1305(one_time)
+        # libcrypto's context costs four foreign calls: worth it where the GIL is released long enough.
+        big = size is None or size >= LIBCRYPTO_MIN
+        self._mac = libcrypto.Poly1305(one_time) if big and libcrypto.available() else Poly1305(one_time)
 
     def update(self, data) -> None:
         self._mac.update(data)
@@ -120,10 +122,11 @@ def releases_gil(algorithm: str | None) -> bool:
     return algorithm in ("hmac-sha256", "blake2b")
 
 
-def new_mac(algorithm: str, key: bytes, seq: int):
-    """A hasher (``update``/``digest``) for the frame numbered `seq`, keyed with `key`."""
+def new_mac(algorithm: str, key: bytes, seq: int, size: int | None = None):
+    """A hasher (``update``/``digest``) for the frame numbered `seq`, keyed with `key` (`size`: the frame's
+    bytes, where known)."""
     if algorithm == "poly1305":
-        return OneTimePoly1305(key, seq)
+        return OneTimePoly1305(key, seq, size)
     if algorithm == "hmac-sha256":
         return hmac.new(key, _SEQ.pack(seq), hashlib.sha256)
     if algorithm == "blake2b":
@@ -133,7 +136,7 @@ def new_mac(algorithm: str, key: bytes, seq: int):
 
 def frame_tag(algorithm: str, key: bytes, seq: int, buffers: Sequence) -> bytes:
     """The tag of one encoded frame (a list of buffers, as :func:`~trainer.transport.wire.encode` returns)."""
-    h = new_mac(algorithm, key, seq)
+    h = new_mac(algorithm, key, seq, sum(memoryview(b).nbytes for b in buffers))
     for b in buffers:
         h.update(b)
     return h.digest()
@@ -141,6 +144,8 @@ def frame_tag(algorithm: str, key: bytes, seq: int, buffers: Sequence) -> bytes:
 
 #: Bytes of a frame hashed, then sent, at a time (see `Channel.send`) where the MAC holds the GIL.
 MAC_PIECE = 1 << 20
+#: Smallest frame hashed by libcrypto's Poly1305 (smaller ones: `cryptography`'s, fewer foreign calls).
+LIBCRYPTO_MIN = 64 << 10
 #: Smallest frame hashed on the helper thread while it moves (smaller ones: handing over costs more).
 OVERLAP_MIN = 256 << 10
 
@@ -202,18 +207,18 @@ class Channel:
         self.sent += 1
         if self.mac is None:
             return send_buffers(self.sock, buffers)
-        hasher = new_mac(self.mac, self._send_key, seq)  # type: ignore[arg-type]
-        if self._overlap:
-            views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
-            if sum(len(v) for v in views) >= OVERLAP_MIN:
-                behind = self._hash_behind()
-                behind.update(hasher, *views)
-                try:
-                    written = send_buffers(self.sock, views)
-                except BaseException:
-                    behind.cancel()
-                    raise
-                return written + send_buffers(self.sock, [TRAILER.pack(seq, behind.digest(hasher))])
+        views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
+        size = sum(len(v) for v in views)
+        hasher = new_mac(self.mac, self._send_key, seq, size)  # type: ignore[arg-type]
+        if self._overlap and size >= OVERLAP_MIN:
+            behind = self._hash_behind()
+            behind.update(hasher, *views)
+            try:
+                written = send_buffers(self.sock, views)
+            except BaseException:
+                behind.cancel()
+                raise
+            return written + send_buffers(self.sock, [TRAILER.pack(seq, behind.digest(hasher))])
         written = 0
         *pieces, last = _pieces(buffers, MAC_PIECE)  # a frame always has its header
         for piece in pieces:
@@ -252,7 +257,7 @@ class Channel:
         hasher = behind = None
         on_data = None
         if self.mac is not None:  # hashed as it arrives (the expected number: a wrong one fails below)
-            hasher = new_mac(self.mac, self._recv_key, self.received)  # type: ignore[arg-type]
+            hasher = new_mac(self.mac, self._recv_key, self.received, size)  # type: ignore[arg-type]
             if self._overlap and size >= OVERLAP_MIN:  # on the helper thread, while the rest arrives
                 behind = self._hash_behind()
                 behind.update(hasher, header)
