@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import ClusterCapacityError
+from trainer.spark.connect import is_connect
 
 GPU = "gpu"
 
@@ -78,7 +79,12 @@ def stage_profile(spark, gpus_per_worker: int):
 
     cpus = int(float(_conf(spark, "spark.task.cpus", "1")))
     requests = TaskResourceRequests().cpus(cpus).resource(GPU, float(gpus_per_worker))
-    return ResourceProfileBuilder().require(requests).build
+    profile = ResourceProfileBuilder().require(requests).build
+    if is_connect(spark):
+        # A Connect client registers the profile on the server when its id is first read, with the session
+        # active in the reading thread: read it here, not in the thread that later runs the stage.
+        profile.id  # noqa: B018
+    return profile
 
 
 def check_gpus_offered(spark, gpus_per_worker: int) -> None:
