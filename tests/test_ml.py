@@ -43,14 +43,14 @@ def test_pipeline_fits_saves_loads_and_predicts_the_same(table, tmp_path):
     assert isinstance(stage, KerasModel)
     assert [e["val_rows"] for e in stage.history.epochs] == [90.0] * 4  # the rows flagged by validationCol
     # Against predicting the mean (an MSE of var(y), about 3): y is linear in x and noise-free. Asynchronous
-    # DOWNPOUR leaves the path to chance, so the first epoch's loss varies (0.03-0.20 of var(y)) and a bound
-    # on last / first flips (0.03-0.55 over 20 runs); the ends do not. Over 20 runs (2026-11-26): the last
-    # validation loss 0.004-0.024 of var(y), the MSE over the table 0.006-0.012: bounds 4x the worst.
+    # DOWNPOUR leaves the path to chance: over 20 runs (2026-11-26) the first epoch's validation loss was
+    # 0.013-0.23 of var(y), so a bound on last / first flips (0.013-0.55); the ends hold: the last validation
+    # loss 0.002-0.034 of var(y), the MSE over the table 0.002-0.029. Bounds: about 3x the worst.
     variance = float(table.toPandas()["y"].var())
     assert stage.history.epochs[-1]["val_loss"] < 0.1 * variance, stage.history.epochs
     predicted = fitted.transform(table).select("y", "prediction").toPandas()
     assert predicted["prediction"].notna().all()
-    assert np.mean((predicted["y"] - predicted["prediction"]) ** 2) < 0.05 * variance
+    assert np.mean((predicted["y"] - predicted["prediction"]) ** 2) < 0.1 * variance
 
     fitted.save(str(tmp_path / "pipeline"))
     loaded = PipelineModel.load(str(tmp_path / "pipeline"))
