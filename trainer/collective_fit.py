@@ -35,15 +35,14 @@ from typing import Any, Callable
 
 from trainer.callbacks import EpochCallbacks, check_callbacks
 from trainer.checkpoint import Checkpointer
-from trainer.errors import TrainingFailedError
+from trainer.fit_stage import run_fit_stage
 from trainer.fitted import FittedModel, TrainingHistory
 from trainer.lr_schedules import planned_steps
 from trainer.progress import TrainingProgress
 from trainer.ps.epoch_end import EpochEnds
 from trainer.ps.server import ParameterServer, uniform_progress
 from trainer.runtime.collective import CollectiveConfig, train_collective_partition
-from trainer.runtime.worker import RESULT_DDL
-from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries
+from trainer.spark.launch import RetryPolicy, driver_addresses
 from trainer.spark.memory import task_memory_bytes
 from trainer.tracking import epoch_logger, fit_params
 from trainer.transport.tls import TlsIdentity
@@ -120,27 +119,11 @@ def fit_collective(trainer, df, resume_from, validation, callbacks, run) -> Fitt
         progress.restart(1)
         epoch_callbacks.restart(1)
 
-    try:
-        server.start()
-        epoch_callbacks.start(server)
-        job_start = time.time()
-        stage = run_stage_with_retries(
-            plan.frame, trainer.num_workers, make_task, RESULT_DDL,
-            policy=RetryPolicy(trainer.max_retries, trainer.retry_timeout, None),
-            description=f"trainer: {plan.model.name} {trainer.algorithm.describe()} x{trainer.num_workers}",
-            on_retry=on_retry, events=events, profile=plan.profile,
-            fatal=lambda: server.failure and TrainingFailedError(
-                f"Training stopped: the parameter server {server.failure}"),
-        )
-        job_end = time.time()
-    finally:
-        server.stop()
-        progress.close()
-        epoch_callbacks.close()
-        save_problem = checkpointer.finish() if checkpointer is not None else None  # logged, never raised
-    if save_problem is not None:
-        events.append({"time": time.time(), "event": "checkpoint_failed", "path": str(checkpoint_dir),
-                       "error": save_problem})
+    stage, job_start, job_end = run_fit_stage(
+        plan.frame, trainer.num_workers, make_task, RetryPolicy(trainer.max_retries, trainer.retry_timeout, None),
+        f"trainer: {plan.model.name} {trainer.algorithm.describe()} x{trainer.num_workers}", server=server,
+        progress=progress, epoch_callbacks=epoch_callbacks, checkpointer=checkpointer,
+        checkpoint_dir=checkpoint_dir, events=events, on_retry=on_retry, profile=plan.profile)
     return _fitted(trainer, plan, server, epoch_callbacks, [json.loads(r.history) for r in stage.rows],
                    job_start, job_end, events, run)
 

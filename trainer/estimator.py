@@ -52,9 +52,10 @@ from trainer.algorithms import ADAG, Algorithm, get_algorithm, with_compression
 from trainer.algorithms.delta import overlappable
 from trainer.callbacks import EpochCallbacks, check_callbacks
 from trainer.checkpoint import Checkpoint, Checkpointer, load_checkpoint
-from trainer.data.validate import DataSpec, prepare_frame
+from trainer.data.validate import DataSpec, model_io, prepare_frame
 from trainer.data.validation import split_validation, tag_validation, validation_frame
-from trainer.errors import CheckpointError, TrainingFailedError
+from trainer.errors import CheckpointError
+from trainer.fit_stage import run_fit_stage
 from trainer.fitted import FittedModel, TrainingHistory
 from trainer.lr_schedules import planned_steps
 from trainer.progress import TrainingProgress
@@ -66,8 +67,8 @@ from trainer.ps.shards import ShardedParameterServer
 from trainer.runtime.shard import FEEDS
 from trainer.runtime.shipping import ModelSource, pack_model, ship_by_value
 from trainer.runtime.state import optimizer_of
-from trainer.runtime.worker import RESULT_DDL, WorkerConfig, train_partition
-from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.runtime.worker import WorkerConfig, train_partition
+from trainer.spark.launch import RetryPolicy, driver_addresses, wait_for_slots
 from trainer.spark.memory import task_memory_bytes
 from trainer.spark.resources import check_gpus_per_worker, stage_profile
 from trainer.tracking import RunLogger, epoch_logger, fit_params
@@ -339,12 +340,14 @@ class Trainer:
         import keras  # deferred: TensorFlow starts only when a fit does
 
         if isinstance(self.model, keras.Model):
+            model_io(self.model)  # compiled, with a loss: a DataValidationError before any cluster work
             optimizer_of(self.model)  # built: the workers' copies and the callbacks' files hold its variables
             package = pack_model(self.model, self.custom_objects)
             return self.model, ModelSource(keras_bytes=package.data, custom_objects=package.custom_objects)
         model = self.model()
         if not isinstance(model, keras.Model):
             raise TypeError(f"The model function must return a keras.Model. Received: {type(model)}")
+        model_io(model)
         optimizer_of(model)
         ship_by_value(self.model, *(self.custom_objects or {}).values())
         return model, ModelSource(builder=self.model, custom_objects=self.custom_objects)
@@ -495,27 +498,12 @@ class Trainer:
             progress.restart(workers)
             epoch_callbacks.restart(workers)
 
-        try:
-            server.start()
-            epoch_callbacks.start(server)
-            job_start = time.time()
-            stage = run_stage_with_retries(
-                plan.frame, self.num_workers, make_task, RESULT_DDL,
-                policy=RetryPolicy(self.max_retries, self.retry_timeout, self.min_workers),
-                description=f"trainer: {plan.model.name} {self.algorithm.describe()}",
-                on_retry=on_retry, events=events, profile=plan.profile,
-                fatal=lambda: server.failure and TrainingFailedError(
-                    f"Training stopped: the parameter server {server.failure}"),
-            )
-            job_end = time.time()
-        finally:
-            server.stop()
-            progress.close()
-            epoch_callbacks.close()
-            save_problem = checkpointer.finish() if checkpointer is not None else None  # logged, never raised
-        if save_problem is not None:
-            events.append({"time": time.time(), "event": "checkpoint_failed", "path": str(checkpoint_dir),
-                           "error": save_problem})
+        stage, job_start, job_end = run_fit_stage(
+            plan.frame, self.num_workers, make_task,
+            RetryPolicy(self.max_retries, self.retry_timeout, self.min_workers),
+            f"trainer: {plan.model.name} {self.algorithm.describe()}", server=server, progress=progress,
+            epoch_callbacks=epoch_callbacks, checkpointer=checkpointer, checkpoint_dir=checkpoint_dir,
+            events=events, on_retry=on_retry, profile=plan.profile)
         epoch_callbacks.finish(server.center())  # the final weights, then on_train_end (restore_best_weights)
         if epoch_callbacks.stopped_epoch is not None:
             events.append({"time": time.time(), "event": "stopped_by_callback", "epoch": epoch_callbacks.stopped_epoch})

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.errors import DataValidationError
 from trainer.runtime.backends import read_weights
 
 
@@ -18,7 +17,7 @@ def optimizer_of(model):
     """The model's optimizer, built for its trainable variables; a clear error for an uncompiled model."""
     opt = getattr(model, "optimizer", None)
     if opt is None:
-        raise DataValidationError(
+        raise ValueError(
             "The model is not compiled (it has no optimizer). "
             "Fix: call model.compile(optimizer=..., loss=..., metrics=[...]) where the model is built."
         )
