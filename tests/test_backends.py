@@ -33,7 +33,9 @@ def test_fit_resume_transform_evaluate_and_save_under_this_backend(digits, tmp_p
     assert [w["start_epoch"] for w in resumed.history.workers] == [2, 2]
     assert [e["epoch"] for e in resumed.history.epochs] == [2, 3]
     accuracy = resumed.evaluate(test)["accuracy"]
-    assert accuracy >= 0.8  # digits: chance 0.1, plain Keras 0.95-0.97 after 4 epochs at this rate
+    # digits: chance 0.1. The defaults at this rate for 4 epochs, 18 runs under TensorFlow (2026-11-26):
+    # 0.862, 0.869, 0.875, then 0.919-0.966; DOWNPOUR's loss now and then swings back up mid-run.
+    assert accuracy >= 0.8
 
     predicted = resumed.transform(test).select("label", "prediction").toPandas()
     agreement = np.mean([int(np.argmax(p)) == label for p, label in zip(predicted["prediction"], predicted["label"])])
