@@ -75,15 +75,14 @@ dist: venv ## build the wheel and the sdist into dist/
 demo: venv ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times
 	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --no-baseline --out $(OUT)/demo
 
-test: venv ## run every test (unit, Spark integration, containers when a Docker engine is up): the main run, and beside it the backend tests under JAX and torch, then the container tests
+test: venv ## run every test (unit, Spark integration, containers when a Docker engine is up); beside it, the backend tests under JAX and torch
 	@mkdir -p test-artifacts; \
 	( for backend in $(TEST_BACKENDS); do \
 	    KERAS_BACKEND=$$backend $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) >test-artifacts/backend-$$backend.log 2>&1; \
-	    echo $$? >test-artifacts/backend-$$backend.rc; done; \
-	  $(VENV)/bin/pytest -m docker $(PYTEST_ARGS) >test-artifacts/docker.log 2>&1; echo $$? >test-artifacts/docker.rc ) & \
-	beside=$$!; status=0; $(VENV)/bin/pytest -m "not docker" $(PYTEST_ARGS) || status=$$?; wait $$beside; \
-	for run in $(addprefix backend-,$(TEST_BACKENDS)) docker; do echo "== $$run (ran beside the run above)"; \
-	    cat test-artifacts/$$run.log; rc=$$(cat test-artifacts/$$run.rc); \
+	    echo $$? >test-artifacts/backend-$$backend.rc; done ) & \
+	beside=$$!; status=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || status=$$?; wait $$beside; \
+	for backend in $(TEST_BACKENDS); do echo "== KERAS_BACKEND=$$backend pytest -m backend (ran beside the run above)"; \
+	    cat test-artifacts/backend-$$backend.log; rc=$$(cat test-artifacts/backend-$$backend.rc); \
 	    [ "$$rc" = 0 ] || [ "$$rc" = 5 ] || status=$$rc; done; exit $$status
 
 test-unit: venv ## run the tests that need neither Spark nor Docker
