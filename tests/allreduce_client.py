@@ -13,33 +13,16 @@ from __future__ import annotations
 import json
 import sys
 
-import numpy as np
-
-
-def digits_model():
-    import keras
-
-    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(32, activation="relu"),
-                              keras.layers.Dense(10, activation="softmax")])
-    model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
-    return model
+from connect_client import digits_frames, digits_model  # this script's folder is on sys.path
 
 
 def main(url: str, out_path: str) -> None:
-    from sklearn.datasets import load_digits
-
     from trainer import Trainer
     from trainer.spark.connect import is_connect
     from trainer.spark.session import spark_session
 
     spark = spark_session(url)
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    order = np.random.default_rng(0).permutation(len(x))
-    rows = [(x[i].tolist(), int(data.target[i])) for i in order]
-    train = spark.createDataFrame(rows[:1500], "features array<float>, label int")
-    test = spark.createDataFrame(rows[1500:], "features array<float>, label int")
+    train, test = digits_frames(spark)
     # slot_timeout: the server answers before its executors have registered
     fitted = Trainer(digits_model, algorithm="allreduce", num_workers=2, batch_size=16, epochs=3, seed=1,
                      gpus_per_worker=1, slot_timeout=120, verbose=False).fit(train)

@@ -24,13 +24,23 @@ def digits_model(lr: float = 0.01):
     return model
 
 
+def digits_frames(spark):
+    """The digits as (train, test) DataFrames: 1,500 rows and 297, in a fixed shuffled order."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    order = np.random.default_rng(0).permutation(len(x))
+    rows = [(x[i].tolist(), int(data.target[i])) for i in order]
+    return (spark.createDataFrame(rows[:1500], "features array<float>, label int"),
+            spark.createDataFrame(rows[1500:], "features array<float>, label int"))
+
+
 def selection_model(params):
     return digits_model(params["lr"])
 
 
 def main(url: str, out_path: str) -> None:
-    from sklearn.datasets import load_digits
-
     from trainer import ADAG, Trainer
     from trainer.errors import ClusterCapacityError, ConnectUnsupportedError
     from trainer.selection import GridSearch, ModelSelector, choice
@@ -49,16 +59,13 @@ def main(url: str, out_path: str) -> None:
         out["spark_context_error"] = type(exc).__name__
     out["ps_host"] = driver_addresses(spark)[0]
 
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    order = np.random.default_rng(0).permutation(len(x))
-    rows = [(x[i].tolist(), int(data.target[i])) for i in order]
-    train = spark.createDataFrame(rows[:1500], "features array<float>, label int")
-    test = spark.createDataFrame(rows[1500:], "features array<float>, label int")
+    train, test = digits_frames(spark)
 
     started = time.time()
+    # slot_timeout: the server answers before its executors have registered, which takes over 10 s on a
+    # loaded machine (the first fit is the first stage; the capacity check below keeps the default)
     fitted = Trainer(digits_model, algorithm=ADAG(window=8), num_workers=2, batch_size=32, epochs=5,
-                     verbose=False).fit(train)
+                     slot_timeout=120, verbose=False).fit(train)
     out["fit_s"] = time.time() - started
     out["fit_workers"] = sorted({w["worker"] for w in fitted.history.workers})
     out["fit_updates"] = fitted.history.num_updates
