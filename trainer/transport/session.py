@@ -207,10 +207,10 @@ class Channel:
         self.sent += 1
         if self.mac is None:
             return send_buffers(self.sock, buffers)
-        views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
-        size = sum(len(v) for v in views)
+        size = sum(memoryview(b).nbytes for b in buffers)
         hasher = new_mac(self.mac, self._send_key, seq, size)  # type: ignore[arg-type]
         if self._overlap and size >= OVERLAP_MIN:
+            views = [v for v in (memoryview(b).cast("B") for b in buffers) if len(v)]
             behind = self._hash_behind()
             behind.update(hasher, *views)
             try:
