@@ -7,8 +7,12 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 PIP         := $(VENV)/bin/pip
 EXTRAS      ?= tf,jax,torch,test,data,connect
-# Keras backends whose `-m backend` tests `make test` runs after the main run (under TensorFlow).
+# Keras backends whose `-m backend` tests `make test` runs beside the main run (under TensorFlow).
 TEST_BACKENDS ?= jax torch
+# The JVMs the tests start (drivers through spark-submit, their executors) take the quick JIT tier and one GC
+# thread: a short-lived driver JVM then costs 19-20 CPU seconds instead of 34-37 here (the embedded cluster's
+# daemons always do; a user's drivers and executors keep Java's defaults).
+TEST_JVM_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 # The one file of exact pins (transitive ones included); `make lock` regenerates it.
 CONSTRAINTS ?= constraints.txt
 # Cells of the compatibility matrix (requirements/matrix-CELL.txt) and where their venvs are cached.
@@ -74,6 +78,9 @@ dist: venv ## build the wheel and the sdist into dist/
 
 demo: venv ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times
 	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --no-baseline --out $(OUT)/demo
+
+test test-unit test-matrix: export SPARK_SUBMIT_OPTS = $(TEST_JVM_OPTS)
+test test-unit test-matrix: export PYSPARK_SUBMIT_ARGS = --conf "spark.executor.extraJavaOptions=$(TEST_JVM_OPTS)" pyspark-shell
 
 test: venv ## run every test (unit, Spark integration, containers when a Docker engine is up); beside it, the backend tests under JAX and torch
 	@mkdir -p test-artifacts; \

@@ -445,6 +445,23 @@ def check_the_notebooks_mlflow_run(lab, run_id: str) -> None:
     assert found.stdout.strip(), f"no MLmodel of {models[0]['model_id']} under the server's /mlflow/artifacts"
 
 
+def test_allreduce_under_jax_trains_on_every_worker_container(lab):
+    """`--algorithm allreduce --backend jax` in the lab: the 3 barrier tasks, one per worker container, become
+    one Keras distribution (task 0's container the coordinator, gloo all-reducing the gradients between the
+    containers over the lab's network). Before the kill test, which leaves 2 workers."""
+    out = "/results/allreduce"
+    lab.exec("jupyter", "rm", "-rf", out, check=False)
+    proc = lab.compose("run", "--rm", "submit", "submit", "mnist", "--out", out, "--workers", str(LAB_WORKERS),
+                       "--limit", "3000", "--epochs", "2", "--no-baseline", "--algorithm", "allreduce",
+                       "--backend", "jax", timeout=1200, check=False)
+    assert proc.returncode == 0, f"the all-reduce job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
+    result = json.loads(lab.exec("jupyter", "cat", f"{out}/mnist.json").stdout)
+    assert result["metadata"]["keras_backend"] == "jax", result["metadata"]
+    (row,) = result["rows"]
+    assert (row["algorithm"], row["workers"]) == ("allreduce", LAB_WORKERS), row
+    assert row["metric_value"] > 0.5, f"accuracy {row['metric_value']} after 2 epochs of 3,000 images"
+
+
 def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
     """`make submit` trains MNIST on all 3 workers; `docker kill` one worker container mid-run.
 

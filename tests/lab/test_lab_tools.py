@@ -172,7 +172,7 @@ def test_mlflow_server_lock_is_the_clients_mlflow_release():
     )
     assert "mlflow" not in client, "the full mlflow stays out of the trainer's venv (it caps pyarrow)"
     dockerfile = (REPO / "images" / "Dockerfile").read_text()
-    assert "requirements/mlflow-server.txt" in dockerfile and "--extras lab,data,mlflow" in dockerfile
+    assert "requirements/mlflow-server.txt" in dockerfile and "--extras lab,data,mlflow,jax" in dockerfile
     assert "!requirements/mlflow-server.txt" in (REPO / ".dockerignore").read_text().splitlines()
 
 
