@@ -85,7 +85,7 @@ test test-unit test-matrix: export PYSPARK_SUBMIT_ARGS = --conf "spark.executor.
 test: venv ## run every test (unit, Spark integration, containers when a Docker engine is up); beside it, the backend tests under JAX and torch
 	@mkdir -p test-artifacts; \
 	( for backend in $(TEST_BACKENDS); do \
-	    KERAS_BACKEND=$$backend $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) >test-artifacts/backend-$$backend.log 2>&1 \
+	    KERAS_BACKEND=$$backend TMPDIR=$$(mktemp -d) $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) >test-artifacts/backend-$$backend.log 2>&1 \
 	        && echo 0 >test-artifacts/backend-$$backend.rc || echo $$? >test-artifacts/backend-$$backend.rc; done ) & \
 	beside=$$!; status=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || status=$$?; wait $$beside || true; \
 	for backend in $(TEST_BACKENDS); do echo "== KERAS_BACKEND=$$backend pytest -m backend (ran beside the run above)"; \
