@@ -13,6 +13,9 @@ TEST_BACKENDS ?= jax torch
 # thread: a short-lived driver JVM then costs 19-20 CPU seconds instead of 34-37 here (the embedded cluster's
 # daemons always do; a user's drivers and executors keep Java's defaults).
 TEST_JVM_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
+# A command `make test` runs in its background stream after the backend runs (with a TMPDIR of its own), its
+# output printed at the end and its failure counted; .ci/run puts the lowest matrix cell there.
+TEST_BESIDE ?=
 # The one file of exact pins (transitive ones included); `make lock` regenerates it.
 CONSTRAINTS ?= constraints.txt
 # Cells of the compatibility matrix (requirements/matrix-CELL.txt) and where their venvs are cached.
@@ -86,11 +89,15 @@ test: venv ## run every test (unit, Spark integration, containers when a Docker 
 	@mkdir -p test-artifacts; \
 	( for backend in $(TEST_BACKENDS); do \
 	    KERAS_BACKEND=$$backend TMPDIR=$$(mktemp -d) $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) >test-artifacts/backend-$$backend.log 2>&1 \
-	        && echo 0 >test-artifacts/backend-$$backend.rc || echo $$? >test-artifacts/backend-$$backend.rc; done ) & \
+	        && echo 0 >test-artifacts/backend-$$backend.rc || echo $$? >test-artifacts/backend-$$backend.rc; done; \
+	  $(if $(TEST_BESIDE),TMPDIR=$$(mktemp -d) $(TEST_BESIDE) >test-artifacts/beside.log 2>&1 \
+	        && echo 0 >test-artifacts/beside.rc || echo $$? >test-artifacts/beside.rc;) true ) & \
 	beside=$$!; status=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || status=$$?; wait $$beside || true; \
 	for backend in $(TEST_BACKENDS); do echo "== KERAS_BACKEND=$$backend pytest -m backend (ran beside the run above)"; \
 	    cat test-artifacts/backend-$$backend.log; rc=$$(cat test-artifacts/backend-$$backend.rc); \
-	    [ "$$rc" = 0 ] || [ "$$rc" = 5 ] || status=$$rc; done; exit $$status
+	    [ "$$rc" = 0 ] || [ "$$rc" = 5 ] || status=$$rc; done; \
+	$(if $(TEST_BESIDE),echo "== $(TEST_BESIDE) (ran beside the run above, after the backend runs)"; \
+	    cat test-artifacts/beside.log; rc=$$(cat test-artifacts/beside.rc); [ "$$rc" = 0 ] || status=$$rc;) exit $$status
 
 test-unit: venv ## run the tests that need neither Spark nor Docker
 	$(VENV)/bin/pytest -m "not spark and not docker" $(PYTEST_ARGS)
