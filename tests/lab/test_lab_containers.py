@@ -458,7 +458,7 @@ def test_allreduce_under_jax_trains_on_every_worker_container(lab):
     result = json.loads(lab.exec("jupyter", "cat", f"{out}/mnist.json").stdout)
     assert result["metadata"]["keras_backend"] == "jax", result["metadata"]
     (row,) = result["rows"]
-    assert (row["algorithm"], row["workers"]) == ("allreduce", LAB_WORKERS), row
+    assert (row["algorithm"], row["workers"]) == ("allreduce(every step)", LAB_WORKERS), row
     assert row["metric_value"] > 0.5, f"accuracy {row['metric_value']} after 2 epochs of 3,000 images"
 
 
