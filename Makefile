@@ -16,6 +16,8 @@ TEST_JVM_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 # A command `make test` runs in its background stream after the backend runs (with a TMPDIR of its own), its
 # output printed at the end and its failure counted; .ci/run puts the lowest matrix cell there.
 TEST_BESIDE ?=
+# A marker expression for the main run alone (.ci/run: "not docker", the container tests going in TEST_BESIDE).
+TEST_MARKS ?=
 # The one file of exact pins (transitive ones included); `make lock` regenerates it.
 CONSTRAINTS ?= constraints.txt
 # Cells of the compatibility matrix (requirements/matrix-CELL.txt) and where their venvs are cached.
@@ -92,7 +94,8 @@ test: venv ## run every test (unit, Spark integration, containers when a Docker 
 	        && echo 0 >test-artifacts/backend-$$backend.rc || echo $$? >test-artifacts/backend-$$backend.rc; done; \
 	  $(if $(TEST_BESIDE),TMPDIR=$$(mktemp -d) $(TEST_BESIDE) >test-artifacts/beside.log 2>&1 \
 	        && echo 0 >test-artifacts/beside.rc || echo $$? >test-artifacts/beside.rc;) true ) & \
-	beside=$$!; status=0; $(VENV)/bin/pytest $(PYTEST_ARGS) || status=$$?; wait $$beside || true; \
+	beside=$$!; status=0; $(VENV)/bin/pytest $(if $(TEST_MARKS),-m "$(TEST_MARKS)") $(PYTEST_ARGS) || status=$$?; \
+	wait $$beside || true; \
 	for backend in $(TEST_BACKENDS); do echo "== KERAS_BACKEND=$$backend pytest -m backend (ran beside the run above)"; \
 	    cat test-artifacts/backend-$$backend.log; rc=$$(cat test-artifacts/backend-$$backend.rc); \
 	    [ "$$rc" = 0 ] || [ "$$rc" = 5 ] || status=$$rc; done; \
