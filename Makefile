@@ -14,7 +14,7 @@ TEST_BACKENDS ?= jax torch
 # daemons always do; a user's drivers and executors keep Java's defaults).
 TEST_JVM_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 # A command `make test` runs in its background stream after the backend runs (with a TMPDIR of its own), its
-# output printed at the end and its failure counted; .ci/run puts the lowest matrix cell there.
+# output printed at the end and its failure counted; .ci/run puts the lowest matrix cell and the containers there.
 TEST_BESIDE ?=
 # A marker expression for the main run alone (.ci/run: "not docker", the container tests going in TEST_BESIDE).
 TEST_MARKS ?=
