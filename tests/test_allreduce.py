@@ -154,6 +154,7 @@ def test_two_collective_processes_without_spark_take_plain_keras_steps():
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     assert int(center[len(start)]) == 6  # the optimizer's iterations came along: 2 epochs x 3 global steps
     assert [r["steps"] for r in records] == [6, 6] and records[0]["commits"] == 2 and records[1]["commits"] == 0
+    assert {r["train_step"] for r in records} == {"local gradients"}  # trainer.runtime.collective_step's
     assert records[0]["ring_bytes_per_step"] == 4 * model.count_params()  # 2 (N - 1) / N of the gradient, N = 2
 
 

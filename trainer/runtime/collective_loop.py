@@ -18,8 +18,10 @@ One process, in order:
    ``allGather``) and ``DataParallel`` over every process's devices, with
    ``auto_shard_dataset=False``: each process feeds its own rows, and Keras
    makes every step's global batch of the processes' local batches in process
-   order (``jax.make_array_from_process_local_data``), then XLA all-reduces
-   the gradients (gloo between CPUs, NCCL between GPUs);
+   order (``jax.make_array_from_process_local_data``); the train step
+   (``trainer.runtime.collective_step``) computes each process's gradients on
+   its rows and averages them in one all-reduce (gloo between CPUs, NCCL
+   between GPUs);
 3. the model, built the same way in every process; process 0 says HELLO to
    the driver's parameter server (one client) and broadcasts the center and
    the epoch to start at to the others (``jax.experimental.multihost_utils``):
@@ -56,6 +58,7 @@ import numpy as np
 
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.inference import validation_logs
+from trainer.runtime.collective_step import use_local_gradients
 from trainer.runtime.process import configure_process
 from trainer.runtime.state import load_state, optimizer_of
 
@@ -225,6 +228,7 @@ def run(directory: Path) -> dict[str, Any]:
     shard = _Shard(directory, job.batch_size, job.seed)
     model = job.model.build()
     optimizer_of(model)
+    record["train_step"] = "local gradients" if use_local_gradients(model, distribution) else "the model's own"
     validation = _Validation(directory, job, (shard.x, shard.y)) if record.get("validation") else None
     record["model_built"] = time.time()
     client = None

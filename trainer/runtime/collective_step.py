@@ -1,0 +1,156 @@
+"""The collective loop's train step: each process's gradients on its own rows, then one all-reduce of them all.
+
+Under ``keras.distribution.DataParallel`` Keras's own train step is one SPMD
+program over the global batch, and XLA's partitioner all-reduces wherever a
+contraction runs over the sharded batch dimension. In a recurrent layer that
+is inside the backward loop over time: one all-reduce per timestep and weight
+(measured here: a GRU(128) over 24 hours, 2 processes on 2 cores, 230 ms a
+step against 7 ms alone; the dump of the compiled step shows the all-reduce in
+the ``while`` body). `use_local_gradients` gives the model the step
+data-parallel frameworks take instead (PyTorch's DDP, Horovod): inside
+``jax.shard_map`` each process runs Keras's own ``train_step`` on its local
+rows; the gradients, concatenated into one vector per dtype, are averaged in
+ONE all-reduce before the optimizer applies them (20 ms a step for that GRU;
+the MNIST CNN 109 ms against 145). Every replica then holds the same state:
+
+* weights and optimizer variables: the optimizer applies the same averaged
+  gradients to the same state (equal local batches: the mean of the local
+  mean gradients is the global batch's mean gradient, so the step equals
+  plain Keras's on the global batch within float tolerance);
+* metric variables (Keras metrics accumulate sums and counts): each process's
+  increment is summed over the processes, so the logs cover the global batch;
+* other float variables (BatchNormalization's moving statistics): averaged;
+  integer ones (the random seeds' state) advance alike everywhere. A layer's
+  random seed is offset by the process's index for the step, so each process
+  draws its own dropout masks, as over a global batch.
+
+What differs from one process: a layer that computes statistics over the
+batch in the forward pass (BatchNormalization in training) sees the local
+batch, as under DDP without SyncBatchNorm. A model whose class overrides
+``train_step`` keeps it: the step stays Keras's SPMD one (correct, and slower
+for recurrent layers).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: The name of a Keras ``SeedGenerator``'s state variable ([seed, counter], advanced by [0, 1] per draw).
+SEED_STATE = "seed_generator_state"
+#: How far apart the processes' seeds are (an odd 32-bit constant: distinct for any number of processes).
+SEED_STRIDE = 0x9E3779B1
+
+
+def has_keras_train_step(model) -> bool:
+    """Whether `model` trains with Keras's own ``train_step`` (the local step wraps only that one)."""
+    import keras
+
+    return getattr(type(model), "train_step", None) is keras.Model.train_step
+
+
+def use_local_gradients(model, distribution) -> bool:
+    """Give `model` the local-gradients train step (module docstring) under `distribution` (a ``DataParallel``);
+    returns False, leaving the model as it is, when its class has a ``train_step`` of its own."""
+    if not has_keras_train_step(model):
+        return False
+    import jax
+    from jax.sharding import PartitionSpec
+
+    mesh, axis = distribution.device_mesh.backend_mesh, distribution.batch_dim_name
+    seeds = [i for i, v in enumerate(model.non_trainable_variables) if v.path.endswith(SEED_STATE)]
+
+    def local_step(state, data):
+        trainable, non_trainable, optimizer_vars, metrics = state
+        offset = seed_offset(axis)
+        non_trainable = shift_seeds(non_trainable, seeds, offset, +1)
+        with _averaged_gradients(model.optimizer, axis):
+            _, (trainable, new_non_trainable, optimizer_vars, new_metrics) = type(model).train_step(
+                model, (trainable, non_trainable, optimizer_vars, metrics), data)
+        new_non_trainable = shift_seeds(new_non_trainable, seeds, offset, -1)
+        new_non_trainable = [jax.lax.pmean(v, axis) if _is_float(v) else v for v in new_non_trainable]
+        new_metrics = [old + jax.lax.psum(new - old, axis) for old, new in zip(metrics, new_metrics)]
+        return _metrics_logs(model, new_metrics), (trainable, new_non_trainable, optimizer_vars, new_metrics)
+
+    replicated, sharded = PartitionSpec(), PartitionSpec(axis)
+
+    def train_step(state, data):
+        # check_vma=False: every output is made equal across the processes above, by construction.
+        return jax.shard_map(local_step, mesh=mesh, in_specs=(replicated, sharded),
+                             out_specs=(replicated, replicated), check_vma=False)(state, data)
+
+    model.train_step = train_step
+    return True
+
+
+def _is_float(value) -> bool:
+    import jax.numpy as jnp
+
+    return jnp.issubdtype(value.dtype, jnp.floating)
+
+
+def seed_offset(axis: str):
+    """This device's seed offset inside ``shard_map`` over mesh axis `axis`: its index times `SEED_STRIDE`."""
+    import jax
+    import jax.numpy as jnp
+
+    return jax.lax.axis_index(axis).astype(jnp.uint32) * jnp.uint32(SEED_STRIDE)
+
+
+def shift_seeds(variables: list, seeds: list[int], offset, sign: int) -> list:
+    """`variables` with `offset` added to (sign +1) or taken from (-1) the seed of each seed state in `seeds`."""
+    import jax.numpy as jnp
+
+    out = list(variables)
+    for i in seeds:
+        shift = jnp.stack([offset, jnp.zeros_like(offset)]).astype(out[i].dtype)
+        out[i] = out[i] + shift if sign > 0 else out[i] - shift
+    return out
+
+
+class _averaged_gradients:
+    """Within the block, `optimizer.stateless_apply` first averages the gradients over mesh axis `axis`: one
+    all-reduce per dtype, of all the gradients concatenated."""
+
+    def __init__(self, optimizer, axis: str) -> None:
+        self.optimizer, self.axis = optimizer, axis
+
+    def __enter__(self):
+        apply, axis = self.optimizer.stateless_apply, self.axis
+
+        def averaged(optimizer_variables, grads, trainable_variables):
+            return apply(optimizer_variables, average_flat(grads, axis), trainable_variables)
+
+        self.optimizer.stateless_apply = averaged  # an instance attribute over the method, for the trace only
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        del self.optimizer.stateless_apply
+
+
+def average_flat(grads: list, axis: str) -> list:
+    """The mean of `grads` over mesh axis `axis`, in one ``pmean`` per dtype of the gradients concatenated (XLA
+    on CPU runs each all-reduce on its own: one per gradient would pay the link's latency once each)."""
+    import jax
+    import jax.numpy as jnp
+
+    out: list = list(grads)
+    by_dtype: dict[Any, list[int]] = {}
+    for i, g in enumerate(grads):
+        if g is not None:
+            by_dtype.setdefault(jnp.dtype(g.dtype), []).append(i)
+    for indices in by_dtype.values():
+        flat = jax.lax.pmean(jnp.concatenate([jnp.ravel(grads[i]) for i in indices]), axis)
+        start = 0
+        for i in indices:
+            size = grads[i].size
+            out[i] = flat[start:start + size].reshape(grads[i].shape)
+            start += size
+    return out
+
+
+def _metrics_logs(model, metrics_variables: list) -> dict:
+    """The model's metric results computed from `metrics_variables` (the global ones)."""
+    import keras
+
+    with keras.StatelessScope(state_mapping=list(zip(model.metrics_variables, metrics_variables))):
+        return model.get_metrics_result()
