@@ -140,7 +140,7 @@ def plan(out: Path, *, quick: bool = False, skip_mnist: bool = False, skip_forec
                                     *(QUICK["mnist"] if quick else []), *extra.get("mnist", [])],
                             out / "mnist", counts))
         if allreduce:
-            steps.append(allreduce_step(steps[-1], quick))
+            steps.append(allreduce_step(steps[-1]))
     if not skip_forecast:
         counts = sorted(set(valid[:2] if quick else valid) | set(TIME_SHARED[:1] if quick else TIME_SHARED))
         more = QUICK["forecast"] if quick else ["--repeats", str(FORECAST_REPEATS),
@@ -148,14 +148,15 @@ def plan(out: Path, *, quick: bool = False, skip_mnist: bool = False, skip_forec
         steps.append(Step("forecast", ["--workers", ",".join(map(str, counts)), "--out", str(out / "forecast"),
                                        *more, *extra.get("forecast", [])], out / "forecast", counts))
         if allreduce:
-            steps.append(allreduce_step(steps[-1], quick))
+            steps.append(allreduce_step(steps[-1]))
     return steps
 
 
-def allreduce_step(step: Step, quick: bool) -> Step:
+def allreduce_step(step: Step) -> Step:
     """`step` again with ``--algorithm allreduce --backend jax``, on 1, 2 and 4 workers and the counts `step`
-    times (not the 8 time-shared ones: every all-reduce step waits for all workers), under ``<out>/<job>-allreduce``."""
-    counts = [1, 2] if quick else sorted({n for n in step.workers if n not in TIME_SHARED[1:]} | set(ALLREDUCE_COUNTS))
+    times (not the 8 time-shared ones: every all-reduce step waits for all workers), under ``<out>/<job>-allreduce``
+    (with ``--quick`` too)."""
+    counts = sorted({n for n in step.workers if n not in TIME_SHARED[1:]} | set(ALLREDUCE_COUNTS))
     out = step.out.with_name(f"{step.job}-allreduce")
     argv = list(step.argv)
     argv[argv.index("--workers") + 1] = ",".join(map(str, counts))

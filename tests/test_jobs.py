@@ -352,7 +352,7 @@ def test_bench_runs_each_job_again_with_allreduce_next_to_the_default_rule(bench
         assert {a for a in default.argv if a.startswith("--")} == {a for a in allreduce.argv[:-4]
                                                                    if a.startswith("--")}
     assert "--models" in steps[3].argv and "--repeats" in steps[3].argv
-    assert [s.workers for s in bench_job.plan(tmp_path, cores=2, quick=True)[1::2]] == [[1, 2], [1, 2]]
+    assert [s.workers for s in bench_job.plan(tmp_path, cores=2, quick=True)[1::2]] == [[1, 2, 4], [1, 2, 4]]
 
 
 def test_bench_passes_more_job_arguments_and_checks_them_before_running(bench_job, tmp_path, capsys):
