@@ -63,9 +63,9 @@ COUNTS = list(range(1, 65))
 LINKS = (1.0, 10.0, 100.0)  # Gbit/s
 HOP_US = 50.0  # all-reduce's latency per ring hop on a LAN (gloo over TCP), microseconds
 # This machine's loopback as all-reduce meets it (two processes, one core each; measured, see docs/benchmarks.md).
-HERE_HOP_US = 1800.0  # jobs/bench_ring.py, 2 processes, 2026-11-26 (a busy 2-core machine: 1,000-1,800)
-HERE_GBIT = 7.0  # the same runs: 4.8-9.4
-HERE_JAX_BATCH_MS = 86.8  # one batch of the MNIST CNN in plain Keras under JAX, one core (XLA's CPU convolutions)
+HERE_HOP_US = 1300.0  # jobs/bench_ring.py, 2 processes, 2026-11-26 19:00 (1,296; earlier on a busy machine 1,000-1,800)
+HERE_GBIT = 6.7  # the same run (earlier: 4.8-9.4)
+HERE_JAX_BATCH_MS = 54.8  # one batch of the MNIST CNN in plain Keras under JAX, one core (jobs/bench.py --quick, 19:18)
 # Measured runs to check the model against: (where, workers, speed-up against what, value).
 MEASURED = [
     ("issue 17, 2 cores (the first machine: plain 41.9, 1 worker 48.8, 2 workers 24.2 s/epoch)", 1, "plain",
@@ -91,8 +91,8 @@ STYLES = [
 ]
 # Measured all-reduce runs: (where, workers, speed-up against plain Keras under JAX); --bench-allreduce adds more.
 MEASURED_ALLREDUCE: list[tuple[str, int, float]] = [
-    ("allreduce: jobs/mnist.py, 2 cores, 2026-11-26 (6,000 images, 3 epochs, a busy machine)", n, v)
-    for n, v in ((1, 1.12), (2, 2 * 0.494))]
+    ("allreduce: jobs/bench.py --quick, 2 cores, 2026-11-26 19:18 (6,000 images, 2 epochs)", n, v)
+    for n, v in ((1, 1.07), (2, 2 * 0.699))]
 
 
 def _measured_inputs(args) -> None:
