@@ -5,7 +5,8 @@ Runs in its own process: ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` 
 only before JAX and Keras start. ``python tests/collective_step_client.py OUT.json`` writes, for a GRU over 12
 timesteps under ``DataParallel`` on the 2 devices, the all-reduces of Keras's own SPMD step and of the local
 step (how many, and how many inside a ``while`` loop's body) from XLA's compiled text; the largest difference
-between the weights after 3 local steps and plain Keras's (one device, the same global batches); and, for a
+between the weights after 3 local steps and plain Keras's (one device, the same global batches), and between
+their epoch's logs (the loss and a metric, over the global batches); and, for a
 model with Dropout, the seed state after a step against plain Keras's and whether the two devices' halves of
 the batch drew different masks.
 """
@@ -66,7 +67,7 @@ def main(out_path: str) -> None:
     keras.utils.set_random_seed(1)
     plain = gru(keras)
     start = plain.get_weights()
-    plain.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    plain_logs = plain.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0).history
 
     distribution = keras.distribution.DataParallel(devices=jax.devices(), auto_shard_dataset=False)
     keras.distribution.set_distribution(distribution)
@@ -74,7 +75,8 @@ def main(out_path: str) -> None:
     model = gru(keras)
     model.set_weights(start)
     installed = use_local_gradients(model, distribution)
-    model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0)
+    logs = model.fit(x, y, batch_size=GLOBAL_BATCH, epochs=1, shuffle=False, verbose=0).history
+    logs_rel_diff = max(abs(logs[k][0] - plain_logs[k][0]) / abs(plain_logs[k][0]) for k in ("loss", "mse"))
     weight_diff = max(float(np.max(np.abs(a - b))) for a, b in zip(model.get_weights(), plain.get_weights()))
     compiled = {}
     for step in ("spmd", "local"):  # a model each: tracing leaves tracers in a model that fit would trip over
@@ -100,6 +102,7 @@ def main(out_path: str) -> None:
         "installed": installed,
         **compiled,
         "weight_diff": weight_diff,
+        "logs_rel_diff": logs_rel_diff,
         "seed_state": [int(v) for v in np.asarray(drop.layers[0].seed_generator.state.value)],
         "plain_seed_state": [int(v) for v in np.asarray(plain_drop.layers[0].seed_generator.state.value)],
         "halves_differ": halves,

@@ -3,7 +3,7 @@
 The compiled step is checked in a JAX process of its own with two CPU devices (XLA's
 ``--xla_force_host_platform_device_count``), no Spark: Keras's own SPMD step all-reduces inside the GRU's
 backward loop (once per timestep: the reason the local step exists), the local step never does; 3 local
-steps equal plain Keras's on the global batches; a Dropout layer's seed advances as in plain Keras while each
+steps equal plain Keras's on the global batches, weights and logs; a Dropout layer's seed advances as in plain Keras while each
 device draws its own masks. The whole loop with Spark is tests/test_allreduce.py's.
 """
 
@@ -50,5 +50,6 @@ def test_the_local_step_all_reduces_once_outside_any_loop_and_takes_plain_keras_
     # The gradients in one all-reduce, the metrics' increments in at most one more (XLA may combine them).
     assert 1 <= seen["local"]["total"] <= 2, seen
     assert seen["weight_diff"] < 1e-5, seen
+    assert seen["logs_rel_diff"] < 1e-5, "the logs cover the global batch, not one device's half"
     assert seen["seed_state"] == seen["plain_seed_state"], seen
     assert seen["halves_differ"], "each device draws its own dropout masks"
