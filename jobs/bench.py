@@ -24,7 +24,7 @@ console output in ``<job>.log``; ``--out/BENCH.md`` links them and repeats
 the tables. Full data (MNIST 6 epochs, forecasting 4 epochs with 3 seeds)
 took 24-29 minutes on 2 cores on 2026-11-23 (MNIST 12-15, forecasting 12-15);
 ``--quick`` (MNIST 6,000 images, 2,000 hours of demand, 2 epochs, one seed)
-took 12 minutes on a busy 2-core machine.
+took 22 minutes on 2 cores with the all-reduce runs (2026-11-26).
 
     python jobs/bench.py --out results
     python jobs/bench.py --quick --skip-mnist
