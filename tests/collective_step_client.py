@@ -122,7 +122,7 @@ def _dropout_halves(layer, distribution, x) -> bool:
     axis = distribution.batch_dim_name
 
     def apply(seed_state, data):
-        (shifted,) = shift_seeds([seed_state], [0], seed_offset(axis), +1)
+        (shifted,) = shift_seeds([seed_state], [0], seed_offset(axis))
         return layer.stateless_call([], [shifted], data, training=True)[0]
 
     run = jax.shard_map(apply, mesh=distribution.device_mesh.backend_mesh,

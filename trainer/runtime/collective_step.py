@@ -33,6 +33,7 @@ for recurrent layers).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 #: The name of a Keras ``SeedGenerator``'s state variable ([seed, counter], advanced by [0, 1] per draw).
@@ -62,11 +63,11 @@ def use_local_gradients(model, distribution) -> bool:
     def local_step(state, data):
         trainable, non_trainable, optimizer_vars, metrics = state
         offset = seed_offset(axis)
-        non_trainable = shift_seeds(non_trainable, seeds, offset, +1)
+        non_trainable = shift_seeds(non_trainable, seeds, offset)
         with _averaged_gradients(model.optimizer, axis):
             _, (trainable, new_non_trainable, optimizer_vars, new_metrics) = type(model).train_step(
                 model, (trainable, non_trainable, optimizer_vars, metrics), data)
-        new_non_trainable = shift_seeds(new_non_trainable, seeds, offset, -1)
+        new_non_trainable = shift_seeds(new_non_trainable, seeds, -offset)
         new_non_trainable = [jax.lax.pmean(v, axis) if _is_float(v) else v for v in new_non_trainable]
         new_metrics = [old + jax.lax.psum(new - old, axis) for old, new in zip(metrics, new_metrics)]
         return _metrics_logs(model, new_metrics), (trainable, new_non_trainable, optimizer_vars, new_metrics)
@@ -96,35 +97,28 @@ def seed_offset(axis: str):
     return jax.lax.axis_index(axis).astype(jnp.uint32) * jnp.uint32(SEED_STRIDE)
 
 
-def shift_seeds(variables: list, seeds: list[int], offset, sign: int) -> list:
-    """`variables` with `offset` added to (sign +1) or taken from (-1) the seed of each seed state in `seeds`."""
+def shift_seeds(variables: list, seeds: list[int], offset) -> list:
+    """`variables` with `offset` added (modulo 2**32: ``-offset`` takes it back) to the seed of each seed state
+    in `seeds`."""
     import jax.numpy as jnp
 
     out = list(variables)
     for i in seeds:
-        shift = jnp.stack([offset, jnp.zeros_like(offset)]).astype(out[i].dtype)
-        out[i] = out[i] + shift if sign > 0 else out[i] - shift
+        out[i] = out[i] + jnp.stack([offset, jnp.zeros_like(offset)]).astype(out[i].dtype)
     return out
 
 
-class _averaged_gradients:
-    """Within the block, `optimizer.stateless_apply` first averages the gradients over mesh axis `axis`: one
-    all-reduce per dtype, of all the gradients concatenated."""
-
-    def __init__(self, optimizer, axis: str) -> None:
-        self.optimizer, self.axis = optimizer, axis
-
-    def __enter__(self):
-        apply, axis = self.optimizer.stateless_apply, self.axis
-
-        def averaged(optimizer_variables, grads, trainable_variables):
-            return apply(optimizer_variables, average_flat(grads, axis), trainable_variables)
-
-        self.optimizer.stateless_apply = averaged  # an instance attribute over the method, for the trace only
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        del self.optimizer.stateless_apply
+@contextlib.contextmanager
+def _averaged_gradients(optimizer, axis: str):
+    """Within the block, `optimizer.stateless_apply` first averages the gradients over mesh axis `axis`
+    (`average_flat`): an instance attribute over the method, for the trace only."""
+    apply = optimizer.stateless_apply
+    optimizer.stateless_apply = lambda variables, grads, trainable: apply(variables, average_flat(grads, axis),
+                                                                          trainable)
+    try:
+        yield
+    finally:
+        del optimizer.stateless_apply
 
 
 def average_flat(grads: list, axis: str) -> list:
@@ -136,8 +130,7 @@ def average_flat(grads: list, axis: str) -> list:
     out: list = list(grads)
     by_dtype: dict[Any, list[int]] = {}
     for i, g in enumerate(grads):
-        if g is not None:
-            by_dtype.setdefault(jnp.dtype(g.dtype), []).append(i)
+        by_dtype.setdefault(jnp.dtype(g.dtype), []).append(i)
     for indices in by_dtype.values():
         flat = jax.lax.pmean(jnp.concatenate([jnp.ravel(grads[i]) for i in indices]), axis)
         start = 0
