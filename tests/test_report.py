@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from trainer_jobs.support.report import (COLUMNS, is_empty, mape, markdown_row, markdown_table, metric_pivot,
-                                         plot_speedup, speedup_rows, write_results)
+                                         plot_speedup, speedup_figure, speedup_rows, write_results)
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -151,6 +151,19 @@ def test_plot_speedup_writes_png(tmp_path):
     assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
     with pytest.raises(ValueError, match="no result rows"):
         plot_speedup([], tmp_path / "empty.png", "mape")
+
+
+def test_the_plot_labels_plain_keras_as_plain_keras_and_shows_the_spread_over_seeds():
+    rows = [{"model": "cnn", "mode": "plain keras (1 thread)", "workers": 0, "metric_name": "accuracy",
+             "metric_value": v, "time_s": 30.0} for v in (0.985, 0.988)]
+    rows += [{"model": "cnn", "mode": "distributed", "workers": n, "metric_name": "accuracy", "metric_value": v,
+              "time_s": 30.0 / n, "seed": seed} for n in (1, 2) for seed, v in enumerate((0.984, 0.989))]
+    speed, metric = speedup_figure(rows, "accuracy").axes
+    for ax in (speed, metric):
+        assert list(ax.get_xticks()) == [1, 2], "plain Keras is not a worker count"
+    assert metric.get_legend_handles_labels()[1] == ["cnn", "plain Keras, 2 runs"]
+    spreads = [line.get_ydata() for line in metric.get_lines() if line.get_linewidth() == 4]
+    assert [tuple(map(float, y)) for y in spreads] == [(0.984, 0.989)] * 2  # one bar per worker count
 
 
 def test_mape_percent_in_original_units():

@@ -355,16 +355,32 @@ def _metric_value(row: Mapping[str, Any], metric: str) -> float | None:
     return None
 
 
+def _is_plain(row: Mapping[str, Any]) -> bool:
+    """A plain Keras baseline row (workers 0, mode "plain keras (...)")."""
+    return str(row.get("mode", "")).startswith("plain keras") or _number(row.get("workers")) == 0
+
+
 def plot_speedup(rows: Iterable[Mapping[str, Any]], out_png: str | Path, metric: str, title: str | None = None) -> Path:
-    """Two panels: speed-up vs workers (with the ideal line) and ``metric`` vs workers.
+    """`speedup_figure` written to `out_png` (PNG, the Agg canvas: no display needed); returns the path."""
+    out = Path(out_png)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    speedup_figure(rows, metric, title).savefig(out, dpi=110)
+    return out
+
+
+def speedup_figure(rows: Iterable[Mapping[str, Any]], metric: str, title: str | None = None):
+    """A matplotlib Figure of two panels: speed-up vs workers (with the ideal line) and ``metric`` vs workers.
 
     One line per model through the mean at each worker count; every row is
     also drawn as a marker, hollow (and listed in the legend) when its
-    ``timing_valid`` is False. ``metric`` is the value plotted on the right:
-    the row's ``metric`` key if present, else ``metric_value`` of rows whose
-    ``metric_name`` is ``metric``. Speed-ups are computed with
-    ``speedup_rows`` when missing. Written with the Agg canvas (no display
-    needed); returns the PNG path.
+    ``timing_valid`` is False, and where several runs (seeds) share a worker
+    count a bar spans their lowest to highest value. Plain Keras (the
+    baseline rows) is not a worker count: on the metric panel it is a dashed
+    line at its mean, labelled "plain Keras", with a band over its runs'
+    range when there are several. ``metric`` is the value plotted on the
+    right: the row's ``metric`` key if present, else ``metric_value`` of rows
+    whose ``metric_name`` is ``metric``. Speed-ups are computed with
+    ``speedup_rows`` when missing.
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -375,38 +391,42 @@ def plot_speedup(rows: Iterable[Mapping[str, Any]], out_png: str | Path, metric:
         raise ValueError("plot_speedup: no result rows to plot.")
     if any("speedup" not in r for r in rows):
         rows = speedup_rows(rows)
-    models: list[str] = []
-    for r in rows:
-        if r.get("model") not in models:
-            models.append(r.get("model"))
-
+    models = list(dict.fromkeys(r.get("model") for r in rows))
     fig = Figure(figsize=(11, 4.2), layout="constrained")
     FigureCanvasAgg(fig)
     ax_s, ax_m = fig.subplots(1, 2)
-    workers_all = sorted({int(n) for r in rows if (n := _number(r.get("workers"))) is not None})
+    distributed = [r for r in rows if not _is_plain(r)]
+    workers_all = sorted({int(n) for r in distributed if (n := _number(r.get("workers"))) is not None})
     any_invalid = False
-    colors = [f"C{i % 10}" for i in range(len(models))]
-    for model, color in zip(models, colors):
-        mine = [r for r in rows if r.get("model") == model]
+    for i, model in enumerate(models):
+        color = f"C{i % 10}"
+        mine = [r for r in distributed if r.get("model") == model]
         for ax, getter in ((ax_s, lambda r: _number(r.get("speedup"))), (ax_m, lambda r: _metric_value(r, metric))):
             points = [(_number(r.get("workers")), getter(r), r.get("timing_valid", True) is not False) for r in mine]
             points = [(w, v, ok) for w, v, ok in points if w is not None and v is not None]
             if not points:
                 continue
             xs = sorted({w for w, _, _ in points})
-            means = [float(np.mean([v for w, v, _ in points if w == x])) for x in xs]
-            ax.plot(xs, means, "-", color=color, label=str(model))
+            values = {x: [v for w, v, _ in points if w == x] for x in xs}
+            ax.plot(xs, [float(np.mean(values[x])) for x in xs], "-", color=color, label=str(model))
+            for x in xs:
+                if len(values[x]) > 1:  # the spread over seeds
+                    ax.plot([x, x], [min(values[x]), max(values[x])], "-", color=color, linewidth=4, alpha=0.3)
             for w, v, ok in points:
-                ax.plot(
-                    [w], [v], "o", color=color, markersize=7,
-                    markerfacecolor=color if ok else "none", markeredgewidth=1.5,
-                )
+                ax.plot([w], [v], "o", color=color, markersize=7, markerfacecolor=color if ok else "none",
+                        markeredgewidth=1.5)
                 any_invalid |= not ok
+        plain = [v for r in rows if _is_plain(r) and r.get("model") == model
+                 if (v := _metric_value(r, metric)) is not None]
+        if plain:
+            label = f"plain Keras ({model})" if len(models) > 1 else "plain Keras"
+            if len(plain) > 1:
+                label += f", {len(plain)} runs"
+                ax_m.axhspan(min(plain), max(plain), color=color, alpha=0.12, linewidth=0)
+            ax_m.axhline(float(np.mean(plain)), linestyle="--", color=color, linewidth=1.2, label=label)
     if workers_all:
-        ax_s.plot(
-            [min(workers_all), max(workers_all)], [min(workers_all), max(workers_all)],
-            "--", color="grey", label="ideal",
-        )
+        ax_s.plot([min(workers_all), max(workers_all)], [min(workers_all), max(workers_all)], "--", color="grey",
+                  label="ideal")
         for ax in (ax_s, ax_m):
             ax.set_xticks(workers_all)
     ax_s.set_xlabel("workers")
@@ -420,14 +440,13 @@ def plot_speedup(rows: Iterable[Mapping[str, Any]], out_png: str | Path, metric:
         handles.append(Line2D([], [], marker="o", linestyle="", color="black", markerfacecolor="none"))
         labels.append("timing not valid")
     ax_s.legend(handles, labels, fontsize="small")
+    if any(label.startswith("plain Keras") for label in ax_m.get_legend_handles_labels()[1]):
+        ax_m.legend(fontsize="small")
     for ax in (ax_s, ax_m):
         ax.grid(True, alpha=0.3)
     if title:
         fig.suptitle(title)
-    out = Path(out_png)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    return out
+    return fig
 
 
 # ------------------------------------------------------------------------- metric
