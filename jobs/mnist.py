@@ -16,7 +16,13 @@ the test set at an epoch end, with the epochs and sequential steps it took
 --epochs (at the schedule's final rate) when they need more epochs to get
 there; ``metric_value`` stays the accuracy after --epochs.
 
+Repeated runs: an asynchronous rule's result is a property of the run (how
+the workers' commits interleave) as much as of the seed, so one good run
+proves little; ``--repeats 5`` runs plain Keras and every worker count with
+seeds --seed .. --seed + 4 and prints the accuracy's mean ± sd per set-up.
+
     python jobs/mnist.py --workers 1,2 --epochs 6 --out results/mnist
+    python jobs/mnist.py --workers 2 --epochs 2 --no-dropout --lr-schedule constant --repeats 5
     python jobs/mnist.py --master spark://master:7077 --workers 1,2,3 --limit 10000
 """
 
@@ -45,7 +51,7 @@ from trainer_jobs.support.cli import (
 )
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.models import LEARNING_RATE, build_cnn  # noqa: F401  (build_cnn: this job's model)
-from trainer_jobs.support.report import markdown_table, plot_speedup, write_results
+from trainer_jobs.support.report import markdown_table, metric_pivot, plot_speedup, write_results
 from trainer_jobs.support.scaling import (
     baseline_row,
     cluster_session,
@@ -86,6 +92,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "executors see or an hdfs://, s3://... URI (default $TRAINER_DATA_DIR or ./data)")
     parser.add_argument("--cores-per-worker", type=positive_int, default=1, help="cores (and threads) per worker (default 1)")
     parser.add_argument("--no-baseline", action="store_true", help="skip the plain single-process Keras baseline")
+    parser.add_argument("--repeats", type=positive_int, default=1,
+                        help="runs of every set-up (plain Keras included), seeded --seed, --seed + 1, ...; the "
+                             "tables show mean ± sd and the plot the spread (default 1)")
     parser.add_argument("--lr-schedule", choices=["constant", "cosine"], default="cosine",
                         help=f"Adam's rate ({LEARNING_RATE:g}) constant, or cosine-decayed to a tenth over each "
                              "worker's planned steps after the first tenth (default cosine)")
@@ -104,6 +113,52 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--target-accuracy must be in (0, 1]; received {args.target_accuracy}.")
     args.worker_counts = parse_workers(args.workers)
     return args
+
+
+def _seeded(args: argparse.Namespace, seed: int) -> str:
+    return f" (seed {seed})" if args.repeats > 1 else ""
+
+
+def _baseline_run(args, builder, x, y, x_test, y_test, seed: int) -> dict:
+    """Plain single-process Keras on the whole training set: its result row (workers 0)."""
+    result = plain_keras_fit(builder(1), x, y, epochs=args.epochs, batch_size=args.batch_size,
+                             threads=args.cores_per_worker, seed=seed)
+    model = builder(1)()
+    model.set_weights(result["weights"])
+    accuracy = float(model.evaluate(x_test, y_test, batch_size=1000, verbose=0)[1])
+    row = baseline_row("cnn", result, rows=len(x), epochs=args.epochs, metric="accuracy", value=accuracy,
+                       threads=args.cores_per_worker, seed=seed)
+    print(f"plain Keras{_seeded(args, seed)}: {row['epoch_time_s']:.1f} s/epoch, test accuracy {accuracy:.4f}",
+          flush=True)
+    return row
+
+
+def _distributed_run(args, builder, n: int, seed: int, train, test, x_scored, y_test, rows: int,
+                     side_by_side: float | None) -> dict:
+    """``Trainer.fit`` on `n` workers with `seed`: its result row."""
+    run_options, fit_options = trainer_options(args, "cnn", n, seed)
+    snapshots = EpochSnapshots()
+    fitted = Trainer(
+        builder(n), algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
+        batch_size=args.batch_size, epochs=args.max_epochs, on_epoch_end=snapshots, **run_options,
+    ).fit(train, **fit_options)
+    accuracy = fitted.evaluate(test)["accuracy"]  # after every epoch trained
+    scores = score_epochs(snapshots, builder(n)(),
+                          lambda m: m.evaluate(x_scored, y_test, batch_size=1000, verbose=0)[1])
+    at_epochs = accuracy if args.max_epochs == args.epochs else scores.get(args.epochs - 1, float("nan"))
+    reached = time_to_target(fitted.history, scores, args.target_accuracy, higher_is_better=True)
+    row = fitted_row("cnn", fitted, workers=n, rows=rows, epochs=args.epochs, metric="accuracy", value=at_epochs,
+                     valid=timing_valid(n, args.cores_per_worker, args.master), seed=seed,
+                     epochs_trained=len(fitted.history.epochs), final_metric_value=accuracy,
+                     target=args.target_accuracy, metric_by_epoch=[scores[e] for e in sorted(scores)],
+                     **reached, **({"side_by_side_samples_per_s": side_by_side} if side_by_side else {}))
+    ttt = reached["time_to_target_s"]
+    print(f"{n} worker(s){_seeded(args, seed)}: {row['epoch_time_s']:.1f} s/epoch, test accuracy {at_epochs:.4f}, "
+          f"{fitted.history.num_updates} updates, data delivery "
+          f"{fitted.history.timings['data_delivery_s']:.1f} s, {args.target_accuracy:.3f} "
+          + (f"reached in {ttt:.1f} s (epoch {reached['target_epochs']})" if ttt is not None
+             else f"not reached in {len(fitted.history.epochs)} epochs"), flush=True)
+    return row
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -125,17 +180,12 @@ def main(argv: list[str] | None = None) -> int:
         train, test = scale_pixels(train).cache(), scale_pixels(test).cache()
         train.count(), test.count()
         x_scored = (x_test[..., None] / 255.0).astype(np.float32)
+        seeds = range(args.seed, args.seed + args.repeats)
         alongside: dict[int, float] = {}  # N -> samples/s of each of N Keras processes side by side, no exchange
         if not args.no_baseline:
             x = (x_train[..., None] / 255.0).astype(np.float32)
-            result = plain_keras_fit(builder(1), x, y_train, epochs=args.epochs, batch_size=args.batch_size,
-                                     threads=args.cores_per_worker, seed=args.seed)
-            model = builder(1)()
-            model.set_weights(result["weights"])
-            accuracy = model.evaluate((x_test[..., None] / 255.0).astype(np.float32), y_test, verbose=0)[1]
-            rows.append(baseline_row("cnn", result, rows=len(x_train), epochs=args.epochs, metric="accuracy",
-                                     value=float(accuracy), threads=args.cores_per_worker))
-            print(f"plain Keras: {rows[-1]['epoch_time_s']:.1f} s/epoch, test accuracy {accuracy:.4f}", flush=True)
+            for seed in seeds:
+                rows.append(_baseline_run(args, builder, x, y_train, x_scored, y_test, seed))
             for n in args.worker_counts:
                 if n > 1 and timing_valid(n, args.cores_per_worker, args.master):
                     side = plain_keras_side_by_side(builder(n), x, y_train, copies=n, epochs=args.epochs,
@@ -146,30 +196,9 @@ def main(argv: list[str] | None = None) -> int:
                           f"({alongside[n] / rows[-1]['samples_per_s_per_worker']:.2f} of plain Keras alone)",
                           flush=True)
         for n in args.worker_counts:
-            run_options, fit_options = trainer_options(args, "cnn", n)
-            snapshots = EpochSnapshots()
-            fitted = Trainer(
-                builder(n), algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
-                batch_size=args.batch_size, epochs=args.max_epochs, on_epoch_end=snapshots, **run_options,
-            ).fit(train, **fit_options)
-            accuracy = fitted.evaluate(test)["accuracy"]  # after every epoch trained
-            scores = score_epochs(snapshots, builder(n)(),
-                                  lambda m: m.evaluate(x_scored, y_test, batch_size=1000, verbose=0)[1])
-            at_epochs = accuracy if args.max_epochs == args.epochs else scores.get(args.epochs - 1, float("nan"))
-            reached = time_to_target(fitted.history, scores, args.target_accuracy, higher_is_better=True)
-            rows.append(fitted_row("cnn", fitted, workers=n, rows=len(x_train), epochs=args.epochs,
-                                   metric="accuracy", value=at_epochs,
-                                   valid=timing_valid(n, args.cores_per_worker, args.master),
-                                   epochs_trained=len(fitted.history.epochs), final_metric_value=accuracy,
-                                   target=args.target_accuracy, metric_by_epoch=[scores[e] for e in sorted(scores)],
-                                   **reached, **({"side_by_side_samples_per_s": alongside[n]} if n in alongside
-                                                 else {})))
-            ttt = reached["time_to_target_s"]
-            print(f"{n} worker(s): {rows[-1]['epoch_time_s']:.1f} s/epoch, test accuracy {at_epochs:.4f}, "
-                  f"{fitted.history.num_updates} updates, data delivery "
-                  f"{fitted.history.timings['data_delivery_s']:.1f} s, {args.target_accuracy:.3f} "
-                  + (f"reached in {ttt:.1f} s (epoch {reached['target_epochs']})" if ttt is not None
-                     else f"not reached in {len(fitted.history.epochs)} epochs"), flush=True)
+            for seed in seeds:
+                rows.append(_distributed_run(args, builder, n, seed, train, test, x_scored, y_test, len(x_train),
+                                             alongside.get(n)))
     rows = with_target_speedup(with_ratios(rows))
     if args.mlflow:
         log_results('mnist', args, rows)
@@ -179,7 +208,9 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(rows, ["mode", "workers", "algorithm", "epoch_time_s", "speedup", "efficiency",
                                 "throughput_vs_keras", "throughput_vs_side_by_side", "metric_value",
                                 "time_to_target_s", "target_speedup", "target_epochs", "target_steps", "updates",
-                                "bytes", "timing_valid"]))
+                                "bytes", "timing_valid"] + (["seed"] if args.repeats > 1 else [])))
+    if args.repeats > 1:
+        print(metric_pivot(rows, "Accuracy"))
     print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'mnist.png'}")
     return 0
 

@@ -191,8 +191,9 @@ def test_forecast_flags_and_defaults(forecast_job, capsys):
 def test_mnist_time_to_target_flags(capsys):
     mnist_job = _load_job("mnist")
     args = mnist_job.parse_args([])
-    assert (args.max_epochs, args.target_accuracy) == (6, 0.99)
+    assert (args.max_epochs, args.target_accuracy, args.repeats) == (6, 0.99, 1)
     assert mnist_job.parse_args(["--epochs", "2", "--max-epochs", "5"]).max_epochs == 5
+    assert mnist_job.parse_args(["--repeats", "5"]).repeats == 5
     for argv, message in ((["--max-epochs", "3"], "--max-epochs must be at least --epochs (6)"),
                           (["--target-accuracy", "99"], "--target-accuracy must be in (0, 1]")):
         with pytest.raises(SystemExit):
