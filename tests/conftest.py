@@ -1,9 +1,19 @@
 """Shared pytest fixtures.
 
-Spark fixtures start a real standalone cluster (``trainer.spark.local_cluster.LocalCluster``)
+Spark fixtures start real standalone clusters (``trainer.spark.local_cluster.LocalCluster``)
 once per test session; tests that use them are marked ``@pytest.mark.spark``.
 Spark allows one SparkContext per process, so every test that needs Spark in
 this process should use the ``spark`` fixture rather than build its own session.
+
+Driver programs that the tests start in processes of their own (the jobs, the
+fault drivers, Spark Connect servers, the GPU and custom-object scripts) run
+against ``drivers_cluster``, a second cluster shared by the whole session,
+instead of a cluster each: starting one costs 65-125 CPU seconds on this
+project's 2-core machine. It cannot be the ``spark`` fixture's cluster: that
+session holds all of its cores, and an application on a standalone master gets
+no executor until another one frees its cores. Its drivers run one after the
+other; a test that kills one of its workers is marked ``kills_a_worker`` and runs
+after every other test of the session that uses it.
 """
 
 from __future__ import annotations
@@ -26,6 +36,18 @@ from trainer.spark.local_cluster import LocalCluster
 def local_cluster_2():
     """A started LocalCluster with 2 workers x 1 core x 2g, stopped at the end of the session."""
     cluster = LocalCluster(workers=2, cores_per_worker=1, worker_memory="2g")
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def drivers_cluster():
+    """A started LocalCluster with 3 workers x 1 core x 2g, each announcing one fake GPU (address "0", "1" or
+    "2"), for the driver processes the tests start (module docstring); stopped at the end of the session."""
+    cluster = LocalCluster(workers=3, cores_per_worker=1, worker_memory="2g", worker_resources={"gpu": 1})
     try:
         cluster.start()
         yield cluster
@@ -114,5 +136,7 @@ def full_disk(tmp_path, monkeypatch):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Run the container tests last: CI builds the lab image in the background meanwhile."""
-    items.sort(key=lambda item: item.get_closest_marker("docker") is not None)
+    """Run the test that kills a worker of `drivers_cluster` after the others that use it, and the container
+    tests last (CI builds the lab image in the background meanwhile)."""
+    items.sort(key=lambda item: (item.get_closest_marker("docker") is not None,
+                                 item.get_closest_marker("kills_a_worker") is not None))

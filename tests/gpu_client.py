@@ -1,11 +1,11 @@
 """A driver for tests/test_gpus.py: a fit and a model selection with GPUs per worker on fake-GPU workers.
 
 Runs in its own process because Spark allows one SparkContext per process and
-the test session already holds one. Usage: ``python tests/gpu_client.py OUT.json``.
-It starts ``LocalCluster(workers=2, worker_resources={"gpu": 1})`` (each worker
-announces one address through a discovery script, "0" and "1"; no device
-exists), trains with ``gpus_per_worker=1`` and writes what each task was given
-and what it set as JSON.
+the test session already holds one. Usage: ``python tests/gpu_client.py OUT.json MASTER``.
+The master is the test session's drivers cluster (3 workers made with
+``LocalCluster(worker_resources={"gpu": 1})``: each announces one address through a
+discovery script, "0", "1" and "2"; no device exists); it trains with
+``gpus_per_worker=1`` and writes what each task was given and what it set as JSON.
 """
 
 from __future__ import annotations
@@ -33,18 +33,18 @@ def devices(records: list[dict]) -> list[dict]:
     return [{k: r.get(k) for k in ("worker", "cpus", "gpus", "visible_devices")} for r in records]
 
 
-def main(out_path: str) -> None:
+def main(out_path: str, master: str) -> None:
     from sklearn.datasets import load_digits
 
-    from trainer import LocalCluster, Trainer
+    from trainer import Trainer, spark_session
     from trainer.selection import GridSearch, ModelSelector, choice
 
     data = load_digits()
     x = (data.data / 16.0).astype(np.float32)
     rows = [(x[i].tolist(), int(data.target[i])) for i in range(600)]
     out: dict = {}
-    with LocalCluster(workers=2, worker_resources={"gpu": 1}) as cluster:
-        spark = cluster.session("gpu-test", **{"spark.executor.resource.gpu.amount": "1"})
+    with spark_session(master, "gpu-test", expected_executors=3,
+                       **{"spark.executor.resource.gpu.amount": "1"}) as spark:
         df = spark.createDataFrame(rows, "features array<float>, label int")
         fitted = Trainer(digits_model, num_workers=2, epochs=1, gpus_per_worker=1, verbose=False).fit(df)
         out["fit"] = devices(fitted.history.workers)
@@ -56,4 +56,4 @@ def main(out_path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(sys.argv[1], sys.argv[2])

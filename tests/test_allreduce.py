@@ -12,12 +12,9 @@ in every run where JAX is installed.
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import signal
-import subprocess
-import sys
 import tempfile
 import threading
 import time
@@ -27,12 +24,12 @@ import numpy as np
 import pytest
 
 from conftest import digits_model
+from spark_processes import executor_pids
 from trainer import Trainer
 from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, get_algorithm
 from trainer.runtime.arrow import pad_shard
 from trainer.runtime.collective import equal_rows, free_port, start_process, wait_process
 from trainer.runtime.collective_loop import CollectiveJob, epoch_order
-from trainer.spark.local_cluster import LocalCluster
 
 
 # --------------------------------------------------------------------------- the rule, pure
@@ -271,14 +268,13 @@ def test_a_cluster_without_room_for_every_worker_fails_before_training(spark, di
 def test_a_killed_executor_fails_the_stage_and_the_retry_resumes_from_the_last_epoch_end(
         local_cluster_2, spark, digits, tmp_path):
     import keras
-    from test_faults import _executor_pids
 
     from trainer.checkpoint import load_checkpoint
 
     if keras.backend.backend() != "jax":
         pytest.skip("AllReduce trains under JAX; the other backends' error is tested above")
     train, test = digits
-    executors = _executor_pids(local_cluster_2, spark.sparkContext.applicationId)
+    executors = executor_pids(local_cluster_2, spark.sparkContext.applicationId)
     assert len(executors) == 2
     reported, killed = [], threading.Event()
 
@@ -311,36 +307,3 @@ def test_a_killed_executor_fails_the_stage_and_the_retry_resumes_from_the_last_e
     assert [e["epoch"] for e in fitted.history.epochs] == list(range(retried[0]["start_epoch"], 8))
     assert load_checkpoint(tmp_path).completed_epochs == 8
     assert fitted.evaluate(test)["accuracy"] >= 0.88
-
-
-ALLREDUCE_CLIENT = Path(__file__).with_name("allreduce_client.py")
-
-
-@pytest.mark.spark
-@pytest.mark.backend
-@pytest.mark.timeout(900)
-def test_through_spark_connect_each_process_sees_its_own_gpu(tmp_path):
-    """Spark Connect and gpus_per_worker together, on fake-GPU workers: the stage is scheduled with a GPU per
-    task, each collective process sets its own visible, and the fit trains (JAX on the CPU)."""
-    import keras
-
-    if keras.backend.backend() != "jax":
-        pytest.skip("AllReduce trains under JAX; the other backends' error is tested above")
-    out = tmp_path / "allreduce.json"
-    cluster = LocalCluster(workers=2, cores_per_worker=1, worker_memory="2g", worker_resources={"gpu": 1})
-    try:
-        cluster.start()
-        server = cluster.connect_server(**{"spark.driver.memory": "1g", "spark.executor.resource.gpu.amount": "1"})
-        proc = subprocess.run([sys.executable, str(ALLREDUCE_CLIENT), server.url, str(out)],
-                              cwd=ALLREDUCE_CLIENT.parent.parent, capture_output=True, text=True, timeout=800)
-    finally:
-        cluster.stop()
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
-    seen = json.loads(out.read_text())
-    assert seen["is_connect"] and seen["backend"] == "jax" and seen["epochs"] == 3
-    workers = seen["workers"]
-    assert [w["worker"] for w in workers] == [0, 1] and {w["devices"] for w in workers} == {2}, workers
-    assert sorted(g for w in workers for g in w["gpus"]) == ["0", "1"], workers  # one each, never the same
-    assert all(w["visible_devices"] == w["gpus"][0] for w in workers), workers
-    # Plain Keras, the same model, rows and global batch of 32, 3 epochs: 0.909-0.963 over 5 seeds.
-    assert seen["accuracy"] > 0.85, seen

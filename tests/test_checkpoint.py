@@ -7,7 +7,6 @@ import logging
 import os
 import re
 import threading
-import time
 from pathlib import Path
 
 import numpy as np
@@ -140,24 +139,29 @@ class _Center:
 def test_periodic_saves_are_written_in_the_background(tmp_path, monkeypatch):
     import trainer.checkpoint as ckpt
 
-    real_save, writers = ckpt.save_checkpoint, []
+    real_save, writers, disk = ckpt.save_checkpoint, [], threading.Event()
 
-    def slow_disk(*args, **kwargs):
+    def held_disk(*args, **kwargs):  # a disk that answers only once the test lets it
         writers.append(threading.current_thread().name)
-        time.sleep(0.5)
+        assert disk.wait(60), "the test never released the disk"
         return real_save(*args, **kwargs)
 
-    monkeypatch.setattr(ckpt, "save_checkpoint", slow_disk)
+    monkeypatch.setattr(ckpt, "save_checkpoint", held_disk)
     center = _Center()
     checkpointer = Checkpointer(tmp_path, center, every=1, meta={})
-    start = time.monotonic()
-    for version in range(1, 4):
-        center.version = version
-        checkpointer.on_update(type("Record", (), {"version": version})())
-    assert time.monotonic() - start < 0.3, "the connection thread must not wait for the disk"
-    deadline = time.monotonic() + 5
-    while not writers and time.monotonic() < deadline:
-        time.sleep(0.01)
+
+    def updates() -> None:
+        for version in range(1, 4):
+            center.version = version
+            checkpointer.on_update(type("Record", (), {"version": version})())
+
+    # The connection thread must not wait for the disk: the three updates return while the disk holds the
+    # first save (an on_update that saved in place would block here until the 60 s above ran out).
+    connection = threading.Thread(target=updates)
+    connection.start()
+    connection.join(30)
+    assert not connection.is_alive() and not disk.is_set(), "on_update waited for the disk"
+    disk.set()
     center.version = 4
     assert checkpointer.finish() is None
     assert "trainer-checkpoint" in writers and writers[-1] == threading.current_thread().name

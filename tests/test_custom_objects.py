@@ -19,10 +19,10 @@ SCRIPT = Path(__file__).with_name("custom_objects_script.py")
 
 @pytest.mark.spark
 @pytest.mark.timeout(600)
-def test_custom_objects_from_main_work_everywhere_and_errors_fail_fast(tmp_path):
+def test_custom_objects_from_main_work_everywhere_and_errors_fail_fast(drivers_cluster, tmp_path):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path)], capture_output=True, text=True,
-                          timeout=560, cwd=tmp_path, env=env)
+    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), drivers_cluster.master_url],
+                          capture_output=True, text=True, timeout=560, cwd=tmp_path, env=env)
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-4000:]
     out = json.loads(lines[-1].removeprefix("RESULT "))
@@ -33,8 +33,7 @@ def test_custom_objects_from_main_work_everywhere_and_errors_fail_fast(tmp_path)
     for name in ("evaluate", "transform"):
         error = out[f"{name}_error"]
         assert error is not None and "Scale" in error, out  # Keras's own message from the executor
-        # Spark's 4 task attempts, each loading the model, take far longer; one attempt is a few seconds.
-        assert out[f"{name}_error_s"] < 30, out
+        assert out[f"{name}_failed_attempts"] == 0, out  # at once: no task failed, so Spark retried none
 
 
 def test_custom_objects_are_found_wherever_they_are_defined():

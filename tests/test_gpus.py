@@ -62,17 +62,18 @@ def test_fit_with_gpus_fails_before_any_job_when_the_cluster_offers_no_gpu(spark
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_fit_and_selection_gpu_tasks_get_distinct_devices_and_set_them_visible(tmp_path):
+def test_fit_and_selection_gpu_tasks_get_distinct_devices_and_set_them_visible(drivers_cluster, tmp_path):
     out = tmp_path / "gpus.json"
-    proc = subprocess.run([sys.executable, str(GPU_CLIENT), str(out)], cwd=GPU_CLIENT.parent.parent,
-                          capture_output=True, text=True, timeout=540)
+    proc = subprocess.run([sys.executable, str(GPU_CLIENT), str(out), drivers_cluster.master_url],
+                          cwd=GPU_CLIENT.parent.parent, capture_output=True, text=True, timeout=540)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     seen = json.loads(out.read_text())
     for run in ("fit", "select"):
         tasks = seen[run]
         assert len(tasks) == 2, tasks
-        # Each worker announced one address ("0" or "1"); a task asking one GPU gets one, no two the same.
-        assert sorted(g for t in tasks for g in t["gpus"]) == ["0", "1"], tasks
+        # Each worker announced one address ("0", "1" or "2"); a task asking one GPU gets one, no two the same.
+        gpus = [g for t in tasks for g in t["gpus"]]
+        assert len(gpus) == 2 == len(set(gpus)) and set(gpus) <= {"0", "1", "2"}, tasks
         for task in tasks:
             assert len(task["gpus"]) == 1
             assert task["visible_devices"] == ",".join(task["gpus"]), task

@@ -5,10 +5,10 @@ process, so the jobs run as SUBPROCESSES. They cannot share ``local_cluster_2``
 with this process: the session-scoped ``spark`` fixture holds every core of
 that cluster (``spark.cores.max`` = all of them), and a second application on
 the same standalone master gets no executor until the first one stops. The
-``--master`` runs therefore go to ``jobs_cluster``, a second 2-worker
-LocalCluster for this module only. One forecast run (the ``--resume`` one) uses
-no ``--master`` at all: the job starts its own embedded cluster, as ``make
-bench`` does.
+``--master`` runs therefore go to ``drivers_cluster``, the session's second
+cluster (3 workers, tests/conftest.py). One forecast run (the ``--resume`` one) and the
+demo's command use no ``--master`` at all: the job starts its own embedded cluster, as
+``make bench`` and ``make demo`` do.
 
 The job runs log at ``TRAINER_LOG=info``, where the driver JVM's WARN lines
 show: the jobs read Parquet with ``spark.read.parquet``, so Spark never warns
@@ -35,7 +35,6 @@ import pytest
 from trainer_jobs.support.cli import trainer_options
 from trainer_jobs.support.scaling import with_ratios
 from trainer.checkpoint import load_checkpoint
-from trainer.spark.local_cluster import LocalCluster
 from trainer_jobs.support.report import write_results
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"
@@ -64,17 +63,6 @@ def forecast_job():
 @pytest.fixture(scope="module")
 def bench_job():
     return _load_job("bench")
-
-
-@pytest.fixture(scope="module")
-def jobs_cluster():
-    """A 2-worker x 1-core cluster of its own for the job subprocesses' drivers."""
-    cluster = LocalCluster(workers=2, cores_per_worker=1, worker_memory="2g")
-    try:
-        cluster.start()
-        yield cluster
-    finally:
-        cluster.stop()
 
 
 def run_job(name: str, args: list[str], out: Path, log_level: str | None = "info") -> dict:
@@ -430,13 +418,16 @@ def test_bench_summary_puts_the_default_rule_and_allreduce_side_by_side(bench_jo
 
 @pytest.mark.spark
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_mnist_job_on_a_standalone_master(jobs_cluster, tmp_path):
+def test_mnist_job_on_a_standalone_master(drivers_cluster, tmp_path):
     out = tmp_path / "mnist"
-    result = run_job("mnist", ["--master", jobs_cluster.master_url, "--workers", "1,2", "--limit", "2000",
+    result = run_job("mnist", ["--master", drivers_cluster.master_url, "--workers", "1,2", "--limit", "2000",
                                "--epochs", "1", "--max-epochs", "2", "--target-accuracy", "0.5", "--fixed-epochs"],
                      out)
     rows = result["rows"]
-    assert result["metadata"]["job"] == "mnist" and result["metadata"]["master"] == jobs_cluster.master_url
+    assert result["metadata"]["job"] == "mnist" and result["metadata"]["master"] == drivers_cluster.master_url
+    import keras  # the job's backend is this session's (KERAS_BACKEND): TensorFlow in the main run
+
+    assert result["metadata"]["keras_backend"] == keras.backend.backend()
     assert result["metadata"]["fixed_epochs"] is True
     files = result["metadata"]["data_files"]  # Spark reads the images from Parquet
     assert files["train"] and files["test"] and all(f.endswith(".parquet") for f in files["train"] + files["test"])
@@ -503,15 +494,14 @@ def test_demo_output_is_quiet(tmp_path):
 
 
 @pytest.mark.spark
-@pytest.mark.backend
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_a_job_runs_on_the_keras_backend_it_is_given(jobs_cluster, tmp_path):
-    """--backend: the driver's Keras backend, which every task of the job uses (make test runs this under each)."""
-    import keras
-
-    backend = keras.backend.backend()
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_a_job_runs_on_the_keras_backend_it_is_given(drivers_cluster, tmp_path, backend):
+    """--backend: the driver's Keras backend, which every task of the job uses. The job is a process of its
+    own, so this TensorFlow session runs it under each other backend (TensorFlow: the test above)."""
+    pytest.importorskip(backend)
     out = tmp_path / "mnist"
-    result = run_job("mnist", ["--master", jobs_cluster.master_url, "--backend", backend, "--workers", "1",
+    result = run_job("mnist", ["--master", drivers_cluster.master_url, "--backend", backend, "--workers", "1",
                                "--epochs", "1", "--limit", "600", "--no-baseline"], out)
     assert result["metadata"]["keras_backend"] == backend
     assert [r["workers"] for r in result["rows"]] == [1] and result["rows"][0]["updates"] > 0
@@ -519,9 +509,9 @@ def test_a_job_runs_on_the_keras_backend_it_is_given(jobs_cluster, tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_forecast_job_on_a_standalone_master(jobs_cluster, tmp_path):
+def test_forecast_job_on_a_standalone_master(drivers_cluster, tmp_path):
     out, checkpoints = tmp_path / "forecast", tmp_path / "checkpoints"
-    result = run_job("forecast", ["--master", jobs_cluster.master_url, "--workers", "1,2", "--limit", "600",
+    result = run_job("forecast", ["--master", drivers_cluster.master_url, "--workers", "1,2", "--limit", "600",
                                   "--epochs", "1", "--max-epochs", "2", "--models", "gru",
                                   "--checkpoint-dir", str(checkpoints)], out)
     meta, rows = result["metadata"], result["rows"]

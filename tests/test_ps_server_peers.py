@@ -17,36 +17,36 @@ from trainer.transport.session import TRAILER
 from trainer.transport.wire import HEADER, MAGIC, AuthenticationError, Msg, ServerBusy, new_secret, read_frame
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(60)
 def test_silent_unauthenticated_peer_is_closed_after_handshake_timeout():
     with server(handshake_timeout=0.5) as ps:
         sock = raw_connect(ps)
         with sock:
-            start = time.monotonic()
-            assert closed_by_peer(sock, within=5)
-            assert time.monotonic() - start < 4
+            # A silent peer sends nothing, so only the handshake timeout can close it; 30 s leaves room for a
+            # loaded machine.
+            assert closed_by_peer(sock, within=30)
         still_serves(ps)
         assert any(e["kind"] == "auth_failed" for e in ps.events)
 
 
-@pytest.mark.timeout(20)
+@pytest.mark.timeout(60)
 def test_trickling_peer_cannot_extend_the_handshake():
     with server(handshake_timeout=0.6) as ps:
         sock = raw_connect(ps)
         with sock:
             read_frame(sock, 4096)
-            start = time.monotonic()
             header = HEADER.pack(MAGIC, int(Msg.AUTH), 100, 0)
-            closed = False
-            for byte in header:  # one byte every 0.2 s: each recv is quick, the frame is not
+            sent = 0
+            for byte in header:  # one byte every 0.5 s: each recv is quick, the frame is not
                 try:
                     sock.send(bytes([byte]))
                 except OSError:
-                    closed = True
                     break
-                time.sleep(0.2)
-            assert closed or closed_by_peer(sock, within=3)
-            assert time.monotonic() - start < 4.5
+                sent += 1
+                time.sleep(0.5)
+            # The header alone takes 8 s to trickle in: a deadline per recv would keep the peer for all of it
+            # (and the 0.6 s after), a deadline per frame drops it a few bytes in.
+            assert sent < len(header), "the trickling peer was kept for its whole header"
         still_serves(ps)
 
 
@@ -62,14 +62,13 @@ def test_trickling_peer_cannot_extend_the_handshake():
     ],
 )
 def test_garbage_before_auth_is_rejected(garbage):
-    with server(handshake_timeout=5) as ps:
+    with server(handshake_timeout=120) as ps:
         sock = raw_connect(ps)
         with sock:
             read_frame(sock, 4096)
-            start = time.monotonic()
             sock.sendall(garbage)
-            assert closed_by_peer(sock, within=3)
-            assert time.monotonic() - start < 2  # rejected at once, not after handshake_timeout
+            # Rejected at once, not after the handshake timeout: 15 s is an eighth of it.
+            assert closed_by_peer(sock, within=15)
         still_serves(ps)
 
 

@@ -187,16 +187,14 @@ def test_rejects_oversize_meta_and_body_from_header_alone():
     [HEADER.pack(MAGIC, int(Msg.COMMIT), 2, 2**62), HEADER.pack(MAGIC, int(Msg.COMMIT), 2**32 - 1, 0)],
 )
 def test_read_frame_checks_limits_before_reading_or_allocating(header):
-    # Only the header is sent: if read_frame tried to read (or allocate) the
-    # announced sizes it would time out (or run out of memory) instead.
+    # Only the header is sent: had read_frame tried to read (or allocate) the announced sizes, it would end
+    # in a TransportTimeout after 5 s (or run out of memory), not in this ProtocolError naming the limit.
     a, b = socket.socketpair()
     with a, b:
         b.settimeout(5)
         a.sendall(header)
-        start = time.monotonic()
-        with pytest.raises(ProtocolError):
+        with pytest.raises(ProtocolError, match="limit|exceed|too large|at most"):
             read_frame(b, max_body=1 << 20)
-        assert time.monotonic() - start < 1
 
 
 @pytest.mark.timeout(10)

@@ -191,12 +191,17 @@ def test_overlapped_commits_train_digits_and_count_every_commit(digits, algorith
 # -- bad input: a clear error within seconds, before any training job -------------
 
 def _fails_fast(df, match, **kwargs):
-    trainer = Trainer(kwargs.pop("model", None) or digits_model(), verbose=False, **kwargs)
+    updates = []
+    trainer = Trainer(kwargs.pop("model", None) or digits_model(), verbose=False, epochs=10_000,
+                      on_update=updates.append, **kwargs)
     started = time.monotonic()
     with pytest.raises((DataValidationError, ClusterCapacityError), match=match):
         trainer.fit(df)
     elapsed = time.monotonic() - started
-    assert elapsed < 10, f"error took {elapsed:.1f} s"
+    # Before any training: no worker ever committed, and well within the time 10,000 epochs would take (an
+    # error in the stage would come after minutes of training; 60 s leaves room for a loaded machine).
+    assert not updates, f"training started before the error: {len(updates)} updates"
+    assert elapsed < 60, f"error took {elapsed:.1f} s"
 
 
 @pytest.mark.timeout(120)
