@@ -135,8 +135,18 @@ def full_disk(tmp_path, monkeypatch):
 # --------------------------------------------------------------------------- order
 
 
+#: Fixtures that start a Spark cluster: a test that uses one (directly or through another fixture) is marked
+#: ``spark`` by `pytest_collection_modifyitems`, so that ``make test-quick`` (``-m "not spark and not docker"``)
+#: never starts a cluster by accident.
+SPARK_FIXTURES = {"local_cluster_2", "drivers_cluster", "spark"}
+
+
 def pytest_collection_modifyitems(config, items):
-    """Run the test that kills a worker of `drivers_cluster` after the others that use it, and the container
-    tests last (CI builds the lab image in the background meanwhile)."""
+    """Mark ``spark`` every test that uses a Spark fixture; run the test that kills a worker of `drivers_cluster`
+    after the others that use it, and the container tests last (CI builds the lab image in the background
+    meanwhile)."""
+    for item in items:
+        if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("spark") is None:
+            item.add_marker(pytest.mark.spark)
     items.sort(key=lambda item: (item.get_closest_marker("docker") is not None,
                                  item.get_closest_marker("kills_a_worker") is not None))

@@ -12,8 +12,6 @@ import pytest
 from trainer import ADAG, SyncAveraging, Trainer
 from trainer.callbacks import check_callbacks
 
-pytestmark = pytest.mark.spark
-
 W = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
 
 

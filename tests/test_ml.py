@@ -11,9 +11,6 @@ from pyspark.ml.feature import StandardScaler, VectorAssembler
 from trainer import DOWNPOUR
 from trainer.ml import KerasEstimator, KerasModel
 
-pytestmark = pytest.mark.spark
-
-
 def build_regressor():
     model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(16, activation="relu"), keras.layers.Dense(1)])
     model.compile(optimizer=keras.optimizers.Adam(0.02), loss="mse", metrics=["mae"])

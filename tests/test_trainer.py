@@ -15,9 +15,6 @@ from trainer import (
     SyncAveraging, Trainer,
 )
 
-pytestmark = pytest.mark.spark
-
-
 # The floor of each rule's test accuracy: digits, 1,500 rows, 2 workers, batch 32, 8 epochs (chance: 0.1).
 # Twenty runs of each, these settings on a 2-worker LocalCluster (2026-11-26; the worst first): DOWNPOUR at Adam 0.005
 # 0.865, 0.906, 0.929, then 0.936-0.980 (it adds every commit whole, so two workers move the center about
