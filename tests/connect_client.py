@@ -84,7 +84,7 @@ def main(url: str, out_path: str) -> None:
 
     started = time.time()
     try:
-        wait_for_slots(spark, 4, 5.0)  # the cluster has 3 slots
+        wait_for_slots(spark, 3, 5.0)  # the server has 2 slots
         out["capacity_error"] = None
     except ClusterCapacityError as exc:
         out["capacity_error"] = str(exc)

@@ -54,7 +54,7 @@ def failed_task_attempts(spark) -> int:
 
 def main(out_dir: str, master: str) -> None:
     out: dict = {}
-    with spark_session(master, "custom-objects", expected_executors=2) as spark:
+    with spark_session(master, "custom-objects", expected_executors=2, **{"spark.cores.max": "2"}) as spark:
         rng = np.random.default_rng(0)
         x = rng.normal(size=(600, 4)).astype(np.float32)
         y = x @ np.array([1.0, -1.0, 0.5, 2.0], np.float32)

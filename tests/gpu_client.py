@@ -43,8 +43,8 @@ def main(out_path: str, master: str) -> None:
     x = (data.data / 16.0).astype(np.float32)
     rows = [(x[i].tolist(), int(data.target[i])) for i in range(600)]
     out: dict = {}
-    with spark_session(master, "gpu-test", expected_executors=3,
-                       **{"spark.executor.resource.gpu.amount": "1"}) as spark:
+    with spark_session(master, "gpu-test", expected_executors=2,
+                       **{"spark.cores.max": "2", "spark.executor.resource.gpu.amount": "1"}) as spark:
         df = spark.createDataFrame(rows, "features array<float>, label int")
         fitted = Trainer(digits_model, num_workers=2, epochs=1, gpus_per_worker=1, verbose=False).fit(df)
         out["fit"] = devices(fitted.history.workers)

@@ -2,7 +2,7 @@
 
 One server for the module, started from the installed pyspark wheel (``spark-submit
 --class ...SparkConnectServer``) against the session's drivers cluster (3 workers,
-each announcing one fake GPU; tests/conftest.py), with a GPU per executor, and
+each announcing one fake GPU; tests/conftest.py), two executors with a GPU each, and
 stopped even when a test fails; the last test stops it and checks that its
 processes and port are gone. Each client runs in its own process
 (tests/connect_client.py, tests/allreduce_client.py): a Connect session switches
@@ -31,8 +31,9 @@ ALLREDUCE_CLIENT = Path(__file__).with_name("allreduce_client.py")
 
 @pytest.fixture(scope="module")
 def connect_server(drivers_cluster):
-    """A Spark Connect server on the drivers cluster, a GPU per executor; stopped at the end of the module."""
-    server = drivers_cluster.connect_server(**{"spark.driver.memory": "1g",
+    """A Spark Connect server on 2 of the drivers cluster's workers, a GPU per executor; stopped at the end of
+    the module."""
+    server = drivers_cluster.connect_server(**{"spark.driver.memory": "1g", "spark.cores.max": "2",
                                                "spark.executor.resource.gpu.amount": "1"})
     try:
         yield server
@@ -77,7 +78,7 @@ def test_fit_transform_evaluate_and_selection_through_a_connect_server(connect_s
     for strategy in ("mop", "task_parallel"):
         run = seen[f"select_{strategy}"]
         assert run["configs"] == 2 and run["tasks"] == 2 and run["best"] > 0.6, run
-    assert seen["capacity_error"] and "num_workers=4 needs 4 task slots" in seen["capacity_error"]
+    assert seen["capacity_error"] and "num_workers=3 needs 3 task slots" in seen["capacity_error"]
     assert seen["capacity_check_s"] < 60
     assert seen["inline_error"] and "Spark Connect has no broadcast" in seen["inline_error"]
 

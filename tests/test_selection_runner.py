@@ -344,13 +344,13 @@ def test_replay_interrupt_and_resume_with_loss(accuracy_run, digits, tmp_path):
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_select_mnist_job_end_to_end(tmp_path):
-    """The job script in its own process, on its own small embedded cluster (the tests' SparkContext is taken)."""
+def test_select_mnist_job_end_to_end(drivers_cluster, tmp_path):
+    """The job script in its own process (the tests' SparkContext is taken), on the session's drivers cluster."""
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=str(REPO), TRAINER_DATA_DIR=str(tmp_path / "data"))
     proc = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "select_mnist.py"), "--limit", "300", "--max-configs", "2",
-         "--epochs", "1", "--workers", "2", "--out", str(out)],
+         "--epochs", "1", "--workers", "2", "--master", drivers_cluster.master_url, "--out", str(out)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=1400,
     )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
@@ -371,12 +371,13 @@ def test_select_mnist_job_end_to_end(tmp_path):
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_select_forecast_job_end_to_end(tmp_path):
+def test_select_forecast_job_end_to_end(drivers_cluster, tmp_path):
     """The forecasting selection job on a short series: every strategy's best model gets a test MAPE."""
     out = tmp_path / "out"
     proc = subprocess.run(
         [sys.executable, str(REPO / "jobs" / "select_forecast.py"), "--limit", "1200", "--val-hours", "200",
-         "--max-configs", "2", "--epochs", "1", "--workers", "2", "--out", str(out)],
+         "--max-configs", "2", "--epochs", "1", "--workers", "2", "--master", drivers_cluster.master_url,
+         "--out", str(out)],
         cwd=REPO, env=dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"),
                                                                               str(REPO)])),
                            TRAINER_DATA_DIR=str(tmp_path / "data")),

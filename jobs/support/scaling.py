@@ -32,9 +32,13 @@ from trainer_jobs.support.report import speedup_rows
 @contextlib.contextmanager
 def cluster_session(master: str | None, workers: int, cores_per_worker: int = 1,
                     app_name: str = "trainer-job") -> Iterator[Any]:
-    """SparkSession on `master`, or on an embedded LocalCluster with `workers` workers."""
+    """SparkSession on `master`, or on an embedded LocalCluster with `workers` workers.
+
+    On `master` the job asks for the cores of its largest run only (``spark.cores.max``), leaving the rest of a
+    shared cluster to others."""
     if master:
-        spark = spark_session(master, app_name, cores_per_worker=cores_per_worker)
+        spark = spark_session(master, app_name, cores_per_worker=cores_per_worker,
+                              **{"spark.cores.max": str(workers * cores_per_worker)})
         print(f"Spark master {master}", flush=True)
         try:
             yield spark
