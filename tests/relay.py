@@ -64,6 +64,10 @@ class Relay:
 
     def close(self) -> None:
         self._stopping = True
+        try:  # wakes the accept() below at once (closing alone leaves it blocked on Linux)
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
         with self._lock:
             for s in self._socks:

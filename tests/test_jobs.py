@@ -212,6 +212,15 @@ def test_ratios_compare_with_the_mean_of_repeated_baselines():
     assert not any("throughput_vs_side_by_side" in r for r in rows)  # no side-by-side baseline in this run
 
 
+def test_a_run_with_more_worker_cores_than_the_machine_has_is_marked_time_shared():
+    from trainer_jobs.support.scaling import timing_valid
+
+    cores = os.cpu_count() or 1
+    assert timing_valid(cores, 1, None) and not timing_valid(cores + 1, 1, None)
+    assert not timing_valid(2, cores, None)  # 2 workers x all cores, as a resumed run once had
+    assert timing_valid(8, 4, "spark://elsewhere:7077")  # an external master: the job cannot tell, so it trusts it
+
+
 def test_workers_are_compared_with_as_many_plain_processes_side_by_side():
     rows = with_ratios([
         {"model": "cnn", "workers": 0, "epoch_time_s": 10.0, "samples_per_s_per_worker": 200.0},
@@ -535,16 +544,13 @@ def test_forecast_job_on_a_standalone_master(drivers_cluster, tmp_path):
         assert 0 < r["metric_value"] < 100  # percent, in original units (scaled values would blow up)
         assert r["timing_valid"] is True and r["window"] == 5 and r["epochs"] == 1
     assert sorted(p.name for p in checkpoints.iterdir()) == ["gru-1w", "gru-2w"]
-    # --resume continues a run from its checkpoint, here one more epoch of the 2-worker GRU, on
-    # another cluster: the job's own embedded one (no --master), 2 workers x all cores, time-shared.
-    cores = os.cpu_count() or 1
-    # With --repeats 2 the second run (seed 1) has no checkpoint of its own and starts afresh.
-    resumed = run_job("forecast", ["--workers", "2", "--cores-per-worker", str(cores), "--limit", "600",
+    # --resume continues a run from its checkpoint, here one more epoch of the 2-worker GRU, in a second run of
+    # the job. With --repeats 2 the second run (seed 1) has no checkpoint of its own and starts afresh.
+    resumed = run_job("forecast", ["--master", drivers_cluster.master_url, "--workers", "2", "--limit", "600",
                                    "--epochs", "2", "--models", "gru", "--no-baseline", "--checkpoint-dir",
                                    str(checkpoints), "--resume", "--repeats", "2"], tmp_path / "resumed")["rows"]
     assert [(r["workers"], r["seed"], r["resumed"], r["retries"]) for r in resumed] == [(2, 0, True, 0),
                                                                                         (2, 1, False, 0)]
-    assert all(r["timing_valid"] is False for r in resumed)  # 2 workers x all cores are time-shared
     assert all(0 < r["metric_value"] < 100 for r in resumed)
     assert load_checkpoint(checkpoints / "gru-2w").completed_epochs == 2
     assert load_checkpoint(checkpoints / "gru-2w-seed1").completed_epochs == 2
