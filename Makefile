@@ -16,8 +16,8 @@ TEST_JVM_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 # A command `make test` runs in its background stream after the backend runs (with a TMPDIR of its own), its
 # output printed at the end and its failure counted; .ci/run puts the lowest matrix cell and the containers there.
 TEST_BESIDE ?=
-# A marker expression for the main run alone (.ci/run: "not docker", the container tests going in TEST_BESIDE).
-TEST_MARKS ?=
+# The marker expression of make test's main run: every test but the containers (make test-lab, .ci/run run those).
+TEST_MARKS ?= not docker
 # The one file of exact pins (transitive ones included); `make lock` regenerates it.
 CONSTRAINTS ?= constraints.txt
 # Cells of the compatibility matrix (requirements/matrix-CELL.txt) and where their venvs are cached.
@@ -35,7 +35,7 @@ SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core bench-ps bench-gpu clean lock lock-mlflow-server dist
+.PHONY: help venv demo test test-quick test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core bench-ps bench-gpu clean lock lock-mlflow-server dist
 
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -84,10 +84,10 @@ dist: venv ## build the wheel and the sdist into dist/
 demo: venv ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times
 	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --no-baseline --out $(OUT)/demo
 
-test test-unit test-matrix: export SPARK_SUBMIT_OPTS = $(TEST_JVM_OPTS)
-test test-unit test-matrix: export PYSPARK_SUBMIT_ARGS = --conf "spark.executor.extraJavaOptions=$(TEST_JVM_OPTS)" pyspark-shell
+test test-quick test-matrix: export SPARK_SUBMIT_OPTS = $(TEST_JVM_OPTS)
+test test-quick test-matrix: export PYSPARK_SUBMIT_ARGS = --conf "spark.executor.extraJavaOptions=$(TEST_JVM_OPTS)" pyspark-shell
 
-test: venv ## run every test (unit, Spark integration, containers when a Docker engine is up); beside it, the backend tests under JAX and torch
+test: venv ## every test but the containers (real Spark daemons, TensorFlow); beside it, the backend tests under JAX and torch
 	@mkdir -p test-artifacts; \
 	( for backend in $(TEST_BACKENDS); do \
 	    KERAS_BACKEND=$$backend TMPDIR=$$(mktemp -d) $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) >test-artifacts/backend-$$backend.log 2>&1 \
@@ -102,8 +102,10 @@ test: venv ## run every test (unit, Spark integration, containers when a Docker 
 	$(if $(TEST_BESIDE),echo "== $(TEST_BESIDE) (ran beside the run above, after the backend runs)"; \
 	    cat test-artifacts/beside.log; rc=$$(cat test-artifacts/beside.rc); [ "$$rc" = 0 ] || status=$$rc;) exit $$status
 
-test-unit: venv ## run the tests that need neither Spark nor Docker
-	$(VENV)/bin/pytest -m "not spark and not docker" $(PYTEST_ARGS)
+test-quick: venv ## the tests that need neither Spark nor Docker, on both cores (pytest-xdist, a file per worker)
+	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not spark and not docker" $(PYTEST_ARGS)
+
+test-unit: test-quick # its earlier name
 
 test-matrix: venv ## run the Spark-integration core (-m core) in each cell of MATRIX_CELLS (venvs cached in MATRIX_DIR)
 	for cell in $(MATRIX_CELLS); do $(PY) tests/matrix.py --cell $$cell --cache $(MATRIX_DIR) -- $(PYTEST_ARGS); done
