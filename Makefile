@@ -28,6 +28,8 @@ OUT         ?= results
 PYTEST_ARGS ?=
 BENCH_PS_ARGS ?=
 BENCH_GPU_ARGS ?=
+# Fits of every calibrated case for bench-quality.
+RUNS        ?= 20
 # Keras backend(s) for bench-gpu (jax, torch, tensorflow; comma-separated); empty: the first installed.
 BACKEND     ?=
 
@@ -35,7 +37,7 @@ SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-quick test-unit test-spark test-lab test-matrix matrix-venv bench bench-select bench-out-of-core bench-ps bench-gpu clean lock lock-mlflow-server dist
+.PHONY: help venv demo test test-quick test-unit test-spark test-lab test-matrix matrix-venv bench bench-quality bench-select bench-out-of-core bench-ps bench-gpu clean lock lock-mlflow-server dist
 
 help: ## show this help
 	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -115,6 +117,9 @@ matrix-venv: venv ## build (or find in MATRIX_DIR) the venv of each cell of MATR
 
 bench: venv ## run the MNIST and forecasting benchmarks, the default rule then allreduce under JAX (options: MNIST_ARGS="...", FORECAST_ARGS="..."); results under $(OUT)/
 	$(PY) jobs/bench.py --out $(OUT) --mnist-args='$(MNIST_ARGS)' --forecast-args='$(FORECAST_ARGS)'
+
+bench-quality: venv ## recompute the spread behind the tests' quality floors (RUNS=20 fits of each calibrated case) and write it into docs/benchmarks.md
+	$(PY) jobs/bench_quality.py --runs $(RUNS) --out $(OUT)/quality --write-docs
 
 bench-out-of-core: venv ## MNIST on one worker, shard in memory vs streamed from a spill file, up to 16x MNIST; results under $(OUT)/out_of_core
 	$(PY) jobs/bench_out_of_core.py --out $(OUT)/out_of_core

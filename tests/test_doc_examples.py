@@ -8,7 +8,11 @@ venv's python) in a subprocess of its own: an example that starts a cluster or
 a Spark Connect session must not share a process with the test session's
 SparkContext. Every block runs alone: none is meant to be read after another,
 so none shares a process (or a cluster start) with the next. A block passes
-when it exits with 0; on failure the test shows its output. Two blocks run at
+when it exits with 0 and its output shows what the example promises (`CHECKS`:
+the accuracy it prints, distinct GPUs, a reloaded Pipeline predicting the same);
+on failure the test shows its output. Only the blocks whose subject is the
+embedded cluster start one (the README's, GPUs and Spark Connect in
+clusters.md); the others use ``local[2]``, one JVM. Two blocks run at
 a time (EXAMPLES_AT_ONCE): one uses about 0.8 of a core, most of its time
 goes to starting the JVMs and the backend, so two side by side finish the
 seven in about half the wall time on 2 cores. Nothing in a doc
@@ -16,11 +20,14 @@ can skip a block: code that is not meant to run (a signature, a command line)
 goes in a ```text or ```bash block, or in inline code.
 
 The unit tests at the bottom need no Spark: the extraction finds each block
-under its heading, and the runner reports a failing block.
+under its heading, the runner reports a failing block, and the output checks
+read what show() and print() write.
 """
 
 from __future__ import annotations
 
+import ast
+import math
 import os
 import re
 import signal
@@ -109,6 +116,84 @@ def failure_report(block: Block, code: int, output: str, keep: int = 8000) -> st
 BLOCKS = [block for page in PAGES for block in python_blocks(page)]
 
 
+# --------------------------------------------------------------------------- what each example must print
+
+
+def printed_literals(output: str) -> list:
+    """The Python literals (dicts, lists, numbers) the example printed, one per line, in order."""
+    found = []
+    for line in output.splitlines():
+        line = line.strip()
+        if line[:1] in "{[(-0123456789":
+            try:
+                found.append(ast.literal_eval(line))
+            except (ValueError, SyntaxError):
+                pass
+    return found
+
+
+def shown_tables(output: str) -> list[list[str]]:
+    """The tables DataFrame.show() printed: each the list of its rows (header first), the +---+ rules left out."""
+    tables, current = [], []
+    for line in output.splitlines() + [""]:
+        if line.startswith(("+-", "|")):
+            if line.startswith("|"):
+                current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def evaluated(output: str, metric: str = "accuracy") -> list[float]:
+    """The `metric` of every dict the example printed that has it."""
+    return [float(d[metric]) for d in printed_literals(output) if isinstance(d, dict) and metric in d]
+
+
+# The 2,000 rows of the README's and the guide's example: 10 classes whose centres lie about 11 apart, noise 2
+# per feature, so 4 epochs separate them: a run that learned at all is far above 0.9 (chance: 0.1).
+LEARNED = 0.9
+
+
+def _classifier_learned(output: str) -> None:
+    accuracies = evaluated(output)
+    assert accuracies and min(accuracies) >= LEARNED, f"evaluate printed {accuracies}; expected >= {LEARNED}"
+    table = shown_tables(output)[0]
+    assert table[0].replace(" ", "") == "|label|prediction|" and len(table) == 4, table  # .show(3)
+
+
+def _gpus_are_distinct(output: str) -> None:
+    fit, selection = [v for v in printed_literals(output) if isinstance(v, list)][:2]
+    gpus = [tuple(w[1]) for w in fit]
+    assert len(fit) == 2 and len(set(gpus)) == 2 and all(len(g) == 1 for g in gpus), fit
+    assert all(w[2] == w[1][0] for w in fit), f"each task sets its own GPU visible: {fit}"
+    assert selection and all(len(t[1]) == 1 for t in selection), selection
+
+
+def _pipeline_reloads_the_same(output: str) -> None:
+    tables = shown_tables(output)
+    assert len(tables) == 2 and tables[0] == tables[1], f"the reloaded PipelineModel predicts otherwise: {tables}"
+    (last,) = [d for d in printed_literals(output) if isinstance(d, dict) and "val_loss" in d]
+    assert last["val_loss"] < 0.1, last  # a price in 100,000s with noise 0.05: the fit learned it
+
+
+def _tls_fit_trained(output: str) -> None:
+    losses = [v for v in printed_literals(output) if isinstance(v, float)]
+    assert losses and math.isfinite(losses[-1]), output[-2000:]
+
+
+#: What the example of each block must print (block id -> check); a block without a check only has to exit 0.
+CHECKS = {
+    "README.md::Example": _classifier_learned,
+    "README.md::Example #2": lambda output: evaluated(output) and min(evaluated(output)) >= LEARNED - 0.1,
+    "docs/guide.md::The API": _classifier_learned,
+    "docs/clusters.md::GPUs per fit": _gpus_are_distinct,
+    "docs/clusters.md::Spark Connect": _classifier_learned,
+    "docs/security.md::TLS": _tls_fit_trained,
+    "docs/spark-ml.md::A Pipeline": _pipeline_reloads_the_same,
+}
+
+
 @pytest.fixture(scope="module")
 def example_runs(request, tmp_path_factory):
     """Every selected block started, EXAMPLES_AT_ONCE at a time, in the order the tests ask for them."""
@@ -128,6 +213,13 @@ def example_runs(request, tmp_path_factory):
 def test_example_runs_as_written(block, example_runs):
     code, output = example_runs[block.id].result()
     assert code == 0, failure_report(block, code, output)
+    check = CHECKS.get(block.id)
+    assert check is not None, f"{block.id}: say in CHECKS what this example must print"
+    try:
+        assert check(output) is not False
+    except AssertionError as exc:
+        raise AssertionError(f"the example in {block.page} (line {block.line}) ran, but its output is wrong: "
+                             f"{exc}\n{output[-4000:]}") from None
 
 
 # --------------------------------------------------------------------------- no Spark
@@ -159,6 +251,19 @@ def test_the_docs_have_examples_and_no_other_python_fences():
             assert language in ("", "python") or not language.startswith("py"), (
                 f"{page.relative_to(ROOT)}:{number}: a ```{language} block would not be run by this test; "
                 f"write ```python (an example that runs) or ```text (a fragment)")
+
+
+def test_the_output_checks_read_shown_tables_and_printed_values():
+    output = ("noise\n{'loss': 0.12, 'accuracy': 0.97}\n+-----+----------+\n|label|prediction|\n+-----+----------+\n"
+              "|    3|         3|\n|    1|         7|\n|    0|         0|\n+-----+----------+\nonly showing top 3 rows\n"
+              "[(0, ['1'], '1'), (1, ['0'], '0')]\n0.25\n")
+    assert evaluated(output) == [0.97] and printed_literals(output)[-1] == 0.25
+    assert shown_tables(output) == [["|label|prediction|", "|    3|         3|", "|    1|         7|",
+                                     "|    0|         0|"]]
+    _classifier_learned(output)
+    with pytest.raises(AssertionError, match="expected >= 0.9"):
+        _classifier_learned(output.replace("0.97", "0.42"))
+    assert set(CHECKS) == {block.id for block in BLOCKS}, "every example says what it must print"
 
 
 def test_a_broken_example_fails_with_its_output(tmp_path):

@@ -212,6 +212,23 @@ def test_ratios_compare_with_the_mean_of_repeated_baselines():
     assert not any("throughput_vs_side_by_side" in r for r in rows)  # no side-by-side baseline in this run
 
 
+def test_the_quality_benchmark_writes_its_table_between_the_markers_and_its_cases_are_the_tests(tmp_path, capsys):
+    quality = _load_job("bench_quality")
+    rows = [quality.summary(quality.CASES[0], [0.9, 0.95, 0.79])]
+    assert rows[0]["below_floor"] == 1 and rows[0]["worst"] == 0.79 and rows[0]["median"] == 0.9
+    page = tmp_path / "benchmarks.md"
+    page.write_text(f"# B\n\n{quality.BEGIN}\nold\n{quality.END}\n\nafter\n")
+    quality.write_docs(quality.docs_table(rows, "a run"), page)
+    text = page.read_text()
+    assert "old" not in text and "| downpour | downpour(every 4 batches) | 2 | 0.005 | 3 | 0.790 |" in text
+    assert text.endswith(f"{quality.END}\n\nafter\n")
+    assert quality.BEGIN in (JOBS.parent / "docs" / "benchmarks.md").read_text()
+    assert all(case.worst > case.floor for case in quality.CASES), "a floor sits below its calibration's worst run"
+    with pytest.raises(SystemExit):
+        quality.main(["--cases", "hogwild"])
+    assert "unknown case(s) ['hogwild']" in capsys.readouterr().err
+
+
 def test_a_run_with_more_worker_cores_than_the_machine_has_is_marked_time_shared():
     from trainer_jobs.support.scaling import timing_valid
 

@@ -11,26 +11,16 @@ from pyspark.sql import functions as F
 
 from conftest import digits_model
 from trainer import (
-    ADAG, AEASGD, DOWNPOUR, EASGD, ClusterCapacityError, DataValidationError, DynSGD, SingleWorker,
-    SyncAveraging, Trainer,
+    ADAG, DOWNPOUR, ClusterCapacityError, DataValidationError, DynSGD, SingleWorker, SyncAveraging, Trainer,
 )
+from trainer_jobs.bench_quality import CASES as QUALITY_CASES
 
-# The floor of each rule's test accuracy: digits, 1,500 rows, 2 workers, batch 32, 8 epochs (chance: 0.1).
-# Twenty runs of each, these settings on a 2-worker LocalCluster (2026-11-26; the worst first): DOWNPOUR at Adam 0.005
-# 0.865, 0.906, 0.929, then 0.936-0.980 (it adds every commit whole, so two workers move the center about
-# twice as far, and now and then the loss swings back up mid-run; at 0.01 it swung more often); ADAG
-# 0.949-0.970; DynSGD 0.956-0.990; AEASGD 0.956-0.976; EASGD 0.956-0.973; synchronous averaging every 4
-# batches 0.956-0.976. The floors sit below each worst case by a margin: 0.80 for DOWNPOUR, 0.88 for the rest.
-ALGORITHMS = [
-    pytest.param(DOWNPOUR(window=4), 2, 0.005, 0.80, id="downpour"),
-    pytest.param(ADAG(window=4), 2, 0.01, 0.88, id="adag", marks=pytest.mark.core),
-    pytest.param(DynSGD(window=4), 2, 0.01, 0.88, id="dynsgd"),
-    pytest.param(AEASGD(window=4, rho=2.0, lr=0.1), 2, 0.01, 0.88, id="aeasgd"),
-    pytest.param(EASGD(window=4), 2, 0.01, 0.88, id="easgd"),
-    pytest.param(SyncAveraging(every=4), 2, 0.01, 0.88, id="sync-every-4", marks=pytest.mark.core),
-    pytest.param(SyncAveraging(average_optimizer_state=True), 2, 0.01, 0.88, id="sync-epoch-optimizer-state"),
-    pytest.param(SingleWorker(), 1, 0.01, 0.88, id="single"),
-]
+# The floor of each rule's test accuracy: digits, 1,500 rows, 2 workers, batch 32, 8 epochs (chance: 0.1). The
+# floors and the worst run of their calibration (20 runs each) are jobs/bench_quality.py's CASES; `make
+# bench-quality` runs each case 20 times again and writes the spread into docs/benchmarks.md. One fit per rule here.
+ALGORITHMS = [pytest.param(case.algorithm(), case.workers, case.lr, case.floor, id=case.name,
+                           marks=[pytest.mark.core] if case.name in ("adag", "sync-every-4") else [])
+              for case in QUALITY_CASES]
 
 
 @pytest.mark.timeout(300)

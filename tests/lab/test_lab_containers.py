@@ -278,6 +278,9 @@ def test_spark_settings_are_private_and_the_secret_stays_out_of_argv_env_logs_an
         assert secret not in text and token not in text, f"mlflow: a lab secret is in its {where}"
 
 
+# The intruders' short-lived driver JVMs take the quick JIT tier, as the JVMs of `make test` do (TEST_JVM_OPTS).
+QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
+
 INTRUDER = textwrap.dedent(
     """
     import os, socket, sys
@@ -325,6 +328,7 @@ def test_an_application_without_the_spark_secret_cannot_register(lab):
             procs[case] = subprocess.Popen(
                 ["docker", "run", "--rm", "--name", names[case], "--network", network, "--cap-drop", "ALL",
                  "--security-opt", "no-new-privileges:true", "-e", f"APP={app}", "-e", f"CONF={conf}",
+                 "-e", f"SPARK_SUBMIT_OPTS={QUICK_JVM}",
                  lab.image, "python", "-c", INTRUDER],
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
         results = {case: (*p.communicate(timeout=400), p.returncode) for case, p in procs.items()}
@@ -452,14 +456,15 @@ def test_allreduce_under_jax_trains_on_every_worker_container(lab):
     out = "/results/allreduce"
     lab.exec("jupyter", "rm", "-rf", out, check=False)
     proc = lab.compose("run", "--rm", "submit", "submit", "mnist", "--out", out, "--workers", str(LAB_WORKERS),
-                       "--limit", "3000", "--epochs", "2", "--no-baseline", "--algorithm", "allreduce",
+                       "--limit", "1500", "--epochs", "2", "--no-baseline", "--algorithm", "allreduce",
                        "--backend", "jax", timeout=1200, check=False)
     assert proc.returncode == 0, f"the all-reduce job failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-5000:]}"
     result = json.loads(lab.exec("jupyter", "cat", f"{out}/mnist.json").stdout)
     assert result["metadata"]["keras_backend"] == "jax", result["metadata"]
     (row,) = result["rows"]
     assert (row["algorithm"], row["workers"]) == ("allreduce(every step)", LAB_WORKERS), row
-    assert row["metric_value"] > 0.5, f"accuracy {row['metric_value']} after 2 epochs of 3,000 images"
+    # The lab's behaviour, not MNIST's accuracy: it trained (chance 0.1; 0.886 after 2 epochs of 3,000 images).
+    assert row["metric_value"] > 0.3, f"accuracy {row['metric_value']} after 2 epochs of 1,500 images"
 
 
 def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
@@ -469,29 +474,38 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
     job's retry waits --retry-timeout for the lost slot, then goes on with the 2 workers
     left from the parameter server's weights, and still writes its results. With --mlflow
     it logs them to the lab's MLflow server too (MLFLOW_TRACKING_URI of the submit container).
-    The kill lands after the first epoch's checkpoint, with five epochs still to train: with
-    fewer (3 epochs of a few seconds each) it could land after the training stage had ended,
-    when nothing is left to retry.
+    The kill lands mid-stage whatever the machine's speed: once the first epoch's checkpoint
+    is written, the driver's container is paused (`docker pause`: its parameter server, hence
+    every worker, waits), the worker is killed, and the driver resumed. (Before, the kill
+    came when the test saw the checkpoint, and on a fast machine the five epochs left were
+    over by then: no retry.)
     """
     if not (REPO / "jobs" / "mnist.py").exists():
         pytest.fail("jobs/mnist.py does not exist yet: `make submit JOB=mnist` has nothing to run")
     checkpoint = "/checkpoints/lab-kill/cnn-3w/checkpoint.npz"
     lab.exec("jupyter", "rm", "-rf", "/checkpoints/lab-kill", check=False)
-    args = (f"ARGS=--limit 3000 --epochs 6 --workers {LAB_WORKERS} --no-baseline "
-            "--checkpoint-dir /checkpoints/lab-kill --retry-timeout 20 --mlflow")
+    jupyter, victim = lab.container_id("jupyter"), lab.compose("ps", "-q", "worker").stdout.split()[0]
+    args = (f"ARGS=--limit 1500 --epochs 6 --workers {LAB_WORKERS} --no-baseline "
+            "--checkpoint-dir /checkpoints/lab-kill --retry-timeout 5 --mlflow")
     ARTIFACTS.mkdir(exist_ok=True)
     log = (ARTIFACTS / "lab-submit.log").open("w")
     submit = subprocess.Popen(["make", "--no-print-directory", "submit", "JOB=mnist", args], env=lab.env,
                               stdout=log, stderr=subprocess.STDOUT, cwd=REPO)
+    driver = None
     try:
         deadline = time.monotonic() + 1200
         while submit.poll() is None and time.monotonic() < deadline:
-            if lab.exec("jupyter", "test", "-f", checkpoint, check=False, timeout=60).returncode == 0:
+            if run(["docker", "exec", jupyter, "test", "-f", checkpoint], check=False, timeout=60).returncode == 0:
                 break  # the first epoch is done on every worker
-            time.sleep(0.5)
+            time.sleep(0.2)
         assert submit.poll() is None, "the job ended before a worker could be killed; see lab-submit.log"
-        victim = lab.compose("ps", "-q", "worker").stdout.split()[0]
-        run(["docker", "kill", victim])
+        (driver,) = run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={LAB_PROJECT}",
+                         "--filter", "label=com.docker.compose.service=submit"]).stdout.split()
+        run(["docker", "pause", driver])
+        try:
+            run(["docker", "kill", victim])
+        finally:
+            run(["docker", "unpause", driver])
         assert submit.wait(timeout=1500) == 0, "make submit failed after the kill; see lab-submit.log"
     finally:
         if submit.poll() is None:
@@ -505,14 +519,14 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
     assert copied.is_dir() and any(copied.rglob("*.json")), f"make submit must copy the results to {copied}"
     (row,) = json.loads(next(copied.rglob("mnist.json")).read_text())["rows"]
     assert row["workers"] == LAB_WORKERS and row["retries"] >= 1, row
-    assert row["metric_value"] > 0.5, f"accuracy {row['metric_value']} after the kill"
+    assert row["metric_value"] > 0.3, f"accuracy {row['metric_value']} after the kill (chance: 0.1)"
     status, body = http_post_json(f"{lab.mlflow_url}/api/2.0/mlflow/runs/search",
                                   {"experiment_ids": ["0"], "filter": "tags.`trainer.job` = 'mnist'"})
     assert status == 200, body[:300]
     (logged,) = json.loads(body).get("runs", [None])
     assert logged is not None and logged["info"]["status"] == "FINISHED", f"no finished mnist run in MLflow: {body[:300]}"
     params = {p["key"]: p["value"] for p in logged["data"]["params"]}
-    assert float(params["retry_timeout"]) == 20 and params["workers"] == str(LAB_WORKERS), params
+    assert float(params["retry_timeout"]) == 5 and params["workers"] == str(LAB_WORKERS), params
     metrics = {m["key"]: m["value"] for m in logged["data"]["metrics"]}
     accuracy = [v for k, v in metrics.items() if k.endswith(f".{LAB_WORKERS}w.metric_value")]
     assert accuracy == [pytest.approx(row["metric_value"])], f"the run's metrics differ from the results: {metrics}"
