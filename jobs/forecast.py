@@ -138,7 +138,8 @@ from trainer_jobs.support.cli import (
     trainer_options,
 )
 from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
-from trainer_jobs.support.report import mape, markdown_table, metric_pivot, plot_speedup, write_results
+from trainer_jobs.support.report import (against_plain_keras, mape, markdown_table, metric_pivot, plot_speedup,
+                                         write_results)
 from trainer_jobs.support.scaling import (
     baseline_row,
     cluster_session,
@@ -451,6 +452,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "target_speedup", "target_epochs", "target_steps", "updates", "bytes",
                                 "timing_valid"]))
     print(metric_pivot(rows, "MAPE (%)"))
+    for line in against_plain_keras(rows, "test MAPE (%)", higher_is_better=False, tolerance=0.3,
+                                    advice="train more epochs (--epochs, --max-epochs)"):
+        print(line)
     print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'forecast.png'}")
     return 0
 

@@ -51,7 +51,8 @@ from trainer_jobs.support.cli import (
 )
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.models import LEARNING_RATE, build_cnn  # noqa: F401  (build_cnn: this job's model)
-from trainer_jobs.support.report import markdown_table, metric_pivot, plot_speedup, write_results
+from trainer_jobs.support.report import (against_plain_keras, markdown_table, metric_pivot, plot_speedup,
+                                         write_results)
 from trainer_jobs.support.scaling import (
     baseline_row,
     cluster_session,
@@ -211,6 +212,9 @@ def main(argv: list[str] | None = None) -> int:
                                 "bytes", "timing_valid"] + (["seed"] if args.repeats > 1 else [])))
     if args.repeats > 1:
         print(metric_pivot(rows, "Accuracy"))
+    for line in against_plain_keras(rows, "test accuracy", higher_is_better=True, tolerance=0.005,
+                                    advice="train more epochs (--epochs) or with more rows (--limit)"):
+        print(line)
     print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'mnist.png'}")
     return 0
 

@@ -9,7 +9,7 @@ import math
 import numpy as np
 import pytest
 
-from trainer_jobs.support.report import (COLUMNS, is_empty, mape, markdown_row, markdown_table, metric_pivot,
+from trainer_jobs.support.report import (COLUMNS, against_plain_keras, is_empty, mape, markdown_row, markdown_table, metric_pivot,
                                          plot_speedup, speedup_figure, speedup_rows, write_results)
 
 pytestmark = pytest.mark.timeout(60)
@@ -192,3 +192,16 @@ def test_metric_pivot_shows_the_mean_and_spread_of_repeated_runs():
     assert [c.strip() for c in header.strip("|").split("|")] == ["model", "plain Keras", "1 worker", "8 workers"]
     assert [c.strip() for c in lstm.strip("|").split("|")] == ["lstm", "2.50", "2.50 ± 0.71 (2 runs)", "4.00 *"]
     assert [c.strip() for c in gru.strip("|").split("|")] == ["gru", "", "0.9912", ""]
+
+
+def test_each_worker_count_is_told_whether_it_reaches_plain_keras_and_what_to_change():
+    rows = [{"model": "cnn", "mode": "plain keras (1 thread)", "workers": 0, "metric_value": v} for v in (0.93, 0.95)]
+    rows += [{"model": "cnn", "mode": "distributed", "workers": 1, "metric_value": 0.938},
+             {"model": "cnn", "mode": "distributed", "workers": 3, "metric_value": 0.79}]
+    one, three = against_plain_keras(rows, "accuracy", higher_is_better=True, tolerance=0.005, advice="more epochs")
+    assert one == "cnn, 1 worker: accuracy 0.938, plain Keras 0.94: reaches plain Keras's."
+    assert three.startswith("cnn, 3 workers: accuracy 0.79, plain Keras 0.94: not yet.") and three.endswith("more epochs.")
+    mape_rows = [{"model": "gru", "workers": 0, "mode": "plain keras (1 thread)", "metric_value": 3.0},
+                 {"model": "gru", "workers": 2, "mode": "distributed", "metric_value": 3.2}]
+    assert "reaches" in against_plain_keras(mape_rows, "MAPE", higher_is_better=False, tolerance=0.3, advice="x")[0]
+    assert against_plain_keras(rows[2:], "accuracy", higher_is_better=True, tolerance=0.005, advice="x") == []

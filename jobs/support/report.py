@@ -334,6 +334,36 @@ def metric_pivot(rows: Sequence[Mapping[str, Any]], label: str) -> str:
     return f"{label} on the test set:\n\n{markdown_table(table)}"
 
 
+def against_plain_keras(rows: Sequence[Mapping[str, Any]], label: str, *, higher_is_better: bool,
+                        tolerance: float, advice: str) -> list[str]:
+    """Plain-language lines: does each worker count reach plain Keras's test metric (the mean over its runs)?
+
+    A worker count within `tolerance` of plain Keras's mean "reaches" it; one further behind gets the reason and
+    `advice` (what to change), so that a short first run does not read as the trainer losing accuracy for good.
+    Nothing without a plain Keras baseline row."""
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        plain = [v for r in rows if r["model"] == model and _is_plain(r) if (v := _number(r.get("metric_value")))]
+        if not plain:
+            continue
+        reference = float(np.mean(plain))
+        for n in sorted({int(r["workers"]) for r in rows if r["model"] == model and not _is_plain(r)}):
+            values = [v for r in rows if r["model"] == model and int(r["workers"]) == n and not _is_plain(r)
+                      if (v := _number(r.get("metric_value"))) is not None]
+            if not values:
+                continue
+            mean = float(np.mean(values))
+            behind = reference - mean if higher_is_better else mean - reference
+            who = f"{model}, {n} worker{'s' if n > 1 else ''}"
+            if behind <= tolerance:
+                lines.append(f"{who}: {label} {mean:.4g}, plain Keras {reference:.4g}: reaches plain Keras's.")
+            else:
+                lines.append(f"{who}: {label} {mean:.4g}, plain Keras {reference:.4g}: not yet. Each of N workers "
+                             f"takes 1/N of an epoch's steps, and the center needs some epochs from random "
+                             f"weights before it catches up: {advice}.")
+    return lines
+
+
 def _mean_sd(values: Sequence[float]) -> str:
     if not values:
         return ""
