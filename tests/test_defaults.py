@@ -73,14 +73,17 @@ def digits_cnn():
     return model
 
 
-# Calibration (2 workers, the digits CNN, 20 epochs, Adam at Keras's default rate, every commit held 50 ms by
-# the server so that the automatic window grows to its bound; LONG_WINDOW_SEEDS; test accuracy):
-#   plain Keras                                          0.980-0.987
-#   bound half an epoch (23 batches), until 2026-11-27   0.724, 0.990, 0.987, 0.801: fails
-#   bound 10 batches ((N - 1) * window <= 10)            filled in below
-LONG_WINDOW_SEEDS = (0, 1, 2, 3)
+# Calibration (2026-11-27, this test's conditions: 2 workers, the digits CNN, 20 epochs, Adam at Keras's default
+# rate, every commit held 50 ms by the server so that the automatic window grows to its bound; test accuracy
+# by seed 0, 1, 2, 3, ...):
+#   plain Keras                                                  0.987, 0.983, 0.980, 0.987 (mean of 0-2: 0.983)
+#   the bound until 2026-11-27, half an epoch: windows of 24     0.926, 0.929, 0.845, 0.987: fails (0.845 < 0.903)
+#   the bound (N - 1) * window <= 10: windows of 10              0.956, 0.983, 0.987, 0.983, 0.993, 0.983, 0.997,
+#                                                                0.990 (8 seeds; worst 0.956, 0.053 above 0.903)
+# With windows fixed at 23 the spread was the same: 0.724, 0.990, 0.987, 0.801.
+LONG_WINDOW_SEEDS = (0, 1, 2)
 LONG_WINDOW_EPOCHS = 20
-LONG_WINDOW_GAP = 0.06
+LONG_WINDOW_GAP, LONG_WINDOW_MEAN_GAP = 0.08, 0.03
 
 
 @pytest.mark.slow
@@ -114,3 +117,4 @@ def test_two_workers_keep_plain_keras_accuracy_when_slow_exchanges_grow_the_wind
     assert windows == {bound}, f"the slow exchanges did not grow the window to its bound {bound}: {windows}"
     floor = float(np.mean(plain)) - LONG_WINDOW_GAP
     assert min(ours) >= floor, f"2 workers {ours} against plain Keras {plain}: a run below {floor:.3f}"
+    assert np.mean(ours) >= np.mean(plain) - LONG_WINDOW_MEAN_GAP, f"2 workers {ours} against plain Keras {plain}"
