@@ -32,13 +32,12 @@ took 22 minutes on 2 cores with the all-reduce runs (2026-11-26).
     python jobs/bench.py --skip-forecast --mnist-args="--window 10 --overlap"
 
 All-reduce next to the default rule: each job runs a second time with
-``--algorithm allreduce --backend jax`` (``trainer.algorithms.allreduce``:
-the workers form one Keras distribution and all-reduce every step's
-gradients, no parameter server) on 1, 2 and 4 workers (4 time-shared on a
-2-core machine) plus the counts timed above, with its own plain Keras
-baseline under JAX. ``--skip-allreduce`` leaves those runs out (they are left
-out anyway where JAX is not installed); each job's section in BENCH.md then
-puts the two side by side.
+``--algorithm allreduce`` (``trainer.algorithms.allreduce``: the workers form
+one group on the Keras backend's collective engine and all-reduce every
+step's gradients, no parameter server), under the same backend, on 1, 2 and 4
+workers (4 time-shared on a 2-core machine) plus the counts timed above.
+``--skip-allreduce`` leaves those runs out; each job's section in BENCH.md
+then puts the two side by side.
 
 ``--mnist-args`` / ``--forecast-args`` (``make bench MNIST_ARGS=... FORECAST_ARGS=...``)
 pass more options to a job (its all-reduce run too), checked by the job's own parser before anything runs.
@@ -50,7 +49,6 @@ import argparse
 import contextlib
 import datetime as dt
 import importlib
-import importlib.util
 import io
 import json
 import logging
@@ -82,7 +80,7 @@ QUICK = {
 }
 JOBS = ("mnist", "forecast")
 #: The all-reduce runs: these flags after the job's other arguments, on these worker counts and those timed.
-ALLREDUCE = ["--algorithm", "allreduce", "--backend", "jax"]
+ALLREDUCE = ["--algorithm", "allreduce"]
 ALLREDUCE_COUNTS = (1, 2, 4)
 SIDE_BY_SIDE = ["model", "workers", "backend", "algorithm", "epoch_time_s", "speedup", "metric_value",
                 "time_to_target_s", "target_speedup", "target_epochs", "timing_valid"]
@@ -153,7 +151,7 @@ def plan(out: Path, *, quick: bool = False, skip_mnist: bool = False, skip_forec
 
 
 def allreduce_step(step: Step) -> Step:
-    """`step` again with ``--algorithm allreduce --backend jax``, on 1, 2 and 4 workers and the counts `step`
+    """`step` again with ``--algorithm allreduce``, on 1, 2 and 4 workers and the counts `step`
     times (not the 8 time-shared ones: every all-reduce step waits for all workers), under ``<out>/<job>-allreduce``
     (with ``--quick`` too)."""
     counts = sorted({n for n in step.workers if n not in TIME_SHARED[1:]} | set(ALLREDUCE_COUNTS))
@@ -298,7 +296,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--skip-mnist", action="store_true", help="do not run jobs/mnist.py")
     parser.add_argument("--skip-forecast", action="store_true", help="do not run jobs/forecast.py")
     parser.add_argument("--skip-allreduce", action="store_true",
-                        help="do not run the jobs a second time with --algorithm allreduce --backend jax")
+                        help="do not run the jobs a second time with --algorithm allreduce")
     for job in JOBS:
         parser.add_argument(f"--{job}-args", default="", metavar="ARGS",
                             help=f"more arguments for jobs/{job}.py in one string, e.g. --{job}-args=\"{EXAMPLES[job]}\" "
@@ -345,11 +343,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start_logging(args, keras=False)  # it only starts the jobs
     out = Path(args.out)
-    allreduce = not args.skip_allreduce and importlib.util.find_spec("jax") is not None
-    if not args.skip_allreduce and not allreduce:
-        log.warning("JAX is not installed: the all-reduce runs are left out (pip install '.[jax]')")
     steps = plan(out, quick=args.quick, skip_mnist=args.skip_mnist, skip_forecast=args.skip_forecast,
-                 extra=args.extra, allreduce=allreduce)
+                 extra=args.extra, allreduce=not args.skip_allreduce)
     if args.dry_run:
         for step in steps:
             print(shlex.join(step.command))

@@ -115,6 +115,7 @@ Results (JSON, CSV, markdown, PNG) go to --out.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import logging
 import sys
@@ -218,7 +219,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
     parser.add_argument("--algorithm", default=ALGORITHM,
                         help="single, sync, downpour, adag, easgd, aeasgd, dynsgd, or allreduce (gradients "
-                             f"all-reduced every step, no --window; needs --backend jax) (default {ALGORITHM}: "
+                             f"all-reduced every step, no --window) (default {ALGORITHM}: "
                              "averaging every --window batches)")
     parser.add_argument("--window", type=positive_int, default=5, help="batches between exchanges (default 5)")
     parser.add_argument("--epochs", type=positive_int, default=4, help="epochs per run (default 4)")
@@ -379,6 +380,13 @@ def baseline_run(name: str, args: argparse.Namespace, seed: int, arrays, scaler)
     return row
 
 
+def _algorithm(args: argparse.Namespace):
+    """The job's rule. All-reduce takes the job's own rate for N workers (--lr-scaling, planned over each
+    worker's steps, which are the global steps there), not its own scaling on top."""
+    algorithm = algorithm_from_args(args.algorithm, args.window)
+    return dataclasses.replace(algorithm, lr_scaling="none") if getattr(algorithm, "collective", False) else algorithm
+
+
 def distributed_run(name: str, args: argparse.Namespace, seed: int, workers: int, train, test, scaler,
                     rows: int, test_arrays: tuple[np.ndarray, np.ndarray], target: float | None) -> dict:
     """``Trainer.fit`` on `workers` workers, the test hours predicted on the executors: its result row.
@@ -390,7 +398,7 @@ def distributed_run(name: str, args: argparse.Namespace, seed: int, workers: int
     epochs = args.epochs if reference else args.max_epochs
     snapshots = EpochSnapshots()
     fitted = Trainer(
-        model_builder(name, args, rows, workers), algorithm=algorithm_from_args(args.algorithm, args.window),
+        model_builder(name, args, rows, workers), algorithm=_algorithm(args),
         num_workers=workers, batch_size=args.batch_size, epochs=epochs, on_epoch_end=snapshots, **run_options,
     ).fit(train, **fit_options)
     final = predict_mape(fitted, test, scaler)  # after every epoch trained

@@ -75,7 +75,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
     parser.add_argument("--algorithm", default="downpour",
                         help="single, sync, downpour, adag, easgd, aeasgd, dynsgd, or allreduce (gradients "
-                             "all-reduced every step, no --window; needs --backend jax)")
+                             "all-reduced every step, no --window; the rate scaled with the workers)")
     parser.add_argument("--window", type=window_arg, default="auto",
                         help="batches between exchanges, or auto: sized by the measured step and exchange times "
                              "(default auto)")

@@ -1,4 +1,4 @@
-"""The local-gradients train step (trainer.runtime.collective_step) compiled and run over 2 CPU devices of ONE
+"""The local-gradients train step (trainer.runtime.collective.jax_group) compiled and run over 2 CPU devices of ONE
 process, for tests/test_collective_step.py.
 
 Runs in its own process: ``XLA_FLAGS=--xla_force_host_platform_device_count=2`` and ``KERAS_BACKEND=jax`` hold
@@ -59,7 +59,7 @@ def main(out_path: str) -> None:
     import keras
     from jax.sharding import NamedSharding, PartitionSpec
 
-    from trainer.runtime.collective_step import use_local_gradients
+    from trainer.runtime.collective.jax_group import use_local_gradients
 
     rng = np.random.default_rng(0)
     x = rng.random((3 * GLOBAL_BATCH, 12, 3), np.float32)
@@ -117,7 +117,7 @@ def _dropout_halves(layer, distribution, x) -> bool:
     import jax
     from jax.sharding import PartitionSpec
 
-    from trainer.runtime.collective_step import seed_offset, shift_seeds
+    from trainer.runtime.collective.jax_group import seed_offset, shift_seeds
 
     axis = distribution.batch_dim_name
 

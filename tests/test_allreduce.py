@@ -1,13 +1,12 @@
-"""AllReduce: N barrier tasks as ONE Keras distribution (JAX's distributed runtime, gloo on CPU), all-reducing
-every step's gradients.
+"""AllReduce: N barrier tasks as ONE group on the Keras backend's own collective engine, all-reducing every
+step's gradients: JAX's distributed runtime, TensorFlow's collective ops, torch.distributed (gloo on CPU).
 
-The tests marked ``backend`` run once per Keras backend in `make test`: under TensorFlow (the main run) and
-torch they check the clear error before any cluster work; under ``KERAS_BACKEND=jax`` they train on the
-real LocalCluster (the ``spark`` fixture) with the real JAX distributed runtime: the weights after k steps
-equal plain Keras's on the same global batches, validation, the learning-rate schedule and a driver-side
-callback behave as in plain Keras, and a killed executor fails the stage, whose retry resumes from the last
-epoch end. The collective loop itself also runs without Spark (two processes and a real parameter server),
-in the JAX run too.
+The tests marked ``backend`` run once per Keras backend in `make test` (TensorFlow in the main run, JAX and
+torch beside it), on the real LocalCluster (the ``spark`` fixture) with the backend's real collective runtime:
+the weights after k steps equal plain Keras's on the same global batches, validation, the learning-rate
+schedule and a driver-side callback behave as in plain Keras, and a killed executor fails the stage, whose
+retry resumes from the last epoch end. The collective loop itself also runs without Spark (two processes and a
+real parameter server), with the learning rate scaled for the global batch.
 """
 
 from __future__ import annotations
@@ -28,8 +27,8 @@ from spark_processes import executor_pids
 from trainer import Trainer
 from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, get_algorithm
 from trainer.runtime.arrow import pad_shard
-from trainer.runtime.collective import equal_rows, free_port, start_process, wait_process
-from trainer.runtime.collective_loop import CollectiveJob, epoch_order
+from trainer.runtime.collective.loop import CollectiveJob, epoch_order
+from trainer.runtime.collective.task import equal_rows, free_port, start_process, wait_process
 
 
 # --------------------------------------------------------------------------- the rule, pure
@@ -56,11 +55,20 @@ def test_keras_estimator_and_its_saved_params_take_allreduce():
         get_algorithm("allreduce", window=5)
 
 
-@pytest.mark.parametrize("backend", ["tensorflow", "torch", "numpy"])
-def test_a_backend_without_a_collective_path_is_named_with_the_fix(backend):
-    with pytest.raises(AlgorithmConfigError, match=rf"Received: backend='{backend}'.*KERAS_BACKEND=jax"):
+def test_every_keras_backend_has_a_collective_path_and_another_is_named_with_the_fix():
+    for backend in ("jax", "tensorflow", "torch"):
         AllReduce().check_backend(backend)
-    AllReduce().check_backend("jax")
+    with pytest.raises(AlgorithmConfigError, match=r"exists for jax, tensorflow, torch. Received: backend='numpy'"):
+        AllReduce().check_backend("numpy")
+
+
+def test_the_learning_rate_follows_the_global_batch_unless_told_otherwise():
+    assert [AllReduce().learning_rate_factor(n) for n in (1, 2, 8)] == [1.0, 2.0, 8.0]
+    assert AllReduce(lr_scaling="sqrt").learning_rate_factor(4) == 2.0
+    assert AllReduce(lr_scaling="none").learning_rate_factor(8) == 1.0
+    assert AllReduce(lr_scaling="none").describe() == "allreduce(every step), lr_scaling=none"
+    with pytest.raises(AlgorithmConfigError, match=r"Received: lr_scaling='cubic'. Fix: "):
+        AllReduce(lr_scaling="cubic")
 
 
 def test_shards_are_padded_to_the_largest_and_too_uneven_ones_refused():
@@ -95,6 +103,15 @@ def _plain_global_batches(shards: list[tuple[np.ndarray, np.ndarray]], batch_siz
     return np.concatenate(xs), np.concatenate(ys)
 
 
+def _constant_rate_model(rate: float):
+    """digits_model with Adam at a constant `rate`."""
+    import keras
+
+    model = digits_model()
+    model.compile(optimizer=keras.optimizers.Adam(rate), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    return model
+
+
 def _schedule_model():
     """digits_model with Adam on a step-decayed rate: the schedule reads the optimizer's iteration count."""
     import keras
@@ -109,54 +126,59 @@ def _schedule_model():
 @pytest.mark.backend
 @pytest.mark.timeout(600)
 def test_two_collective_processes_without_spark_take_plain_keras_steps():
-    """The loop's mechanics alone: two processes joined by JAX's distributed runtime and a real parameter
-    server (task 0 reports there), no Spark; the state task 0 reports equals plain Keras's. In the JAX run of
-    `make test` (60-90 s of two processes compiling: not `make test-quick`'s)."""
+    """The loop's mechanics alone, under this session's backend: two processes joined by the backend's
+    collective runtime and a real parameter server (task 0 reports there), no Spark; the state task 0 reports
+    equals plain Keras's at twice the compiled rate (the default linear scaling for 2 workers), and carries the
+    compiled rate itself. In `make test`'s backend runs (60-90 s of two processes compiling under JAX)."""
     import keras
 
-    if keras.backend.backend() != "jax":
-        pytest.skip("the collective processes train under JAX: this runs in make test's KERAS_BACKEND=jax run")
     from trainer.algorithms import AllReduce
     from trainer.ps.server import ParameterServer
     from trainer.runtime.shipping import ModelSource, pack_model
     from trainer.transport.wire import new_secret
 
+    backend = keras.backend.backend()
     rng = np.random.default_rng(0)
     x = rng.random((96, 64), dtype=np.float32)
     y = rng.integers(0, 10, 96).astype(np.int32)
     shards = [(x[0::2], y[0::2]), (x[1::2], y[1::2])]  # 48 rows each: 3 steps of 16 per epoch
-    model = _schedule_model()
+    model = _constant_rate_model(0.005)
     model.optimizer.build(model.trainable_variables)
     start = [w.copy() for w in model.get_weights()]
     server = ParameterServer(AllReduce(), start, 1, new_secret())
     server.start()
-    port, processes = free_port(), []
+    addresses, processes = [f"127.0.0.1:{free_port()}" for _ in shards], []
     try:
         for pid, (sx, sy) in enumerate(shards):
             directory = Path(tempfile.mkdtemp(prefix="allreduce-test-"))
             for name, array in (("x", sx), ("y", sy), ("vx", sx[:0]), ("vy", sy[:0])):
                 np.save(directory / f"{name}.npy", array)
             job = CollectiveJob(model=ModelSource(keras_bytes=pack_model(model, None).data),
-                                ps_address=server.address, secret=server.credentials,
-                                coordinator=f"127.0.0.1:{port}", process_id=pid, num_processes=2, batch_size=16,
-                                epochs=2, seed=5, parent_pid=os.getpid(),
-                                record={"worker": pid, "attempt": 0, "rows": 48, "padded_rows": 48})
+                                ps_address=server.address, secret=server.credentials, addresses=addresses,
+                                process_id=pid, num_processes=2, batch_size=16, epochs=2, seed=5,
+                                keras_backend=backend, lr_factor=AllReduce().learning_rate_factor(2),
+                                parent_pid=os.getpid(), record={"worker": pid, "attempt": 0, "rows": 48,
+                                                                "padded_rows": 48})
             processes.append((start_process(directory, job), directory))
         records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]
         center = server.center()
     finally:
         server.stop()
-    plain = _schedule_model()
+    plain = _constant_rate_model(0.01)  # plain Keras at the global batch, at the scaled rate
     plain.set_weights(start)
     for epoch in range(2):
         gx, gy = _plain_global_batches(shards, 16, seed=5, epoch=epoch)
         logs = plain.fit(gx, gy, batch_size=32, epochs=1, shuffle=False, verbose=0).history
         assert records[0]["epochs"][epoch]["logs"]["loss"] == pytest.approx(logs["loss"][0], rel=1e-5)
-    for got, want in zip(center, plain.get_weights()):
+    weights = len(plain.weights)
+    for got, want in zip(center[:weights], plain.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
-    assert int(center[len(start)]) == 6  # the optimizer's iterations came along: 2 epochs x 3 global steps
+    state = dict(zip([v.path for v in model.optimizer.variables], center[weights:]))
+    assert int(state[model.optimizer.iterations.path]) == 6  # 2 epochs x 3 global steps came along
+    assert float(state[model.optimizer._learning_rate.path]) == pytest.approx(0.005)  # the compiled rate kept
     assert [r["steps"] for r in records] == [6, 6] and records[0]["commits"] == 2 and records[1]["commits"] == 0
-    assert {r["train_step"] for r in records} == {"local gradients"}  # trainer.runtime.collective_step's
+    assert {r["train_step"] for r in records} == {"local gradients"}
+    assert {r["learning_rate_factor"] for r in records} == {2.0}
     assert records[0]["ring_bytes_per_step"] == 4 * model.count_params()  # 2 (N - 1) / N of the gradient, N = 2
 
 
@@ -187,17 +209,14 @@ def _shards_of(trainer: Trainer, df, validation) -> list[tuple[np.ndarray, np.nd
              rows[rows.part == p][LABEL].to_numpy().astype(np.int32)) for p in range(trainer.num_workers)]
 
 
-def _jobs(spark) -> set[int]:
-    return set(spark.sparkContext.statusTracker().getJobIdsForGroup())
-
-
 @pytest.mark.spark
 @pytest.mark.backend
 @pytest.mark.timeout(900)
 def test_two_workers_train_as_plain_keras_on_the_global_batch(spark, digits):
     """2 workers x batch 16: the weights after every step equal plain Keras's at batch 32 on the same rows in
     the same order; validation, the learning-rate schedule (by step) and a driver-side EarlyStopping (it
-    stops after the second epoch, so the weights are those of 2 x 48 steps) behave as in plain Keras."""
+    stops after the second epoch, so the weights are those of 2 x 48 steps) behave as in plain Keras. The rate
+    is the compiled one (lr_scaling="none"): plain Keras at that batch takes it."""
     import keras
 
     train, test = digits
@@ -208,13 +227,8 @@ def test_two_workers_train_as_plain_keras_on_the_global_batch(spark, digits):
     def stopper():  # improves only at the first epoch: plain Keras stops after the second
         return keras.callbacks.EarlyStopping(monitor="val_loss", min_delta=1.0, patience=1)
 
-    trainer = Trainer(model, algorithm="allreduce", num_workers=2, batch_size=16, epochs=4, seed=7, verbose=False)
-    if backend != "jax":
-        jobs = _jobs(spark)
-        with pytest.raises(AlgorithmConfigError, match=f"Received: backend='{backend}'.*KERAS_BACKEND=jax"):
-            trainer.fit(train, validation=test, callbacks=[stopper()])
-        assert _jobs(spark) == jobs, "the error comes before any Spark job"
-        return
+    trainer = Trainer(model, algorithm=AllReduce(lr_scaling="none"), num_workers=2, batch_size=16, epochs=4,
+                      seed=7, verbose=False)
     shards = _shards_of(trainer, train, test)
     # Validation rows are dealt with the training rows, so the training shards differ by a few rows: each
     # task pads its own with repeats of its rows (seeded seed + worker), as the stage does.
@@ -248,7 +262,10 @@ def test_two_workers_train_as_plain_keras_on_the_global_batch(spark, digits):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert int(keras.ops.convert_to_numpy(fitted.keras_model.optimizer.iterations)) == 2 * math.ceil(size / 16)
     workers = fitted.history.workers
-    assert [w["worker"] for w in workers] == [0, 1] and {w["devices"] for w in workers} == {2}
+    assert [w["worker"] for w in workers] == [0, 1] and all(w["backend"] == backend for w in workers)
+    assert {w["train_step"] for w in workers} == {"local gradients"}
+    if backend == "jax":  # one distribution over both processes' devices
+        assert {w["devices"] for w in workers} == {2}
     assert all(len(w["pinned_cores"]) == 1 for w in workers)  # each process on its task's one core
 
 
@@ -256,12 +273,8 @@ def test_two_workers_train_as_plain_keras_on_the_global_batch(spark, digits):
 @pytest.mark.backend
 @pytest.mark.timeout(300)
 def test_a_cluster_without_room_for_every_worker_fails_before_training(spark, digits):
-    import keras
-
     from trainer.errors import ClusterCapacityError
 
-    if keras.backend.backend() != "jax":
-        pytest.skip("under other backends the backend's error comes first (the test above)")
     train, _ = digits
     with pytest.raises(ClusterCapacityError, match="num_workers=3 needs 3 task slots"):
         Trainer(digits_model(), algorithm="allreduce", num_workers=3, slot_timeout=1, verbose=False).fit(train)
@@ -272,12 +285,8 @@ def test_a_cluster_without_room_for_every_worker_fails_before_training(spark, di
 @pytest.mark.timeout(900)
 def test_a_killed_executor_fails_the_stage_and_the_retry_resumes_from_the_last_epoch_end(
         local_cluster_2, spark, digits, tmp_path):
-    import keras
-
     from trainer.checkpoint import load_checkpoint
 
-    if keras.backend.backend() != "jax":
-        pytest.skip("AllReduce trains under JAX; the other backends' error is tested above")
     train, test = digits
     executors = executor_pids(local_cluster_2, spark.sparkContext.applicationId)
     assert len(executors) == 2

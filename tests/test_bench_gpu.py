@@ -59,7 +59,7 @@ def test_bench_gpu_runs_the_worker_loop_and_server_where_pyspark_cannot_be_impor
     out = tmp_path / "bench_gpu"
     code = textwrap.dedent(f"""
         import runpy, sys
-        sys.argv = ["bench_gpu", "--backend", "tensorflow", "--quick", "--limit", "1200", "--workers", "1,2",
+        sys.argv = ["bench_gpu", "--backend", "tensorflow", "--quick", "--limit", "1200", "--workers", "1",
                     "--overlap", "off", "--batch-size", "64", "--out", {str(out)!r}]
         runpy.run_module("trainer_jobs.bench_gpu", run_name="__main__")
     """)
@@ -67,15 +67,14 @@ def test_bench_gpu_runs_the_worker_loop_and_server_where_pyspark_cannot_be_impor
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads((out / "bench_gpu.json").read_text())
     rows = {r["run"]: r for r in result["rows"]}
-    assert set(rows) == {"plain Keras", "1 worker", "2 workers"}
+    assert set(rows) == {"plain Keras", "1 worker"}  # more workers take the same path: a process each
     assert result["metadata"]["algorithm"] == "downpour(auto window)" and result["metadata"]["quick"] is True
-    for label in ("1 worker", "2 workers"):
-        row = rows[label]
-        assert row["commits"] > 0 and row["window"] >= 4 and row["epoch_s"] > 0
-        assert 0.5 < row["test_accuracy"] <= 1.0  # the center learned (10 classes: chance is 0.1)
+    row = rows["1 worker"]
+    assert row["commits"] > 0 and row["window"] >= 4 and row["epoch_s"] > 0
+    assert 0.5 < row["test_accuracy"] <= 1.0  # the center learned (10 classes: chance is 0.1)
     # one worker is plain Keras with exchanges: the same data, so the same quality within noise
     assert abs(rows["1 worker"]["test_accuracy"] - rows["plain Keras"]["test_accuracy"]) < 0.05
-    assert "| 2 workers |" in (out / "bench_gpu.md").read_text()
+    assert "| 1 worker |" in (out / "bench_gpu.md").read_text()
 
 
 def test_worker_row_compares_samples_per_second_with_plain_keras():

@@ -1,4 +1,4 @@
-"""The collective loop's train step (trainer.runtime.collective_step): local gradients, one all-reduce.
+"""The collective loop's train step (trainer.runtime.collective.jax_group): local gradients, one all-reduce.
 
 The compiled step is checked in a JAX process of its own with two CPU devices (XLA's
 ``--xla_force_host_platform_device_count``), no Spark: Keras's own SPMD step all-reduces inside the GRU's
@@ -23,7 +23,7 @@ CLIENT = Path(__file__).with_name("collective_step_client.py")
 def test_a_model_with_its_own_train_step_keeps_it():
     import keras
 
-    from trainer.runtime.collective_step import has_keras_train_step
+    from trainer.runtime.collective.jax_group import has_keras_train_step
 
     class Custom(keras.Sequential):
         def train_step(self, *args, **kwargs):

@@ -103,10 +103,16 @@ def test_allreduce_through_spark_connect_each_process_sees_its_own_gpu(connect_s
 
 @pytest.mark.spark
 @pytest.mark.timeout(300)
-def test_the_server_stops_with_its_processes_and_its_port(connect_server):
-    """Last in the module: stopping the server ends its processes and frees its port."""
+def test_a_cluster_stops_its_connect_server_with_its_processes_and_its_port(connect_server):
+    """Last in the module: stopping the cluster that started a Connect server stops the server, ends its
+    processes and frees its port. The drivers cluster serves the rest of the session, so a cluster object that
+    never started daemons of its own takes the server over and is stopped instead."""
+    from trainer.spark.local_cluster import LocalCluster
+
     pgid = connect_server._daemon.pgid if connect_server._daemon is not None else None
-    connect_server.stop()
+    owner = LocalCluster(workers=1)
+    owner._connect_servers.append(connect_server)
+    owner.stop()
     assert pgid is not None and not group_alive(pgid), "the Connect server's processes must be gone"
     with socket.socket() as sock:  # and its port free again
         sock.bind(("127.0.0.1", connect_server.port))

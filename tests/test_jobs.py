@@ -6,9 +6,9 @@ with this process: the session-scoped ``spark`` fixture holds every core of
 that cluster (``spark.cores.max`` = all of them), and a second application on
 the same standalone master gets no executor until the first one stops. The
 ``--master`` runs therefore go to ``drivers_cluster``, the session's second
-cluster (3 workers, tests/conftest.py). One forecast run (the ``--resume`` one) and the
-demo's command use no ``--master`` at all: the job starts its own embedded cluster, as
-``make bench`` and ``make demo`` do.
+cluster (3 workers, tests/conftest.py), each asking for the cores of its largest
+run. The demo's command uses no ``--master``: the job starts its own embedded
+cluster, as ``make demo`` does.
 
 The job runs log at ``TRAINER_LOG=info``, where the driver JVM's WARN lines
 show: the jobs read Parquet with ``spark.read.parquet``, so Spark never warns
@@ -362,9 +362,9 @@ def test_bench_runs_each_job_again_with_allreduce_next_to_the_default_rule(bench
                                                 ("forecast", "allreduce")]
     for default, allreduce in (steps[:2], steps[2:]):
         assert allreduce.workers == [1, 2, 4]  # 4 time-shared here; not the 8 the default forecast rule runs
-        assert allreduce.argv[-4:] == ["--algorithm", "allreduce", "--backend", "jax"]
+        assert allreduce.argv[-2:] == ["--algorithm", "allreduce"]
         assert allreduce.argv[allreduce.argv.index("--out") + 1] == str(tmp_path / f"{default.job}-allreduce")
-        assert {a for a in default.argv if a.startswith("--")} == {a for a in allreduce.argv[:-4]
+        assert {a for a in default.argv if a.startswith("--")} == {a for a in allreduce.argv[:-2]
                                                                    if a.startswith("--")}
     assert "--models" in steps[3].argv and "--repeats" in steps[3].argv
     assert [s.workers for s in bench_job.plan(tmp_path, cores=2, quick=True)[1::2]] == [[1, 2, 4], [1, 2, 4]]
@@ -521,10 +521,11 @@ def test_demo_output_is_quiet(tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-@pytest.mark.parametrize("backend", ["jax", "torch"])
+@pytest.mark.parametrize("backend", ["torch"])
 def test_a_job_runs_on_the_keras_backend_it_is_given(drivers_cluster, tmp_path, backend):
-    """--backend: the driver's Keras backend, which every task of the job uses. The job is a process of its
-    own, so this TensorFlow session runs it under each other backend (TensorFlow: the test above)."""
+    """--backend: the job's flag sets the driver's Keras backend, which every task of the job uses. The job is
+    a process of its own, so this TensorFlow session runs it under another backend (that every task uses the
+    driver's backend, under each backend: tests/test_backends.py)."""
     pytest.importorskip(backend)
     out = tmp_path / "mnist"
     result = run_job("mnist", ["--master", drivers_cluster.master_url, "--backend", backend, "--workers", "1",

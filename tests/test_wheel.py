@@ -3,9 +3,9 @@
 This is what a user does: ``pip install spark-keras-trainer[tf]``, then
 ``spark-keras-trainer train model ...``, from a folder that holds no source
 of this project. pip takes the wheels from its cache (no download once the
-dev venv was built on this machine). The run starts its own embedded
-2-worker cluster, whose executors run the venv's Python and so import the
-installed ``trainer``.
+dev venv was built on this machine). The run goes to the session's drivers
+cluster (tests/conftest.py), whose executors run the driver's Python, the
+venv's, and so import the installed ``trainer``.
 """
 
 from __future__ import annotations
@@ -66,7 +66,7 @@ def test_wheel_holds_the_library_the_jobs_and_the_command(wheel):
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(1200)
-def test_wheel_in_a_fresh_venv_runs_a_2_worker_fit(wheel, tmp_path):
+def test_wheel_in_a_fresh_venv_runs_a_2_worker_fit(wheel, drivers_cluster, tmp_path):
     env_dir = tmp_path / "venv"
     venv.create(env_dir, with_pip=True)
     python, command = env_dir / "bin" / "python", env_dir / "bin" / "spark-keras-trainer"
@@ -90,6 +90,7 @@ def test_wheel_in_a_fresh_venv_runs_a_2_worker_fit(wheel, tmp_path):
     assert str(env_dir) in probe and str(REPO) not in probe
     out = _run([command, "train", "model", "--model", tmp_path / "my_model.py:build", "--data",
                 tmp_path / "train.parquet", "--validation", tmp_path / "train.parquet", "--workers", "2",
+                "--master", drivers_cluster.master_url,
                 "--epochs", "2", "--batch-size", "16", "--save", tmp_path / "fitted"],
                tmp_path / "train.log", cwd=work, env=clean, timeout=900)
     assert "validation: loss" in out, out

@@ -5,10 +5,12 @@
 check before cluster work are the trainer's own (``Trainer._plan``: the
 model, the checkpoint, the columns and values, the free slots: a cluster that
 cannot run all N tasks at once fails there), plus one: the Keras backend must
-have a collective path (JAX), or the fit fails naming the backend to use.
+have a collective path (JAX, TensorFlow and torch do), or the fit fails
+naming those that do.
 
-Then ONE barrier stage of N tasks (``trainer.runtime.collective``) trains as
-one Keras distribution, all-reducing every step's gradients among the tasks.
+Then ONE barrier stage of N tasks (``trainer.runtime.collective.task``) trains
+as one group on the backend's collective engine, all-reducing every step's
+gradients among the tasks.
 The driver keeps what the other rules give it, through the same parameter
 server with a single client (task 0) that reports once per epoch:
 
@@ -41,7 +43,7 @@ from trainer.lr_schedules import planned_steps
 from trainer.progress import TrainingProgress
 from trainer.ps.epoch_end import EpochEnds
 from trainer.ps.server import ParameterServer, uniform_progress
-from trainer.runtime.collective import CollectiveConfig, train_collective_partition
+from trainer.runtime.collective.task import CollectiveConfig, train_collective_partition
 from trainer.spark.launch import RetryPolicy, driver_addresses
 from trainer.spark.memory import task_memory_bytes
 from trainer.tracking import epoch_logger, fit_params
@@ -112,7 +114,7 @@ def fit_collective(trainer, df, resume_from, validation, callbacks, run) -> Fitt
             num_workers=workers, batch_size=trainer.batch_size, epochs=trainer.epochs,
             input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=attempt, seed=trainer.seed,
             io_timeout=trainer.io_timeout, keras_backend=backend, feed=trainer.feed, shard_budget=shard_budget,
-            task_memory=task_memory,
+            task_memory=task_memory, lr_scaling=trainer.algorithm.lr_scaling,
         ))
 
     def on_retry(workers: int) -> None:

@@ -130,7 +130,7 @@ def check_trainer_args(parser, args) -> None:
         try:  # the fit would refuse it before any cluster work; the job refuses it before loading any data
             algorithm.check_backend(getattr(args, "backend", None) or os.environ.get("KERAS_BACKEND", "tensorflow"))
         except ValueError as exc:
-            parser.error(f"{exc} In a job: --backend jax.")
+            parser.error(f"{exc} In a job: --backend {'/'.join(BACKENDS)}.")
     if getattr(args, "overlap", False) and not overlappable(algorithm):
         parser.error(f"--overlap needs a delta rule with a window (downpour, adag, dynsgd); received "
                      f"{algorithm.describe()}. Fix: pass --algorithm dynsgd (or downpour, adag), or drop --overlap.")

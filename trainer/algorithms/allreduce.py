@@ -1,12 +1,23 @@
 """AllReduce: synchronous data-parallel training on the Keras backend's own collectives, no parameter server.
 
-The N barrier tasks become ONE Keras distribution (``keras.distribution``:
-JAX's distributed runtime and ``DataParallel``). Every step, each task feeds
-its ``batch_size`` rows as its part of a global batch of ``N * batch_size``
-rows, and the backend all-reduces the gradients (XLA: gloo between CPUs, NCCL
-between GPUs), so every replica takes the same step plain Keras takes on the
-global batch. The tasks' loop is ``trainer.runtime.collective``; the driver's
-side is ``trainer.collective_fit``.
+The N barrier tasks become ONE group on the backend's own collective engine
+(JAX's distributed runtime as a Keras ``DataParallel`` distribution,
+TensorFlow's collective ops, or ``torch.distributed``). Every step, each task
+feeds its ``batch_size`` rows as its part of a global batch of
+``N * batch_size`` rows, computes its gradients on them with Keras's own
+train step, and ONE all-reduce averages them (gloo or a gRPC ring between
+CPUs, NCCL between GPUs), so every replica takes the step plain Keras takes
+on the global batch. The tasks' loop is ``trainer.runtime.collective``; the
+driver's side is ``trainer.collective_fit``.
+
+The learning rate follows the global batch (`lr_scaling`): an epoch of N
+workers takes 1/N of the steps of one, so at the compiled rate it learns
+less per epoch (MNIST 0.952 / 0.929 / 0.910 test accuracy at 1 / 2 / 4
+workers after the same epochs, a regression's MSE 4.44 against plain
+Keras's 0.70 at 2 workers). Large-batch practice raises the rate with the
+batch (Goyal et al. 2017; Horovod's and PyTorch's guides): ``"linear"`` (the
+default) multiplies the compiled rate by N, ``"sqrt"`` by the square root
+of N, ``"none"`` keeps it (for a rate already set for the global batch).
 
 The driver hears from task 0 once per epoch, through the same parameter
 server as the other rules, but with one client only: task 0 commits the
@@ -17,20 +28,21 @@ where a retried stage resumes from. Nothing crosses the driver per step.
 
 ``collective = True`` tells the trainer to run the collective loop instead of
 the parameter-server loop; `check_backend` names the Keras backends that have
-a collective path here (JAX only: TensorFlow's MultiWorkerMirroredStrategy
-fails on Keras 3 at two workers, keras-team/keras#20585, and Keras has no
-distribution for torch).
+a collective path here: all three of Keras 3's.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
 from trainer.algorithms.base import Algorithm, AlgorithmConfigError
 
 #: Keras backends with a collective path.
-COLLECTIVE_BACKENDS = ("jax",)
+COLLECTIVE_BACKENDS = ("jax", "tensorflow", "torch")
+#: How the compiled learning rate follows the global batch of N workers (the module docstring).
+LR_SCALING = {"linear": float, "sqrt": math.sqrt, "none": lambda workers: 1.0}
 
 
 @dataclass(frozen=True)
@@ -38,11 +50,17 @@ class AllReduce(Algorithm):
     """Per-step gradient all-reduce over all workers: plain Keras on the global batch (``num_workers * batch_size``).
 
     Example:
-        >>> Trainer(model, algorithm=AllReduce(), num_workers=4, batch_size=32)  # KERAS_BACKEND=jax
+        >>> Trainer(model, algorithm=AllReduce(), num_workers=4, batch_size=32)
 
-    The global batch is ``num_workers * batch_size`` rows: scale the learning
-    rate with it as for plain Keras at that batch size.
+    Args:
+        lr_scaling: String. How the compiled learning rate follows the global batch of
+            ``num_workers * batch_size`` rows: ``"linear"`` (default: times the number of workers),
+            ``"sqrt"`` (times its square root) or ``"none"`` (the compiled rate, already set for the global
+            batch). A schedule's rates are scaled the same way; a rate the driver's callbacks set
+            (ReduceLROnPlateau) too.
     """
+
+    lr_scaling: str = "linear"
 
     name: ClassVar[str] = "allreduce"
     #: The trainer runs the collective loop (``trainer.runtime.collective``), not the parameter-server loop.
@@ -51,21 +69,32 @@ class AllReduce(Algorithm):
     #: and the iteration count (a learning-rate schedule) where they were.
     exchanges_optimizer_state: ClassVar[bool] = True
 
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.lr_scaling not in LR_SCALING:
+            raise AlgorithmConfigError(
+                f"AllReduce's lr_scaling is one of {', '.join(map(repr, LR_SCALING))}. Received: "
+                f"lr_scaling={self.lr_scaling!r}. Fix: 'linear' (the default) to scale the compiled rate with the "
+                "number of workers, or 'none' when the rate is already set for the global batch."
+            )
+
+    def learning_rate_factor(self, workers: int) -> float:
+        """What the compiled learning rate is multiplied by at `workers` workers."""
+        return float(LR_SCALING[self.lr_scaling](workers))
+
     def check_backend(self, backend: str) -> None:
         """Raise AlgorithmConfigError unless Keras's `backend` has a collective path here."""
         if backend in COLLECTIVE_BACKENDS:
             return
-        why = {
-            "tensorflow": "TensorFlow's MultiWorkerMirroredStrategy does not train Keras 3 models on two or more "
-                          "workers (keras-team/keras#20585)",
-            "torch": "Keras 3 has no distribution for torch (keras.distribution covers JAX)",
-        }.get(backend, f"Keras has no multi-process distribution for {backend!r}")
         raise AlgorithmConfigError(
-            f"AllReduce trains on Keras's own distribution engine, which runs on the JAX backend: {why}. "
-            f"Received: backend={backend!r}. Fix: install JAX (pip install 'spark-keras-trainer[jax]') and set "
-            "KERAS_BACKEND=jax before Keras starts (the tasks use the driver's backend), or pick a "
-            "parameter-server rule (leave `algorithm` out: DOWNPOUR)."
+            f"AllReduce trains on the Keras backend's own collective engine, which exists for "
+            f"{', '.join(COLLECTIVE_BACKENDS)}. Received: backend={backend!r}. Fix: set KERAS_BACKEND to one of "
+            "them before Keras starts (the tasks use the driver's backend), or pick a parameter-server rule "
+            "(leave `algorithm` out: DOWNPOUR)."
         )
+
+    def describe(self) -> str:
+        return "allreduce(every step)" + ("" if self.lr_scaling == "linear" else f", lr_scaling={self.lr_scaling}")
 
     # -- server side: the center is task 0's state at its last epoch end ---------------------------
     def server_commit(self, center, payload, staleness):
@@ -76,7 +105,4 @@ class AllReduce(Algorithm):
 
     def worker_apply(self, weights, anchor, reply):
         return list(weights), list(weights)
-
-    def describe(self) -> str:
-        return "allreduce(every step)"
 

@@ -8,19 +8,21 @@
 1. receives its shard (in memory or spilled, ``trainer.runtime.shard``) and
    its validation rows;
 2. shares with the other tasks, in ONE ``BarrierTaskContext.allGather``, its
-   rows and, for task 0, a free port: task 0's host (``getTaskInfos()``) and
-   that port are the coordinator of JAX's distributed runtime, as Spark's
-   TorchDistributor forms a torch group;
+   rows and a free port of its host: each task's host (``getTaskInfos()``,
+   in partition order) and port make the group's addresses, task 0's the
+   rendezvous (JAX's coordinator, torch's TCPStore, as Spark's
+   TorchDistributor forms a torch group), every one of them a gRPC server
+   under TensorFlow;
 3. pads its shard with repeats of its own random rows to the largest
    shard's size (`equal_rows`), so that every process has the same batches:
    the shards Spark's round-robin repartition deals differ by a few rows at
    most, and `equal_rows` refuses shards too uneven for that;
 4. writes the shard to ``x.npy``/``y.npy`` in a directory under the executor's
-   local directory and starts ``python -m trainer.runtime.collective_loop``
-   there, in a fresh interpreter (JAX joins a group only before its backend
-   starts, once per process; a Spark Python worker is reused from task to
-   task), with the task's cores and GPUs; the process ends on its own when
-   this task is gone (a killed executor);
+   local directory and starts ``python -m trainer.runtime.collective.loop``
+   there, in a fresh interpreter (a backend's collective runtime joins a group
+   only before the backend starts, once per process; a Spark Python worker is
+   reused from task to task), with the task's cores and GPUs; the process
+   ends on its own when this task is gone (a killed executor);
 5. waits for it and yields its record, or fails with the process's own
    error (the tail of its stderr).
 
@@ -45,7 +47,8 @@ import numpy as np
 import pyarrow as pa
 
 from trainer.runtime.arrow import ValidationRows
-from trainer.runtime.collective_loop import JOB_FILE, RECORD_FILE, STDERR_FILE, CollectiveJob
+from trainer.algorithms.allreduce import LR_SCALING
+from trainer.runtime.collective.loop import JOB_FILE, RECORD_FILE, STDERR_FILE, CollectiveJob
 from trainer.runtime.process import task_resources
 from trainer.runtime.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource
@@ -78,6 +81,7 @@ class CollectiveConfig:
     feed: str = "auto"
     shard_budget: int | None = None
     task_memory: int | None = None
+    lr_scaling: str = "linear"  # the rule's: the compiled rate times LR_SCALING[lr_scaling](workers)
 
 
 class CollectiveProcessError(RuntimeError):
@@ -132,7 +136,7 @@ def start_process(directory: Path, job: CollectiveJob) -> subprocess.Popen:
         cloudpickle.dump(job, fh)
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
     with open(directory / STDERR_FILE, "wb") as err:
-        return subprocess.Popen([sys.executable, "-m", "trainer.runtime.collective_loop", str(directory)],
+        return subprocess.Popen([sys.executable, "-m", "trainer.runtime.collective.loop", str(directory)],
                                 stdin=subprocess.DEVNULL, stdout=err, stderr=subprocess.STDOUT, env=env,
                                 cwd=directory)
 
@@ -166,12 +170,12 @@ def train_collective_partition(config: CollectiveConfig,
                           budget=shard_budget(config.shard_budget, config.task_memory))
     validation = rows.arrays(config.input_shape, config.label_size)
     data_ready = time.time()
-    mine = {"rows": shard.rows, "val_rows": len(validation[0]), "port": free_port() if worker == 0 else 0}
+    mine = {"rows": shard.rows, "val_rows": len(validation[0]), "port": free_port()}
     shared = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
     sizes = [s["rows"] for s in shared]
     padded = equal_rows(sizes, config.batch_size)
     shard.pad_to(padded, seed=config.seed + worker)
-    host = ctx.getTaskInfos()[0].address.rsplit(":", 1)[0]
+    addresses = [f"{info.address.rsplit(':', 1)[0]}:{s['port']}" for info, s in zip(ctx.getTaskInfos(), shared)]
     directory = Path(tempfile.mkdtemp(prefix="trainer-collective-", dir=spill_directory()))
     try:
         write_arrays(directory, shard, validation)
@@ -184,11 +188,11 @@ def train_collective_partition(config: CollectiveConfig,
         }
         job = CollectiveJob(
             model=config.model, ps_address=(config.ps_host, config.ps_port), secret=config.secret,
-            coordinator=f"{host}:{shared[0]['port']}", process_id=worker, num_processes=len(shared),
+            addresses=addresses, process_id=worker, num_processes=len(shared),
             batch_size=config.batch_size, epochs=config.epochs, attempt=config.attempt, seed=config.seed,
             io_timeout=config.io_timeout, keras_backend=config.keras_backend, cpus=cpus, gpus=gpus,
             env=config.env, validation_batch_size=config.validation_batch_size, parent_pid=os.getpid(),
-            record=record,
+            lr_factor=float(LR_SCALING[config.lr_scaling](len(shared))), record=record,
         )
         process = start_process(directory, job)
         try:

@@ -1,0 +1,90 @@
+"""The N processes of an all-reduce fit as one group, on the Keras backend's own collective engine.
+
+What the collective loop (`trainer.runtime.collective.loop`) needs of a
+backend is a `Group`, with the same shape for every backend and one module
+each (Keras's habit: ``backend/<name>/trainer.py``):
+
+* ``jax_group``: JAX's distributed runtime as ONE Keras ``DataParallel``
+  distribution (gloo between CPUs, NCCL between GPUs), the step inside
+  ``jax.shard_map``;
+* ``tensorflow_group``: a TensorFlow cluster of the processes (a gRPC server
+  each, the coordination service led by process 0) and TensorFlow's
+  collective ops (``CollectiveReduceV2``: a ring over gRPC between CPUs);
+* ``torch_group``: a ``torch.distributed`` process group (gloo between CPUs,
+  NCCL between GPUs) rendezvousing at process 0's address.
+
+Every backend gives a compiled model the local-gradients step (each
+process's gradients on its own rows, ONE all-reduce of them a step:
+``local_step`` for TensorFlow and torch, ``jax_group`` for JAX), and the
+loop's once-per-epoch messages: the center broadcast from process 0, the
+validation logs gathered.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+from typing import Any
+
+import numpy as np
+
+#: Keras backend -> the module of its group (this package).
+BACKENDS = {"jax": "jax_group", "tensorflow": "tensorflow_group", "torch": "torch_group"}
+
+
+class Group:
+    """This process's place in the group; a backend module's `BackendGroup` subclasses it."""
+
+    def __init__(self, process_id: int, num_processes: int) -> None:
+        self.process_id, self.num_processes = process_id, num_processes
+
+    @classmethod
+    def join(cls, job) -> "Group":
+        """Join the group of `job` (a `CollectiveJob`): call before the model is built."""
+        raise NotImplementedError
+
+    def use_local_gradients(self, model) -> bool:
+        """Give compiled `model` the local-gradients step; False, leaving it as it is, when its class overrides
+        ``train_step`` (it then trains with its own step, whatever that all-reduces)."""
+        raise NotImplementedError
+
+    def broadcast(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        """Process 0's `arrays` in every process (the others pass arrays of the same shapes and dtypes)."""
+        raise NotImplementedError
+
+    def allgather(self, array: np.ndarray) -> np.ndarray:
+        """Every process's `array` (the same shape everywhere), stacked in process order."""
+        raise NotImplementedError
+
+    def local_state(self, model) -> list[np.ndarray]:
+        """The weights then the optimizer's variables of this process's replica (no collective: process 0
+        reads them alone)."""
+        import keras
+
+        return [np.array(keras.ops.convert_to_numpy(v.value), copy=True)
+                for v in list(model.weights) + list(model.optimizer.variables)]
+
+    def fit_callbacks(self) -> list:
+        """Keras callbacks every epoch's ``fit`` needs under this backend."""
+        return []
+
+    def outside(self) -> contextlib.AbstractContextManager:
+        """A block where Keras builds and runs models of this process alone (the validation model)."""
+        return contextlib.nullcontext()
+
+    def describe(self) -> dict[str, Any]:
+        """What the record keeps of the group (devices, the engine)."""
+        return {}
+
+    def leave(self) -> None:
+        """Leave the group at the end of the process."""
+
+
+def join_group(job) -> Group:
+    """This process's `Group` under `job.keras_backend`, joined."""
+    try:
+        module = BACKENDS[job.keras_backend]
+    except KeyError:
+        raise ValueError(f"no collective path for the Keras backend {job.keras_backend!r}; expected one of "
+                         f"{', '.join(BACKENDS)}") from None
+    return importlib.import_module(f"trainer.runtime.collective.{module}").BackendGroup.join(job)
