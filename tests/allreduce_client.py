@@ -1,11 +1,11 @@
 """A Spark Connect client for tests/test_allreduce.py: an all-reduce fit with a GPU per worker.
 
 Runs in its own process because a Spark Connect session switches pyspark into
-remote mode for the whole interpreter. Usage (under ``KERAS_BACKEND=jax``):
+remote mode for the whole interpreter. Usage (under the ``KERAS_BACKEND`` its tasks are to use):
 ``python tests/allreduce_client.py sc://127.0.0.1:PORT OUT.json``; the server
 runs on fake-GPU workers (each announces one address, no device exists), so
-JAX trains on the CPU while each collective process is given, and sets
-visible, its own GPU. Writes what it saw as JSON and exits 0, or raises.
+the backend trains on the CPU while each collective process is given, and
+sets visible, its own GPU. Writes what it saw as JSON and exits 0, or raises.
 """
 
 from __future__ import annotations

@@ -49,9 +49,11 @@ def test_keras_estimator_and_its_saved_params_take_allreduce():
 
     estimator = KerasEstimator(model=digits_model, algorithm="allreduce", numWorkers=2)
     assert isinstance(estimator.trainer().algorithm, AllReduce)
-    assert algorithm_to_json(AllReduce()) == {"name": "allreduce", "params": {}}
-    assert algorithm_from_json({"name": "allreduce", "params": {}}) == AllReduce()
-    with pytest.raises(AlgorithmConfigError, match="allreduce takes no hyper-parameters. Received: window=5"):
+    assert algorithm_to_json(AllReduce()) == {"name": "allreduce", "params": {"lr_scaling": "linear"}}
+    assert algorithm_from_json({"name": "allreduce", "params": {}}) == AllReduce()  # saved before lr_scaling
+    assert algorithm_from_json(algorithm_to_json(AllReduce(lr_scaling="none"))) == AllReduce(lr_scaling="none")
+    with pytest.raises(AlgorithmConfigError, match="allreduce takes the hyper-parameters lr_scaling. Received: "
+                                                   "window=5"):
         get_algorithm("allreduce", window=5)
 
 

@@ -128,8 +128,8 @@ class BackendGroup(Group):
         import torch.distributed as dist
 
         out = []
-        for a in (np.ascontiguousarray(a) for a in arrays):  # tensors, never pickled objects
-            tensor = torch.from_numpy(a.copy() if self.process_id == 0 else np.zeros_like(a))
+        for a in (np.array(a, order="C") for a in arrays):  # tensors, never pickled objects; 0-d ones stay 0-d
+            tensor = torch.from_numpy(a if self.process_id == 0 else np.zeros_like(a))
             dist.broadcast(tensor, src=0)
             out.append(tensor.numpy())
         return out
@@ -138,7 +138,7 @@ class BackendGroup(Group):
         import torch
         import torch.distributed as dist
 
-        mine = torch.from_numpy(np.ascontiguousarray(array).copy())
+        mine = torch.from_numpy(np.array(array, order="C"))
         out = [torch.zeros_like(mine) for _ in range(self.num_processes)]
         dist.all_gather(out, mine)
         return np.stack([t.numpy() for t in out])
