@@ -17,7 +17,11 @@ MSE). A run is within the bounds when its accuracy is at most 0.02 below plain K
 1.2x plain Keras's (``within``). More workers than cores share them (time-shared): only quality is
 measured here, never speed. `tests/test_defaults.py` runs it at 2 and 8 workers in `make test`.
 
+``--algorithm allreduce`` holds `AllReduce` with its defaults (the compiled rate scaled to the global batch)
+to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND).
+
     python jobs/bench_defaults.py --workers 1,2,4,8 --out results/defaults
+    python jobs/bench_defaults.py --workers 1,2,4,8 --algorithm allreduce --backend torch
 """
 
 from __future__ import annotations
@@ -129,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3, help="epochs (default 3)")
     parser.add_argument("--batch-size", type=int, default=32, help="minibatch per worker (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
+    parser.add_argument("--algorithm", choices=["default", "allreduce"], default="default",
+                        help="the rule: the Trainer's default (no algorithm named) or allreduce (default: default)")
     parser.add_argument("--out", default="results/defaults", help="results directory (default results/defaults)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
@@ -155,13 +161,14 @@ def main(argv: list[str] | None = None) -> int:
             for n in counts:
                 started = time.time()
                 keras.utils.set_random_seed(args.seed)  # the driver builds the initial center as plain Keras did
+                rule = {"algorithm": "allreduce"} if args.algorithm == "allreduce" else {}
                 fitted = Trainer(builder(kind, features), num_workers=n, epochs=args.epochs,
-                                 batch_size=args.batch_size, seed=args.seed, verbose=False).fit(train)
-                windows = [w.get("window", {}).get("last") for w in fitted.history.workers]
-                rows.append(compare(kind, n, plain, fitted.evaluate(test), max(w for w in windows if w)))
+                                 batch_size=args.batch_size, seed=args.seed, verbose=False, **rule).fit(train)
+                windows = [(w.get("window") or {}).get("last") for w in fitted.history.workers]
+                rows.append(compare(kind, n, plain, fitted.evaluate(test), max((w for w in windows if w), default=1)))
                 rows[-1]["seconds"] = time.time() - started
                 print(markdown_table(rows[-1:], COLUMNS), flush=True)
-    meta = run_metadata({"job": "bench_defaults", **vars(args)})
+    meta = run_metadata({"job": "bench_defaults", **vars(args), "keras_backend": keras.backend.backend()})
     (out / "defaults.json").write_text(json.dumps({"metadata": meta, "rows": rows}, indent=2) + "\n")
     text = (f"# The defaults against plain Keras\n\n- {meta['timestamp']} on {meta['host']} ({meta['cores']} cores); "
             f"{args.epochs} epochs, batch {args.batch_size}, seed {args.seed}; within: accuracy at most "
