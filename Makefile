@@ -18,6 +18,9 @@ TEST_JVM_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 TEST_BESIDE ?=
 # The marker expression of make test's main run: every test but the containers (make test-lab, .ci/run run those).
 TEST_MARKS ?= not docker
+# pytest-xdist workers of make test's main run: each session cluster's tests stay in one worker (conftest.py's
+# xdist_group), the rest by file; the main run alone used 1.25 cores of 2 (its tests wait on JVMs and drivers).
+TEST_WORKERS ?= 2
 # The one file of exact pins (transitive ones included); `make lock` regenerates it.
 CONSTRAINTS ?= constraints.txt
 # Cells of the compatibility matrix (requirements/matrix-CELL.txt) and where their venvs are cached.
@@ -96,7 +99,8 @@ test: venv ## every test but the containers (real Spark daemons, TensorFlow); be
 	        && echo 0 >test-artifacts/backend-$$backend.rc || echo $$? >test-artifacts/backend-$$backend.rc; done; \
 	  $(if $(TEST_BESIDE),TMPDIR=$$(mktemp -d) $(TEST_BESIDE) >test-artifacts/beside.log 2>&1 \
 	        && echo 0 >test-artifacts/beside.rc || echo $$? >test-artifacts/beside.rc;) true ) & \
-	beside=$$!; status=0; $(VENV)/bin/pytest $(if $(TEST_MARKS),-m "$(TEST_MARKS)") $(PYTEST_ARGS) || status=$$?; \
+	beside=$$!; status=0; $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(if $(TEST_MARKS),-m "$(TEST_MARKS)") \
+	    $(PYTEST_ARGS) || status=$$?; \
 	wait $$beside || true; \
 	for backend in $(TEST_BACKENDS); do echo "== KERAS_BACKEND=$$backend pytest -m backend (ran beside the run above)"; \
 	    cat test-artifacts/backend-$$backend.log; rc=$$(cat test-artifacts/backend-$$backend.rc); \

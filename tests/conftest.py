@@ -141,12 +141,25 @@ def full_disk(tmp_path, monkeypatch):
 SPARK_FIXTURES = {"local_cluster_2", "drivers_cluster", "spark"}
 
 
+def xdist_group(item) -> str:
+    """The pytest-xdist group of a test (``make test`` runs its main run on 2 workers, ``--dist loadgroup``):
+    the tests of each session cluster together, so that each cluster starts once, in one worker; any other test
+    with the rest of its file (a module's fixtures, such as the wheel or the doc examples, run once)."""
+    names = set(getattr(item, "fixturenames", ()))
+    if "drivers_cluster" in names:
+        return "drivers-cluster"
+    if names & {"local_cluster_2", "spark"}:
+        return "session-cluster"
+    return item.nodeid.split("::")[0]
+
+
 def pytest_collection_modifyitems(config, items):
-    """Mark ``spark`` every test that uses a Spark fixture; run the test that kills a worker of `drivers_cluster`
-    after the others that use it, and the container tests last (CI builds the lab image in the background
-    meanwhile)."""
+    """Mark ``spark`` every test that uses a Spark fixture, and give every test its xdist group
+    (`xdist_group`); run the test that kills a worker of `drivers_cluster` after the others that use it, and
+    the container tests last (CI builds the lab image in the background meanwhile)."""
     for item in items:
         if SPARK_FIXTURES & set(getattr(item, "fixturenames", ())) and item.get_closest_marker("spark") is None:
             item.add_marker(pytest.mark.spark)
+        item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     items.sort(key=lambda item: (item.get_closest_marker("docker") is not None,
                                  item.get_closest_marker("kills_a_worker") is not None))
