@@ -13,7 +13,12 @@ the Keras backend(s) given, each set-up in fresh processes
   sharing the machine's device(s), and a real ``ParameterServer`` in a
   process of its own, with the Trainer's default rule (DOWNPOUR, automatic
   window) unless --window says otherwise; ``overlap`` rows commit in the
-  background as ``Trainer(overlap=True)`` does.
+  background as ``Trainer(overlap=True)`` does;
+* ``--algorithm allreduce``: N processes of the all-reduce loop
+  (``trainer.runtime.collective.loop``: the backend's own collective engine,
+  one all-reduce of the gradients a step) instead, process 0 reporting to a
+  real ``ParameterServer`` once per epoch; one process per GPU (NCCL takes no
+  two ranks on one device), so on one GPU it runs 1 worker.
 
 It imports neither pyspark nor Java: it runs wherever Keras and a backend are
 installed. On a machine without a GPU it makes a short run (--quick: 6,000
@@ -42,10 +47,10 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.algorithms import DOWNPOUR
+from trainer.algorithms import DOWNPOUR, AllReduce
 from trainer_jobs.support.datasets import load_mnist
 from trainer_jobs.support.models import build_cnn
-from trainer_jobs.support.overhead import model_in_fresh_process, run_single, run_workers, steady
+from trainer_jobs.support.overhead import model_in_fresh_process, run_collective, run_single, run_workers, steady
 from trainer_jobs.support.report import markdown_table, run_metadata
 
 COLUMNS = ["backend", "run", "workers", "epoch_s", "per_worker", "together", "test_accuracy", "window",
@@ -92,6 +97,17 @@ def worker_row(backend: str, label: str, n: int, results: list[dict], plain: dic
             "commits": commits, **parts, "cores_used": float(np.mean([r["cores_used"] for r in workers]))}
 
 
+def collective_row(backend: str, n: int, results: list[dict], plain: dict, test: dict) -> dict:
+    """One table row of an all-reduce set-up of N processes against the plain row of the same backend."""
+    rates = [r["padded_rows"] / steady(r["epoch_times"]) for r in results]
+    plain_rate = plain["rows"] / plain["epoch_s"]
+    return {"backend": backend, "run": f"{n} worker{'s' if n > 1 else ''}, allreduce", "workers": n,
+            "epoch_s": float(np.mean([steady(r["epoch_times"]) for r in results])),
+            "per_worker": float(np.mean(rates)) / plain_rate, "together": sum(rates) / plain_rate,
+            "test_accuracy": test.get("accuracy"), "commits": results[0]["commits"],
+            "cores_used": float(np.mean([r["cores_used"] for r in results]))}
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--backend", type=_backend_list, default=None,
@@ -101,6 +117,8 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "--quick 2)")
     parser.add_argument("--batch-size", type=int, default=128, help="minibatch per worker (default 128)")
     parser.add_argument("--limit", type=int, default=None, help="training rows (default all 60,000; --quick 6,000)")
+    parser.add_argument("--algorithm", choices=["default", "allreduce"], default="default",
+                        help="the Trainer's default rule with its parameter server, or allreduce (default: default)")
     parser.add_argument("--window", default="auto", help="the rule's window: auto (default) or a number of batches")
     parser.add_argument("--overlap", choices=["off", "on", "both"], default="both",
                         help="workers commit in the background: off, on, or both one after the other (default both)")
@@ -125,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     limit = args.limit or (6000 if quick else None)
     cores = args.cores_per_worker or max(1, (os.cpu_count() or 1) // (max(counts) + 1))
     window = "auto" if args.window == "auto" else int(args.window)
-    algorithm = DOWNPOUR(window=window)
+    algorithm = AllReduce() if args.algorithm == "allreduce" else DOWNPOUR(window=window)
     overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
 
     x, y, xt, yt = load_mnist(args.data, limit=limit)
@@ -150,6 +168,13 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table([plain_row], COLUMNS), flush=True)
         reference = {"rows": len(x), "epoch_s": plain_row["epoch_s"]}
         for n in counts:
+            if args.algorithm == "allreduce":
+                results = run_collective(n, builder, x, y, epochs=epochs, batch_size=args.batch_size,
+                                         backend=backend, threads=cores, gpus=["0"] if gpu else None)
+                test = model_in_fresh_process(builder, backend, center=results[0]["center"], test=(xt, yt))
+                rows.append(collective_row(backend, n, results, reference, test))
+                print(markdown_table(rows[-1:], COLUMNS), flush=True)
+                continue
             for overlap in overlaps:
                 results = run_workers(n, builder, algorithm, x, y, epochs=epochs, batch_size=args.batch_size,
                                       overlap=overlap, backend=backend, threads=cores)

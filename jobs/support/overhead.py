@@ -246,6 +246,50 @@ def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_si
     return results
 
 
+def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0,
+                   backend: str = "tensorflow", threads: int = 1, gpus: list[str] | None = None,
+                   lr_scaling: str = "linear") -> list[dict[str, Any]]:
+    """`workers` processes of the all-reduce loop (``trainer.runtime.collective.loop``), no Spark: each trains on
+    its 1/N of the rows (padded to equal batches) in a group on `backend`'s collective engine, process 0 reporting
+    to a real parameter server in this process once per epoch. One record per process, with ``epoch_times``
+    and the final ``center`` in process 0's."""
+    import tempfile
+    from pathlib import Path
+
+    from trainer.algorithms import AllReduce
+    from trainer.algorithms.allreduce import LR_SCALING
+    from trainer.ps.server import ParameterServer
+    from trainer.runtime.collective.loop import CollectiveJob
+    from trainer.runtime.collective.task import free_port, start_process, wait_process
+    from trainer.runtime.shipping import ModelSource
+
+    initial = model_in_fresh_process(builder, backend, seed)
+    server = ParameterServer(AllReduce(lr_scaling=lr_scaling), initial, 1, new_secret())
+    server.start()
+    shards = np.array_split(np.arange(len(x)), workers)
+    rows = max(len(s) for s in shards)
+    addresses, processes = [f"127.0.0.1:{free_port()}" for _ in shards], []
+    try:
+        for pid, rows_of in enumerate(shards):
+            rows_of = np.resize(rows_of, rows)  # the loop's equal batches: a short shard repeats its first rows
+            directory = Path(tempfile.mkdtemp(prefix="bench-collective-"))
+            for name, array in (("x", x[rows_of]), ("y", y[rows_of]), ("vx", x[:0]), ("vy", y[:0])):
+                np.save(directory / f"{name}.npy", array)
+            job = CollectiveJob(model=ModelSource(builder=builder), ps_address=server.address,
+                                secret=server.credentials, addresses=addresses, process_id=pid, num_processes=workers,
+                                batch_size=batch_size, epochs=epochs, seed=seed, keras_backend=backend, cpus=threads,
+                                gpus=gpus, lr_factor=float(LR_SCALING[lr_scaling](workers)), parent_pid=os.getpid(),
+                                record={"worker": pid, "attempt": 0, "rows": len(shards[pid]), "padded_rows": rows})
+            processes.append((start_process(directory, job), directory))
+        records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]
+        records[0]["center"] = server.center()[:len(initial)]  # the weights (the optimizer's variables follow)
+    finally:
+        server.stop()
+    for record in records:
+        record["epoch_times"] = [e["end"] - e["start"] for e in record["epochs"]]
+    return records
+
+
 def steady(times: list[float]) -> float:
     """Mean epoch time without the first epoch (tracing, warm-up) when there are several."""
     return float(np.mean(times[1:] if len(times) > 1 else times))

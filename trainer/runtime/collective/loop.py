@@ -174,8 +174,9 @@ class _Validation:
         return {**own, "val_rows": float(self.rows)}, {**combined, "val_rows": total}
 
 
-def run(directory: Path) -> dict[str, Any]:
-    """One process of the collective loop (the module docstring); returns its record."""
+def run(directory: Path) -> tuple[dict[str, Any], Group]:
+    """One process of the collective loop (the module docstring); returns its record and its group (to leave
+    once the record is written)."""
     with open(directory / JOB_FILE, "rb") as fh:
         job: CollectiveJob = pickle.load(fh)
     _watch_parent(job.parent_pid)
@@ -187,28 +188,25 @@ def run(directory: Path) -> dict[str, Any]:
     keras.utils.set_random_seed(job.seed + 1000 * job.attempt)  # the same in every process: replicated state
     group = join_group(job)
     record.update(group.describe())
+    shard = _Shard(directory, job.batch_size, job.seed)
+    model = job.model.build()
+    optimizer_of(model)
+    rate = ScaledRate(model, job.lr_factor)
+    record["learning_rate_factor"] = job.lr_factor
+    record["train_step"] = "local gradients" if group.use_local_gradients(model) else "the model's own"
+    validation = _Validation(directory, job, group, (shard.x, shard.y)) if record.get("validation") else None
+    record["model_built"] = time.time()
+    client = None
+    if job.process_id == 0:
+        client = connect_ps([job.ps_address], job.secret, 0, job.attempt, job.io_timeout)
     try:
-        shard = _Shard(directory, job.batch_size, job.seed)
-        model = job.model.build()
-        optimizer_of(model)
-        rate = ScaledRate(model, job.lr_factor)
-        record["learning_rate_factor"] = job.lr_factor
-        record["train_step"] = "local gradients" if group.use_local_gradients(model) else "the model's own"
-        validation = _Validation(directory, job, group, (shard.x, shard.y)) if record.get("validation") else None
-        record["model_built"] = time.time()
-        client = None
-        if job.process_id == 0:
-            client = connect_ps([job.ps_address], job.secret, 0, job.attempt, job.io_timeout)
-        try:
-            start_epoch = _start(model, client, record, group)
-            rate.apply()  # the center carries the user's rate
-            _train(model, shard, validation, client, job, record, start_epoch, group, rate)
-        finally:
-            if client is not None:
-                client.close()
+        start_epoch = _start(model, client, record, group)
+        rate.apply()  # the center carries the user's rate
+        _train(model, shard, validation, client, job, record, start_epoch, group, rate)
     finally:
-        group.leave()
-    return record
+        if client is not None:
+            client.close()
+    return record, group
 
 
 def _start(model, client, record: dict, group: Group) -> int:
@@ -281,10 +279,11 @@ def _report(model, client, epoch: int, step: int, logs: dict[str, float], group:
 
 def main(argv: list[str] | None = None) -> int:
     directory = Path((argv if argv is not None else sys.argv[1:])[0])
-    record = run(directory)
+    record, group = run(directory)
     tmp = directory / (RECORD_FILE + ".tmp")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, directory / RECORD_FILE)
+    group.leave()
     return 0
 
 

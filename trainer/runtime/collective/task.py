@@ -130,7 +130,10 @@ def write_arrays(directory: Path, shard, validation: tuple[np.ndarray, np.ndarra
 
 def start_process(directory: Path, job: CollectiveJob) -> subprocess.Popen:
     """Write `job` into `directory` and start its collective process there (stderr to ``DIR/stderr``)."""
-    from pyspark import cloudpickle  # the model builder may be a function shipped by value
+    try:
+        from pyspark import cloudpickle  # the model builder may be a function shipped by value
+    except ImportError:  # the loop without Spark (make bench-gpu): a builder by reference
+        import pickle as cloudpickle
 
     with open(directory / JOB_FILE, "wb") as fh:
         cloudpickle.dump(job, fh)
