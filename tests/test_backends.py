@@ -59,7 +59,8 @@ def test_a_one_core_task_keeps_to_one_core(digits):
     for worker in fitted.history.workers:
         assert worker["cpus"] == 1 and len(worker["pinned_cores"]) == 1, worker
         assert worker["cores_used"] <= 1.15, worker
-    # One core each, not both on one. Tasks claim cores machine-wide (trainer/runtime/cores.py): where another
-    # suite's tasks hold claims, a tie can send both of these to one core, so `make test` gives the backend runs
-    # beside the main run a TMPDIR, hence a claim directory, of their own (both tasks on core 1 once without).
-    assert len({w["pinned_cores"][0] for w in fitted.history.workers}) == 2
+    # One core each, not both on one. Tasks claim cores machine-wide (trainer/runtime/cores.py): where tests
+    # beside this one hold claims (make test's second pytest worker), a task may find every core claimed and
+    # share one by its partition index, which can be its sibling's; its record says so.
+    workers = fitted.history.workers
+    assert len({w["pinned_cores"][0] for w in workers}) == 2 or any(w["cores_shared"] for w in workers), workers

@@ -380,7 +380,7 @@ def test_bench_passes_more_job_arguments_and_checks_them_before_running(bench_jo
     refusals = {"--window 0": "jobs/mnist.py refused --mnist-args '--window 0': argument --window",
                 "--workers 3": "may not set --workers", "--out=elsewhere": "may not set --out",
                 "--epochs '2": "No closing quotation",
-                "--overlap": "refused --mnist-args '--overlap' in its all-reduce run (--algorithm allreduce "
+                "--overlap": "refused --mnist-args '--overlap' in its all-reduce run (--algorithm allreduce; "
                              "--backend jax; or --skip-allreduce): --overlap needs a delta rule"}
     for text, message in refusals.items():
         with pytest.raises(SystemExit):

@@ -6,6 +6,7 @@ process so that nothing else of the test session counts in its peak.
 
 from __future__ import annotations
 
+import mmap
 import os
 import subprocess
 import sys
@@ -190,9 +191,11 @@ def test_peak_rss_can_be_reset():
     if not reset_peak_rss():
         pytest.skip("this kernel does not let a process reset its peak RSS")
     before = peak_rss_bytes()
-    block = np.ones(64 << 20, np.uint8)  # 64 MB, touched
+    # 64 MB of fresh pages, touched: mapped here, since malloc may hand back freed memory that is still resident.
+    block = mmap.mmap(-1, 64 << 20)
+    np.frombuffer(block, np.uint8)[:] = 1
     assert peak_rss_bytes() >= before + (60 << 20)
-    del block
+    block.close()
     assert reset_peak_rss()
     assert peak_rss_bytes() < before + (30 << 20)
 

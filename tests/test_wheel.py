@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 import venv
@@ -46,7 +47,13 @@ def _run(cmd: list, log: Path, **kwargs) -> str:
 def wheel(tmp_path_factory) -> Path:
     """This checkout built as a wheel (what `make dist` does), outside the source tree."""
     out = tmp_path_factory.mktemp("dist")
-    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, REPO], out / "build.log",
+    # From a copy: setuptools reuses the checkout's build/lib, whose stale modules would hide a missing package.
+    source = tmp_path_factory.mktemp("source")
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for name in ("trainer", "jobs"):
+        shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
+    _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, source], out / "build.log",
          timeout=600)
     (wheel,) = out.glob("spark_keras_trainer-*-py3-none-any.whl")
     return wheel
@@ -56,8 +63,11 @@ def test_wheel_holds_the_library_the_jobs_and_the_command(wheel):
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
-    assert "trainer/cli/__init__.py" in names and "trainer_jobs/mnist.py" in names
-    assert "trainer_jobs/support/datasets.py" in names
+    # Every module of the source tree, sub-packages included (a package missing from pyproject's list once
+    # shipped an image whose all-reduce could not import trainer.runtime.collective).
+    sources = {str(p.relative_to(REPO)) for p in (REPO / "trainer").rglob("*.py")}
+    sources |= {"trainer_jobs/" + str(p.relative_to(REPO / "jobs")) for p in (REPO / "jobs").rglob("*.py")}
+    assert sources - set(names) == set()
     assert not any(n.startswith(("tests/", "images/")) for n in names)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
     assert "spark-keras-trainer = trainer.cli:main" in meta

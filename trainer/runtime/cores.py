@@ -32,6 +32,12 @@ log = logging.getLogger("trainer")
 ENV = "TRAINER_CPU_AFFINITY"
 _ORIGINAL: frozenset[int] | None = None  # the cores this process could use before any claim
 _HELD: list[int] = []  # lock file descriptors of the cores this process claimed
+_SHARING = False  # whether the last claim found every core claimed and shares one
+
+
+def sharing() -> bool:
+    """True when this process's last `choose_cores` found every core claimed and time-shares its cores."""
+    return _SHARING
 
 
 def enabled() -> bool:
@@ -82,7 +88,8 @@ def choose_cores(count: int, hint: int = 0) -> list[int] | None:
     every core is claimed. Claiming again (a reused Python worker's next task)
     first releases what this process held.
     """
-    global _ORIGINAL
+    global _ORIGINAL, _SHARING
+    _SHARING = False
     if not enabled():
         return None
     if _ORIGINAL is None:
@@ -99,6 +106,7 @@ def choose_cores(count: int, hint: int = 0) -> list[int] | None:
     chosen = [core for core in order if len(_HELD) < count and _claim(core, directory)]
     if len(chosen) < count:  # every core is claimed: time-share, spread by the hint
         chosen += [core for core in order if core not in chosen][: count - len(chosen)]
+        _SHARING = True
         log.debug("All %d cores are claimed; sharing cores %s", len(allowed), chosen)
     _pin(set(chosen))
     return sorted(chosen)

@@ -27,7 +27,7 @@ import os
 
 from trainer import verbosity
 from trainer.runtime.allocator import keep_freed_memory
-from trainer.runtime.cores import choose_cores
+from trainer.runtime.cores import choose_cores, sharing
 
 #: Thread-count variables of TensorFlow, OpenMP (torch, XLA's Eigen on some builds) and MKL.
 _THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -77,11 +77,11 @@ def task_resources(ctx) -> tuple[int, list[str] | None]:
 def setup_barrier_task(ctx, keras_backend: str, env: dict[str, str]) -> dict:
     """`configure_process` for the barrier task of `ctx`; returns what it set, for the task's record:
     ``{"cpus", "gpus"`` (the addresses Spark assigned, or None) ``, "visible_devices", "pinned_cores",
-    "backend"}``."""
+    "cores_shared"`` (every core was claimed: it time-shares) ``, "backend"}``."""
     cpus, gpus = task_resources(ctx)
     pinned = configure_process(cpus, gpus, keras_backend, env, index=ctx.partitionId())
     return {"cpus": cpus, "gpus": gpus, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
-            "pinned_cores": pinned, "backend": keras_backend}
+            "pinned_cores": pinned, "cores_shared": sharing(), "backend": keras_backend}
 
 
 def setup_task(keras_backend: str, env: dict[str, str] | None = None) -> None:

@@ -58,6 +58,7 @@ import numpy as np
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.collective.group import Group, join_group
 from trainer.runtime.collective.rates import ScaledRate
+from trainer.runtime.cores import sharing
 from trainer.runtime.inference import validation_logs
 from trainer.runtime.process import configure_process
 from trainer.runtime.state import load_state, optimizer_of
@@ -182,6 +183,7 @@ def run(directory: Path) -> tuple[dict[str, Any], Group]:
     _watch_parent(job.parent_pid)
     record = dict(job.record)
     record["pinned_cores"] = configure_process(job.cpus, job.gpus, job.keras_backend, job.env, index=job.process_id)
+    record["cores_shared"] = sharing()
     record["visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
     import keras
 
