@@ -195,7 +195,9 @@ def run(directory: Path) -> tuple[dict[str, Any], Group]:
     optimizer_of(model)
     rate = ScaledRate(model, job.lr_factor)
     record["learning_rate_factor"] = job.lr_factor
-    record["train_step"] = "local gradients" if group.use_local_gradients(model) else "the model's own"
+    # One process has nothing to all-reduce: Keras's own step is the whole step.
+    local = group.num_processes > 1 and group.use_local_gradients(model)
+    record["train_step"] = "local gradients" if local else "the model's own"
     validation = _Validation(directory, job, group, (shard.x, shard.y)) if record.get("validation") else None
     record["model_built"] = time.time()
     client = None

@@ -38,7 +38,9 @@ class BackendGroup(Group):
 
         engine = "nccl" if str(get_device()).startswith("cuda") else "gloo"
         extra = {"device_id": torch.device("cuda", torch.cuda.current_device())} if engine == "nccl" else {}
-        dist.init_process_group(engine, init_method=f"tcp://{job.addresses[0]}", rank=job.process_id,
+        # NCCL moves CUDA tensors only: the host arrays of broadcast and allgather (the state, the shard
+        # sizes) go through gloo in the same group.
+        dist.init_process_group("cpu:gloo,cuda:nccl" if engine == "nccl" else engine, init_method=f"tcp://{job.addresses[0]}", rank=job.process_id,
                                 world_size=job.num_processes, timeout=datetime.timedelta(seconds=job.io_timeout),
                                 **extra)
         return cls(job.process_id, job.num_processes, engine)
