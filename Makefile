@@ -87,7 +87,7 @@ dist: venv ## build the wheel and the sdist into dist/
 	@ls -l dist
 
 demo: venv ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times
-	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --no-baseline --out $(OUT)/demo
+	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --out $(OUT)/demo
 
 test test-quick test-matrix: export SPARK_SUBMIT_OPTS = $(TEST_JVM_OPTS)
 test test-quick test-matrix: export PYSPARK_SUBMIT_ARGS = --conf "spark.executor.extraJavaOptions=$(TEST_JVM_OPTS)" pyspark-shell

@@ -28,7 +28,7 @@ from trainer import Trainer
 from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, get_algorithm
 from trainer.runtime.arrow import pad_shard
 from trainer.runtime.collective.loop import CollectiveJob, epoch_order
-from trainer.runtime.collective.task import equal_rows, free_port, start_process, wait_process
+from trainer.runtime.collective.task import equal_rows, reserve_port, start_process, wait_process
 
 
 # --------------------------------------------------------------------------- the rule, pure
@@ -149,7 +149,8 @@ def test_two_collective_processes_without_spark_take_plain_keras_steps():
     start = [w.copy() for w in model.get_weights()]
     server = ParameterServer(AllReduce(), start, 1, new_secret())
     server.start()
-    addresses, processes = [f"127.0.0.1:{free_port()}" for _ in shards], []
+    ports, processes = [reserve_port() for _ in shards], []
+    addresses = [f"127.0.0.1:{port.getsockname()[1]}" for port in ports]
     try:
         for pid, (sx, sy) in enumerate(shards):
             directory = Path(tempfile.mkdtemp(prefix="allreduce-test-"))
@@ -166,6 +167,8 @@ def test_two_collective_processes_without_spark_take_plain_keras_steps():
         center = server.center()
     finally:
         server.stop()
+        for port in ports:
+            port.close()
     plain = _constant_rate_model(0.01)  # plain Keras at the global batch, at the scaled rate
     plain.set_weights(start)
     for epoch in range(2):

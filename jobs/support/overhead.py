@@ -260,7 +260,7 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
     from trainer.algorithms.allreduce import LR_SCALING
     from trainer.ps.server import ParameterServer
     from trainer.runtime.collective.loop import CollectiveJob
-    from trainer.runtime.collective.task import free_port, start_process, wait_process
+    from trainer.runtime.collective.task import reserve_port, start_process, wait_process
     from trainer.runtime.shipping import ModelSource
 
     initial = model_in_fresh_process(builder, backend, seed)
@@ -268,7 +268,8 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
     server.start()
     shards = np.array_split(np.arange(len(x)), workers)
     rows = max(len(s) for s in shards)
-    addresses, processes = [f"127.0.0.1:{free_port()}" for _ in shards], []
+    ports, processes = [reserve_port() for _ in shards], []
+    addresses = [f"127.0.0.1:{port.getsockname()[1]}" for port in ports]
     try:
         for pid, rows_of in enumerate(shards):
             rows_of = np.resize(rows_of, rows)  # the loop's equal batches: a short shard repeats its first rows
@@ -285,6 +286,8 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
         records[0]["center"] = server.center()[:len(initial)]  # the weights (the optimizer's variables follow)
     finally:
         server.stop()
+        for port in ports:
+            port.close()
     for record in records:
         record["epoch_times"] = [e["end"] - e["start"] for e in record["epochs"]]
     return records

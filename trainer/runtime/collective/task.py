@@ -102,10 +102,15 @@ def equal_rows(sizes: list[int], batch_size: int) -> int:
     return largest
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
+def reserve_port() -> socket.socket:
+    """A free port of this host, held until the socket is closed: bound with ``SO_REUSEADDR`` and never
+    listening, so that the engine's own listener (gloo's TCPStore, gRPC: both set ``SO_REUSEADDR``) can bind
+    it, while no other bind, and no outgoing connection's ephemeral port, takes it in the seconds before
+    (a port merely found free was once taken meanwhile: EADDRINUSE)."""
+    held = socket.socket()
+    held.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    held.bind(("", 0))
+    return held
 
 
 def write_arrays(directory: Path, shard, validation: tuple[np.ndarray, np.ndarray]) -> None:
@@ -173,7 +178,8 @@ def train_collective_partition(config: CollectiveConfig,
                           budget=shard_budget(config.shard_budget, config.task_memory))
     validation = rows.arrays(config.input_shape, config.label_size)
     data_ready = time.time()
-    mine = {"rows": shard.rows, "val_rows": len(validation[0]), "port": free_port()}
+    port = reserve_port()  # held until the process is done with the group
+    mine = {"rows": shard.rows, "val_rows": len(validation[0]), "port": port.getsockname()[1]}
     shared = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
     sizes = [s["rows"] for s in shared]
     padded = equal_rows(sizes, config.batch_size)
@@ -205,5 +211,6 @@ def train_collective_partition(config: CollectiveConfig,
                 process.kill()
                 process.wait()
     finally:
+        port.close()
         shutil.rmtree(directory, ignore_errors=True)
     yield pa.RecordBatch.from_pydict({"worker": [worker], "history": [json.dumps(record)]}, schema=RESULT_SCHEMA)
