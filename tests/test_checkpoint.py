@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,11 @@ def test_periodic_saves_are_written_in_the_background(tmp_path, monkeypatch):
     connection.start()
     connection.join(30)
     assert not connection.is_alive() and not disk.is_set(), "on_update waited for the disk"
+    for _ in range(1200):  # the writer thread reaches the held disk (on a busy machine it may take a while)
+        if writers:
+            break
+        time.sleep(0.05)
+    assert writers == ["trainer-checkpoint"], writers
     disk.set()
     center.version = 4
     assert checkpointer.finish() is None

@@ -381,7 +381,7 @@ def test_bench_passes_more_job_arguments_and_checks_them_before_running(bench_jo
                 "--workers 3": "may not set --workers", "--out=elsewhere": "may not set --out",
                 "--epochs '2": "No closing quotation",
                 "--overlap": "refused --mnist-args '--overlap' in its all-reduce run (--algorithm allreduce; "
-                             "--backend jax; or --skip-allreduce): --overlap needs a delta rule"}
+                             "or --skip-allreduce): --overlap needs a delta rule"}
     for text, message in refusals.items():
         with pytest.raises(SystemExit):
             bench_job.parse_args([f"--mnist-args={text}"])
