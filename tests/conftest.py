@@ -22,6 +22,7 @@ import errno
 import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -99,6 +100,20 @@ def digits(spark):
 
 
 # --------------------------------------------------------------------------- a full disk
+
+
+@pytest.fixture
+def eight_workers_at_a_time():
+    """Held by the tests that train 8 workers at once (the defaults batteries), in every pytest process of this
+    checkout: make test's main run and its backend runs take it in turn. Two at once (the TensorFlow and torch
+    all-reduce batteries, 16 training processes and their 16 Python workers) took 21 of this machine's 24 GiB."""
+    import fcntl
+
+    path = Path(__file__).resolve().parents[1] / "test-artifacts" / "eight-workers.lock"
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
 
 
 @pytest.fixture
