@@ -44,6 +44,7 @@ from trainer.progress import TrainingProgress
 from trainer.ps.epoch_end import EpochEnds
 from trainer.ps.server import ParameterServer, uniform_progress
 from trainer.runtime.collective.task import CollectiveConfig, train_collective_partition
+from trainer.runtime.shipping import PickledSource
 from trainer.spark.launch import RetryPolicy, driver_addresses
 from trainer.spark.memory import task_memory_bytes
 from trainer.tracking import epoch_logger, fit_params
@@ -110,7 +111,7 @@ def fit_collective(trainer, df, resume_from, validation, callbacks, run) -> Fitt
     def make_task(attempt: int, workers: int):
         server.start_attempt(attempt)  # leftover tasks of an older attempt are refused from now on
         return functools.partial(train_collective_partition, CollectiveConfig(
-            model=plan.source, ps_host=host, ps_port=server.address[1], secret=server.credentials,
+            model=PickledSource.of(plan.source), ps_host=host, ps_port=server.address[1], secret=server.credentials,
             num_workers=workers, batch_size=trainer.batch_size, epochs=trainer.epochs,
             input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=attempt, seed=trainer.seed,
             io_timeout=trainer.io_timeout, keras_backend=backend, feed=trainer.feed, shard_budget=shard_budget,

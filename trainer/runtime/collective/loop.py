@@ -71,7 +71,7 @@ JOB_FILE, RECORD_FILE, STDERR_FILE = "job.pkl", "record.json", "stderr"
 class CollectiveJob:
     """What one process of the collective loop needs (pickled into ``DIR/job.pkl`` by the task)."""
 
-    model: Any  # a trainer.runtime.shipping.ModelSource
+    model: Any  # a trainer.runtime.shipping.ModelSource or PickledSource (anything with build())
     ps_address: tuple[str, int]  # the driver's parameter server: process 0 reports there
     secret: Any = field(repr=False)  # the server's Credentials
     addresses: list[str]  # every process's "host:port" in process order; process 0's is the rendezvous

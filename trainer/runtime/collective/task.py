@@ -51,7 +51,7 @@ from trainer.algorithms.allreduce import LR_SCALING
 from trainer.runtime.collective.loop import JOB_FILE, RECORD_FILE, STDERR_FILE, CollectiveJob
 from trainer.runtime.process import task_resources
 from trainer.runtime.shard import receive_shard, shard_budget
-from trainer.runtime.shipping import ModelSource
+from trainer.runtime.shipping import ModelSource, PickledSource
 from trainer.runtime.spill import spill_directory
 
 RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])
@@ -63,7 +63,7 @@ MAX_PADDING = 0.10
 class CollectiveConfig:
     """Everything a collective task needs; serialized into the Spark task closure."""
 
-    model: ModelSource
+    model: ModelSource | PickledSource  # PickledSource from a fit: its task never unpickles the builder
     ps_host: str
     ps_port: int
     secret: Any = field(repr=False)  # the server's Credentials: never shown
