@@ -55,18 +55,24 @@ def test_allreduce_with_its_defaults_learns_like_plain_keras_at_2_and_8_workers(
     backend, on the problem it missed most with the compiled rate: the regression (MSE 4.44 against plain
     Keras's 0.70 at 2 workers). With the rate scaled, under TensorFlow (2026-11-27): MSE 0.994x plain Keras's at
     2 workers, 0.952x at 8; the binary and 4-class problems 0.0-0.003 accuracy below it at 1 to 8
-    (docs/algorithms.md)."""
+    (docs/algorithms.md).
+
+    Under torch at 2 workers only: 8 torch processes time-sharing 2 cores take 4.5 s a step in gloo's
+    all-reduce (the 8-worker fit alone 525 s, 13 minutes of make test's backend run; it passed, 0.958x plain
+    Keras's MSE, 2026-11-27); under TensorFlow and JAX at 2 and 8."""
     import keras
 
-    done = subprocess.run([sys.executable, str(REPO / "jobs" / "bench_defaults.py"), "--workers", "2,8",
-                           "--algorithm", "allreduce", "--problems", "regression", "--backend",
-                           keras.backend.backend(), "--out", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=850)
+    backend = keras.backend.backend()
+    workers = [2] if backend == "torch" else [2, 8]
+    done = subprocess.run([sys.executable, str(REPO / "jobs" / "bench_defaults.py"), "--workers",
+                           ",".join(map(str, workers)), "--algorithm", "allreduce", "--problems", "regression",
+                           "--backend", backend, "--out", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=1500)
     path = tmp_path / "defaults.json"
     assert path.is_file(), done.stdout[-2000:] + done.stderr[-3000:]
     result = json.loads(path.read_text())
-    assert result["metadata"]["keras_backend"] == keras.backend.backend()
-    assert [(r["problem"], r["workers"]) for r in result["rows"]] == [("regression", 2), ("regression", 8)]
+    assert result["metadata"]["keras_backend"] == backend
+    assert [(r["problem"], r["workers"]) for r in result["rows"]] == [("regression", n) for n in workers]
     for row in result["rows"]:
         assert row["loss_ratio"] <= LOSS_RATIO, row
     assert done.returncode == 0, done.stderr[-3000:]

@@ -505,11 +505,14 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
         assert submit.poll() is None, "the job ended before a worker could be killed; see lab-submit.log"
         (driver,) = run(["docker", "ps", "-q", "--filter", f"label=com.docker.compose.project={LAB_PROJECT}",
                          "--filter", "label=com.docker.compose.service=submit"]).stdout.split()
-        run(["docker", "pause", driver])
+        # Where the cgroup freezer refuses (once under load: "unable to freeze"), the 19 epochs left still
+        # outlast the kill.
+        paused = run(["docker", "pause", driver], check=False).returncode == 0
         try:
             run(["docker", "kill", victim])
         finally:
-            run(["docker", "unpause", driver])
+            if paused:
+                run(["docker", "unpause", driver])
         assert submit.wait(timeout=1500) == 0, "make submit failed after the kill; see lab-submit.log"
     finally:
         if submit.poll() is None:
