@@ -96,3 +96,18 @@ class Collect:
             for (kind, index, _), piece in zip(items, self.split(total, [t for _, _, t in items])):
                 out[kind][index] = piece
         return out
+
+
+def apply_summed(summed: dict[str, dict[int, Any]], optimizer, held, grads: list, means: list, metrics: list,
+                 starts: list, mean_of: Callable) -> None:
+    """Write one step's all-reduced tensors back (`Collect.reduce`'s result): the gradients' and the written
+    non-trainables' means (`mean_of(total)`), each metric's start plus every process's increment, then the
+    optimizer step `held` kept back, on the averaged gradients."""
+    for i, total in summed[GRAD].items():
+        grads[i] = mean_of(total)
+    for i, total in summed[MEAN].items():
+        means[i].assign(mean_of(total))
+    for i, total in summed[SUM].items():
+        metrics[i].assign(starts[i] + total)
+    if held.calls:
+        optimizer.apply(grads, held.variables)

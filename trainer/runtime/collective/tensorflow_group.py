@@ -33,7 +33,8 @@ import numpy as np
 
 from trainer.runtime.collective.group import Group
 from trainer.runtime.collective.local_step import (
-    GRAD, MEAN, SEED_STRIDE, SUM, Collect, HeldApply, has_keras_train_step, is_float, is_seed_state,
+    GRAD, MEAN, SEED_STRIDE, SUM, Collect, HeldApply, apply_summed, has_keras_train_step, is_float,
+    is_seed_state,
 )
 
 #: The collective group of the N processes (any int, the same in every process).
@@ -132,15 +133,8 @@ class BackendGroup(Group):
                 collect.add(MEAN, i, tf.identity(v.value))
             for i, v in enumerate(metrics):
                 collect.add(SUM, i, tf.identity(v.value) - starts[i])
-            summed = collect.reduce(self.all_reduce_sum)
-            for i, total in summed[GRAD].items():
-                grads[i] = total / tf.cast(n, total.dtype)
-            for i, total in summed[MEAN].items():
-                means[i].assign(total / tf.cast(n, total.dtype))
-            for i, total in summed[SUM].items():
-                metrics[i].assign(starts[i] + total)
-            if held.calls:
-                model.optimizer.apply(grads, held.variables)
+            apply_summed(collect.reduce(self.all_reduce_sum), model.optimizer, held, grads, means, metrics, starts,
+                         lambda total: total / tf.cast(n, total.dtype))
             return model.get_metrics_result()
 
         model.train_step = train_step
