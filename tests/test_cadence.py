@@ -40,8 +40,8 @@ def test_an_automatic_window_keeps_the_exchange_near_five_percent_of_the_time():
 
 
 def test_the_automatic_window_is_bounded_by_the_other_workers_staleness():
-    assert [max_auto_window(10_000, n) for n in (1, 2, 3, 4, 8)] == [5_000, 10, 5, 3, 1]
-    assert max_auto_window(12, 2) == 6 and max_auto_window(60, 1) == 30  # never more than half an epoch
+    assert [max_auto_window(10_000, n) for n in (1, 2, 3, 4, 8)] == [5_000, 5, 2, 1, 1]
+    assert max_auto_window(8, 2) == 4 and max_auto_window(60, 1) == 30  # never more than half an epoch
     cadence = Cadence("auto", epoch_batches=10_000, workers=8)
     cadence.observe(1, 1.0, 1.0)
     cadence.observe(1, 0.001, 1.0)

@@ -1,8 +1,10 @@
 """The first fit learns like plain Keras: with no algorithm named, 2 and 8 workers (8 time-shared on this
 machine's cores) reach plain Keras's quality on three small problems, for the same epochs and the same compiled
 optimizer (jobs/bench_defaults.py, on an embedded cluster of its own: 8 task slots, more than the session's);
-and 2 workers keep it when slow exchanges make the automatic window grow to its bound, near the optimum, where
-two long trajectories summed onto the center overshoot it (the MNIST job's lost runs, docs/algorithms.md).
+and at the staleness bound of the automatic window, near the optimum, where long trajectories summed onto the
+center overshoot it (the MNIST job's lost runs, docs/algorithms.md), 2 workers keep it: in lockstep
+(jobs/bench_staleness.py, the quality, over four seeds), and in a real fit whose slow exchanges grow the window
+to that bound (the mechanism).
 
 Bounds (issue 29): accuracy at most 0.02 below plain Keras's, loss at most 1.2x. Measured on this machine
 (docs/algorithms.md has the table): at 2 and 8 workers within 0.0005 and 0.99-1.00x, at 4 within 0.003 and
@@ -92,61 +94,59 @@ def test_the_bounds_and_the_problems():
         make_problem("images")
 
 
-def digits_cnn():
-    """Two 3x3 convolutions over the 8x8 digits: near its optimum after 20 epochs (plain Keras 0.98)."""
-    import keras
-
-    model = keras.Sequential([
-        keras.Input((64,)), keras.layers.Reshape((8, 8, 1)),
-        keras.layers.Conv2D(16, 3, activation="relu"), keras.layers.Conv2D(16, 3, activation="relu"),
-        keras.layers.Flatten(), keras.layers.Dense(32, activation="relu"), keras.layers.Dense(10, activation="softmax"),
-    ])
-    model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
-    return model
-
-
-# Calibration (2026-11-27, this test's conditions: 2 workers, the digits CNN, 20 epochs, Adam at Keras's default
-# rate, every commit held 50 ms by the server so that the automatic window grows to its bound; test accuracy
-# by seed 0, 1, 2, 3, ...):
-#   plain Keras                                                  0.987, 0.983, 0.980, 0.987 (mean of 0-2: 0.983)
-#   the bound until 2026-11-27, half an epoch: windows of 24     0.926, 0.929, 0.845, 0.987: fails (0.845 < 0.903)
-#   the bound (N - 1) * window <= 10: windows of 10              0.956, 0.983, 0.987, 0.983, 0.993, 0.983, 0.997,
-#                                                                0.990 (8 seeds; worst 0.956, 0.053 above 0.903)
-# With windows fixed at 23 the spread was the same: 0.724, 0.990, 0.987, 0.801.
-LONG_WINDOW_SEEDS = (0, 1, 2)
-LONG_WINDOW_EPOCHS = 20
-LONG_WINDOW_GAP, LONG_WINDOW_MEAN_GAP = 0.08, 0.03
+# Calibration of the lockstep simulation (jobs/bench_staleness.py: the digits CNN, 20 epochs, 2 workers
+# committing in turn, every base missing the other's last window; 2026-11-27, test accuracy):
+#   seeds                                      0-9: mean, worst   10-19: mean, worst   0-3: mean
+#   plain Keras                                0.980, 0.970       0.975, 0.963         0.984
+#   window 24 (half an epoch, the bound until 2026-11-27)  0-2: 0.875, 0.943, 0.916
+#   window 10 (the bound (N - 1) * window <= 10 until now)  0.970, 0.946   0.977, 0.966   0.966
+#   window 5 (the bound (N - 1) * window <= 5)  0.977, 0.929       0.975, 0.953         0.983
+# So over four seeds the gap is 0.001 at the bound (5), 0.019 at 10 and about 0.07 at 24: the test tells the
+# half-epoch bound from this one; 5 against 10 takes the benchmark's 20 seeds (docs/algorithms.md).
+LOCKSTEP_SEEDS = (0, 1, 2, 3)
+LOCKSTEP_MEAN_GAP = 0.02
+SLOW_EXCHANGE_EPOCHS, SLOW_EXCHANGE_FLOOR = 8, 0.85
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
-def test_two_workers_keep_plain_keras_accuracy_when_slow_exchanges_grow_the_window(digits):
-    import keras
+def test_the_staleness_bound_keeps_plain_keras_accuracy_when_workers_commit_in_turn():
+    """The quality the bound buys, with timing taken out: 2 workers in lockstep at their largest automatic
+    window, every commit's base missing the other worker's last window (jobs/bench_staleness.py), against
+    plain Keras from the same initial weights. A fit's interleaving depends on the machine's load (the same
+    seed ended 0.88 on CI and 0.98 here at window 10); the lockstep order is the one the bound is written
+    for, so the mean over four seeds is a property of the bound."""
+    from trainer.runtime.cadence import max_auto_window
+    from trainer_jobs.bench_staleness import plain_keras, simulate
 
+    window = max_auto_window(None, 2)
+    plain = [plain_keras(seed) for seed in LOCKSTEP_SEEDS]
+    ours = [simulate(2, window, seed) for seed in LOCKSTEP_SEEDS]
+    assert np.mean(ours) >= np.mean(plain) - LOCKSTEP_MEAN_GAP, (
+        f"2 workers at window {window}: {ours} against plain Keras {plain}")
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_slow_exchanges_grow_the_window_of_2_workers_to_its_bound_and_the_fit_learns(digits):
+    """In a real fit, exchanges dear against steps of a few ms (every commit held 50 ms by the server: a busy
+    link or server) grow the automatic window to the staleness bound and no further; the fit learns the
+    digits (the quality at the bound is the lockstep test's above)."""
     from trainer import Trainer
     from trainer.runtime.cadence import max_auto_window
     from trainer.runtime.worker import epoch_batches_budget
+    from trainer_jobs.bench_staleness import digits_cnn
 
     train, test = digits
-    x, y = (np.stack(train.toPandas()["features"]).astype(np.float32), train.toPandas()["label"].to_numpy())
-    xt, yt = (np.stack(test.toPandas()["features"]).astype(np.float32), test.toPandas()["label"].to_numpy())
 
-    def slow_exchange(record) -> None:  # a busy link or server: exchanges dear against steps of a few ms
+    def slow_exchange(record) -> None:
         time.sleep(0.05)
 
-    plain, ours, windows = [], [], set()
-    for seed in LONG_WINDOW_SEEDS:
-        keras.utils.set_random_seed(seed)
-        model = digits_cnn()
-        model.fit(x, y, batch_size=32, epochs=LONG_WINDOW_EPOCHS, verbose=0)
-        plain.append(model.evaluate(xt, yt, verbose=0, return_dict=True)["accuracy"])
-        keras.utils.set_random_seed(seed)
-        fitted = Trainer(digits_cnn(), num_workers=2, batch_size=32, epochs=LONG_WINDOW_EPOCHS, seed=seed,
-                         on_update=slow_exchange, verbose=False).fit(train)
-        ours.append(fitted.evaluate(test)["accuracy"])
-        windows |= {w["window"]["last"] for w in fitted.history.workers}
-    bound = max_auto_window(epoch_batches_budget(len(x) // 2, 32, 2), 2)  # 2 shards of 750 rows
+    fitted = Trainer(digits_cnn(), num_workers=2, batch_size=32, epochs=SLOW_EXCHANGE_EPOCHS, seed=0,
+                     on_update=slow_exchange, verbose=False).fit(train)
+    windows = {w["window"]["last"] for w in fitted.history.workers}
+    bound = max_auto_window(epoch_batches_budget(1500 // 2, 32, 2), 2)  # 2 shards of 750 rows
     assert windows == {bound}, f"the slow exchanges did not grow the window to its bound {bound}: {windows}"
-    floor = float(np.mean(plain)) - LONG_WINDOW_GAP
-    assert min(ours) >= floor, f"2 workers {ours} against plain Keras {plain}: a run below {floor:.3f}"
-    assert np.mean(ours) >= np.mean(plain) - LONG_WINDOW_MEAN_GAP, f"2 workers {ours} against plain Keras {plain}"
+    staleness = np.bincount(np.asarray(fitted.history.update_log["staleness"])).tolist()
+    accuracy = fitted.evaluate(test)["accuracy"]
+    assert accuracy >= SLOW_EXCHANGE_FLOOR, (accuracy, "commits by staleness", staleness, fitted.history.events)
