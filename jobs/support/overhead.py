@@ -43,15 +43,17 @@ from typing import Any, Callable
 import numpy as np
 
 from trainer.transport.wire import new_secret
-from trainer.verbosity import quiet_env
+from trainer.verbosity import import_keras_quietly, quiet_env
 
 _TIMEOUT = 1800.0
 
 
 def limit_keras_threads(threads: int = 1, backend: str = "tensorflow") -> None:
-    """Set this fresh process's TensorFlow thread pools (read once, when it starts) and Keras backend, quietly."""
+    """Set this fresh process's TensorFlow thread pools (read once, when it starts) and Keras backend, then
+    start Keras without TensorFlow's import banners (`import_keras_quietly`)."""
     os.environ.update({"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
                        "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": backend, **quiet_env()})
+    import_keras_quietly()
 
 
 def epoch_timer(times: list[float]):

@@ -24,7 +24,6 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from trainer import LocalCluster, spark_session
-from trainer.verbosity import import_keras_quietly
 from trainer_jobs.support.overhead import epoch_timer, limit_keras_threads, run_single
 from trainer_jobs.support.report import speedup_rows
 
@@ -58,8 +57,7 @@ def timing_valid(workers: int, cores_per_worker: int, master: str | None) -> boo
 
 
 def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, queue) -> None:
-    limit_keras_threads(threads, backend)
-    import_keras_quietly()  # after the thread settings: TensorFlow reads them when it starts
+    limit_keras_threads(threads, backend)  # and Keras started quietly, after the thread settings
     import keras
 
     keras.utils.set_random_seed(seed)
