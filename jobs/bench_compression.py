@@ -23,7 +23,7 @@ import time
 from pathlib import Path
 
 from trainer_jobs.support.ps_bench import REPLIES  # the codec names' suffix bench-ps reads too
-from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata
+from trainer_jobs.support.report import markdown_row, write_report
 
 JOBS_DIR = Path(__file__).resolve().parent
 CODECS = ["none", "bf16", "bf16+replies", "fp16", "topk:0.01"]
@@ -90,13 +90,10 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(row)
                     print(markdown_row(row, COLUMNS), flush=True)
     out.mkdir(parents=True, exist_ok=True)
-    meta = run_metadata({"job": "bench_compression", **vars(args)})
-    (out / "compression.json").write_text(json.dumps({"metadata": meta, "rows": rows, "failed": failed}, indent=2)
-                                          + "\n", encoding="utf-8")
-    text = (f"# Compressed commits and replies: accuracy and bytes\n\n- {meta['timestamp']} on {meta['host']}"
-            f"{' (--quick: a smoke test)' if args.quick else ''}; `vs_none` is the metric minus the uncompressed "
-            f"run's (accuracy: higher is better, MAPE: lower)\n\n{markdown_table(rows, COLUMNS)}\n")
-    (out / "compression.md").write_text(text, encoding="utf-8")
+    text = write_report(out, "compression", "Compressed commits and replies: accuracy and bytes",
+                        f"{'--quick: a smoke test; ' if args.quick else ''}`vs_none` is the metric minus the "
+                        "uncompressed run's (accuracy: higher is better, MAPE: lower)", rows, COLUMNS,
+                        {"job": "bench_compression", **vars(args)}, failed=failed)
     print(text)
     if failed:
         print("failed: " + "; ".join(failed))

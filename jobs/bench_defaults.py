@@ -27,7 +27,6 @@ to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from pathlib import Path
@@ -36,7 +35,7 @@ import numpy as np
 
 from trainer import Trainer
 from trainer_jobs.support.cli import add_verbose_arg, parse_workers, start_logging
-from trainer_jobs.support.report import markdown_table, run_metadata
+from trainer_jobs.support.report import markdown_table, write_report
 from trainer_jobs.support.scaling import cluster_session
 
 PROBLEMS = ("binary", "classes", "regression")
@@ -168,12 +167,10 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(compare(kind, n, plain, fitted.evaluate(test), max((w for w in windows if w), default=1)))
                 rows[-1]["seconds"] = time.time() - started
                 print(markdown_table(rows[-1:], COLUMNS), flush=True)
-    meta = run_metadata({"job": "bench_defaults", **vars(args), "keras_backend": keras.backend.backend()})
-    (out / "defaults.json").write_text(json.dumps({"metadata": meta, "rows": rows}, indent=2) + "\n")
-    text = (f"# The defaults against plain Keras\n\n- {meta['timestamp']} on {meta['host']} ({meta['cores']} cores); "
-            f"{args.epochs} epochs, batch {args.batch_size}, seed {args.seed}; within: accuracy at most "
-            f"{ACCURACY_GAP} below plain Keras's and loss at most {LOSS_RATIO}x\n\n{markdown_table(rows, COLUMNS)}\n")
-    (out / "defaults.md").write_text(text, encoding="utf-8")
+    text = write_report(out, "defaults", "The defaults against plain Keras",
+                        f"{args.epochs} epochs, batch {args.batch_size}, seed {args.seed}; within: accuracy at most "
+                        f"{ACCURACY_GAP} below plain Keras's and loss at most {LOSS_RATIO}x", rows, COLUMNS,
+                        {"job": "bench_defaults", **vars(args), "keras_backend": keras.backend.backend()})
     print(text)
     return 0 if all(r["within"] for r in rows) else 1
 

@@ -22,14 +22,13 @@ has the table behind the bound.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 import numpy as np
 
 from trainer_jobs.support.cli import add_verbose_arg, start_logging
-from trainer_jobs.support.report import markdown_table, run_metadata
+from trainer_jobs.support.report import markdown_table, write_report
 
 EPOCHS, BATCH_SIZE = 20, 32
 COLUMNS = ["workers", "window", "staleness_batches", "runs", "accuracy_mean", "accuracy_min", "plain_mean",
@@ -155,12 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         for window in windows:
             rows.append(summary(workers, window, [simulate(workers, window, seed) for seed in seeds], plain))
             print(markdown_table(rows[-1:], COLUMNS), flush=True)
-    meta = run_metadata({"job": "bench_staleness", **vars(args)})
-    (out / "staleness.json").write_text(json.dumps({"metadata": meta, "rows": rows}, indent=2) + "\n")
-    text = (f"# What staleness costs the default rule (lockstep simulation)\n\n- {meta['timestamp']} on "
-            f"{meta['host']} ({meta['cores']} cores); the digits CNN, {EPOCHS} epochs, batch {BATCH_SIZE}, seeds "
-            f"{args.seeds}\n\n{markdown_table(rows, COLUMNS)}\n")
-    (out / "staleness.md").write_text(text, encoding="utf-8")
+    text = write_report(out, "staleness", "What staleness costs the default rule (lockstep simulation)",
+                        f"the digits CNN, {EPOCHS} epochs, batch {BATCH_SIZE}, seeds {args.seeds}", rows, COLUMNS,
+                        {"job": "bench_staleness", **vars(args)})
     print(text)
     return 0
 

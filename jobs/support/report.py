@@ -245,6 +245,19 @@ def write_results(
     return paths
 
 
+def write_report(out: Path, name: str, title: str, note: str, rows: list[dict], columns: Sequence[str],
+                 metadata: Mapping[str, Any], **extra: Any) -> str:
+    """A benchmark's ``<name>.json`` (``{"metadata", "rows", **extra}``) and ``<name>.md`` (`title`, when and
+    where, `note`, the table of `columns`) in `out`; returns the Markdown, for the console."""
+    meta = run_metadata(metadata)
+    (out / f"{name}.json").write_text(json.dumps({"metadata": meta, "rows": rows, **extra}, indent=2) + "\n",
+                                      encoding="utf-8")
+    text = (f"# {title}\n\n- {meta['timestamp']} on {meta['host']} ({meta['cores']} cores); {note}\n\n"
+            f"{markdown_table(rows, columns)}\n")
+    (out / f"{name}.md").write_text(text, encoding="utf-8")
+    return text
+
+
 def _fmt(value: Any) -> str:
     if value is None:
         return ""
