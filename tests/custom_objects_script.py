@@ -15,7 +15,7 @@ import numpy as np
 
 from trainer import Trainer, spark_session
 from trainer.errors import TaskFailedError
-from trainer.fitted import FittedModel
+from trainer.fit.fitted import FittedModel
 from trainer.runtime.shipping import ModelPackage
 from trainer.selection import GridSearch, ModelSelector, choice
 

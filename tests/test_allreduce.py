@@ -26,6 +26,7 @@ from conftest import digits_model
 from spark_processes import executor_pids
 from trainer import Trainer
 from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, get_algorithm
+from trainer.fit.plan import plan_fit
 from trainer.runtime.arrow import pad_shard
 from trainer.runtime.collective.loop import CollectiveJob, epoch_order
 from trainer.runtime.collective.task import equal_rows, reserve_port, start_process, wait_process
@@ -198,7 +199,7 @@ def _shards_of(trainer: Trainer, df, validation) -> list[tuple[np.ndarray, np.nd
 
     from trainer.data.columns import FEATURES, LABEL, VALIDATION_FLAG
 
-    frame = trainer._plan(df, None, validation).frame.repartition(trainer.num_workers)
+    frame = plan_fit(trainer, df, None, validation).frame.repartition(trainer.num_workers)
 
     def tag(batches):
         from pyspark import TaskContext
@@ -290,7 +291,7 @@ def test_a_cluster_without_room_for_every_worker_fails_before_training(spark, di
 @pytest.mark.timeout(900)
 def test_a_killed_executor_fails_the_stage_and_the_retry_resumes_from_the_last_epoch_end(
         local_cluster_2, spark, digits, tmp_path):
-    from trainer.checkpoint import load_checkpoint
+    from trainer.fit.checkpoints import load_checkpoint
 
     train, test = digits
     executors = executor_pids(local_cluster_2, spark.sparkContext.applicationId)

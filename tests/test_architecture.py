@@ -10,33 +10,38 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "trainer"
 
-# room -> rooms it may import (docs/architecture.md, "The rooms").
-ALLOWED = {
-    "errors": set(),
-    "verbosity": set(),
-    "versions": {"errors"},
-    "algorithms": set(),
-    "transport": set(),
-    "lr_schedules": set(),
-    "progress": set(),
-    "ps": {"transport"},
-    "runtime": {"algorithms", "ps", "data", "verbosity"},
-    "spark": {"errors", "verbosity", "versions"},
-    "data": {"errors"},
-    "checkpoint": {"errors", "ps"},
-    "fitted": {"data", "errors", "runtime"},
-    "callbacks": {"data"},
-    "tracking": set(),
-    "fit_stage": {"errors", "runtime", "spark"},
-    "collective_fit": {"callbacks", "checkpoint", "errors", "fit_stage", "fitted", "lr_schedules", "progress", "ps",
-                       "runtime", "spark", "tracking", "transport"},
-    "estimator": {"algorithms", "callbacks", "checkpoint", "collective_fit", "data", "errors", "fit_stage", "fitted",
-                  "lr_schedules", "progress", "ps", "runtime", "spark", "tracking", "transport"},
-    "selection": {"data", "errors", "checkpoint", "fitted", "runtime", "spark", "tracking", "transport"},
-    "ml": {"algorithms", "data", "estimator", "fitted", "runtime"},
-    "cli": {"algorithms", "errors", "estimator", "spark", "verbosity"},
-    "__main__": {"cli"},
-}
+def _rooms_of_the_docs() -> dict[str, set[str]]:
+    """room -> rooms it may import, read from the table of docs/architecture.md ("The rooms"): one source.
+
+    A row names its rooms in the first column (`fit/`, `errors.py`; several rooms share a row and may import
+    each other) and what they may import in the last (rooms in backticks, or "nothing").
+    """
+    import re
+
+    allowed: dict[str, set[str]] = {}
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    for line in text.split("## The rooms", 1)[1].splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| `") else []
+        if len(cells) < 3 or cells[0].startswith("`trainer/__init__"):
+            continue
+        rooms = [name.removesuffix("/").removesuffix(".py") for name in re.findall(r"`([^`]+)`", cells[0])]
+        imports = set(re.findall(r"`([^`]+)`", cells[-1]))
+        assert imports or cells[-1] == "nothing", f"docs/architecture.md: cannot read what {rooms} may import"
+        for room in rooms:
+            allowed[room] = imports | set(rooms)
+    return allowed
+
+
+ALLOWED = _rooms_of_the_docs()
+
+
+def test_the_rooms_table_names_every_room_and_only_rooms():
+    rooms = {p.name.removesuffix(".py") for p in PACKAGE.iterdir()
+             if (p.suffix == ".py" and p.name != "__init__.py") or (p / "__init__.py").is_file()}
+    assert set(ALLOWED) == rooms, f"docs/architecture.md's table lists {sorted(set(ALLOWED) - rooms)} that the " \
+                                  f"package lacks and lacks {sorted(rooms - set(ALLOWED))}"
+    for room, imports in ALLOWED.items():
+        assert imports <= rooms, f"docs/architecture.md: {room} may import {sorted(imports - rooms)}: not rooms"
 
 
 def _modules() -> list[Path]:

@@ -31,7 +31,7 @@ _BLOCKER = textwrap.dedent("""
 
 WORKER_MODULES = ["trainer.runtime.worker", "trainer.runtime.sync", "trainer.runtime.feed", "trainer.runtime.shard",
                   "trainer.runtime.backends", "trainer.runtime.cadence", "trainer.runtime.process", "trainer.ps",
-                  "trainer.algorithms", "trainer.progress", "trainer_jobs.bench_gpu", "trainer_jobs.support.overhead"]
+                  "trainer.algorithms", "trainer.fit.progress", "trainer_jobs.bench_gpu", "trainer_jobs.support.overhead"]
 
 
 def _run_blocked(blocked: list[str], code: str, timeout: float = 600) -> subprocess.CompletedProcess:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from trainer import ADAG, SyncAveraging, Trainer
-from trainer.callbacks import check_callbacks
+from trainer.fit.epoch_callbacks import check_callbacks
 
 W = np.array([1.0, -2.0, 0.5, 3.0], np.float32)
 

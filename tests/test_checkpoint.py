@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer.checkpoint import (
+from trainer.fit.checkpoints import (
     FILE_NAME, Checkpoint, CheckpointError, Checkpointer, checkpoint_files, has_checkpoint, load_checkpoint,
     read_checkpoint, save_checkpoint,
 )
@@ -98,7 +98,7 @@ def test_damaged_files_raise_checkpoint_error_and_resume_falls_back_to_the_previ
     _damage(newest, how)
     with pytest.raises(CheckpointError, match=re.escape(f"Checkpoint {newest} {says}")):
         read_checkpoint(newest)
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainer.fit.checkpoints"):
         loaded = load_checkpoint(tmp_path)
     assert loaded.version == 1 and loaded.path == tmp_path / "checkpoint.1.npz"
     assert str(newest) in caplog.text and "resuming from the previous checkpoint" in caplog.text
@@ -138,7 +138,7 @@ class _Center:
 
 
 def test_periodic_saves_are_written_in_the_background(tmp_path, monkeypatch):
-    import trainer.checkpoint as ckpt
+    import trainer.fit.checkpoints as ckpt
 
     real_save, writers, disk = ckpt.save_checkpoint, [], threading.Event()
 
@@ -179,7 +179,7 @@ def test_a_full_disk_is_reported_by_finish_not_raised(full_disk, caplog):
     directory, mounted = full_disk
     center = _Center()
     checkpointer = Checkpointer(directory / "run", center, every=1, meta={})
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainer.fit.checkpoints"):
         problem = checkpointer.finish()
     assert problem is not None and "the disk is full" in problem and str(directory / "run") in problem
     assert str(directory / "run") in caplog.text

@@ -23,7 +23,7 @@ import pytest
 from conftest import digits_model
 from spark_processes import executor_pids
 from trainer import ADAG, Trainer
-from trainer.checkpoint import load_checkpoint
+from trainer.fit.checkpoints import load_checkpoint
 
 pytestmark = pytest.mark.spark
 

@@ -34,7 +34,7 @@ import pytest
 
 from trainer_jobs.support.cli import trainer_options
 from trainer_jobs.support.scaling import with_ratios
-from trainer.checkpoint import load_checkpoint
+from trainer.fit.checkpoints import load_checkpoint
 from trainer_jobs.support.report import write_results
 
 JOBS = Path(__file__).resolve().parents[1] / "jobs"

@@ -16,8 +16,8 @@ import tracemalloc
 import numpy as np
 import pytest
 
-from trainer.fitted import TrainingHistory
-from trainer.progress import TrainingProgress
+from trainer.fit.fitted import TrainingHistory
+from trainer.fit.progress import TrainingProgress
 from trainer.ps import ParameterServer, PSClient
 from trainer.ps.records import UpdateLog, UpdateRecord
 from trainer.transport.handshake import client_handshake

@@ -20,7 +20,7 @@ import pytest
 
 from trainer import ADAG, SyncAveraging, Trainer
 from trainer.data.validate import DataSpec
-from trainer.fitted import CUSTOM_OBJECTS_FILE, ENTRY_PREFIX, FittedModel, TrainingHistory
+from trainer.fit.fitted import CUSTOM_OBJECTS_FILE, ENTRY_PREFIX, FittedModel, TrainingHistory
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -182,7 +182,7 @@ def test_custom_objects_come_back_by_value_in_a_fresh_process(fit, saved, batch,
     np.save(tmp_path / "x.npy", batch[0])
     script = (
         "import json, sys, numpy as np, keras\n"
-        "from trainer.fitted import FittedModel\n"
+        "from trainer.fit.fitted import FittedModel\n"
         "try:\n"
         "    keras.saving.load_model(sys.argv[1])\n"
         "    plain = 'loaded'\n"

@@ -20,7 +20,7 @@ import pytest
 from conftest import digits_model
 from relay import Relay
 from trainer import ADAG, Trainer
-from trainer.checkpoint import load_checkpoint
+from trainer.fit.checkpoints import load_checkpoint
 from trainer.errors import TrainingFailedError
 
 pytestmark = pytest.mark.spark
@@ -71,7 +71,7 @@ def test_a_final_save_on_a_full_disk_still_returns_the_fitted_model(spark, digit
     directory, _ = full_disk
     trainer = Trainer(digits_model(), algorithm=ADAG(window=4), num_workers=2, epochs=2,
                       checkpoint_dir=directory / "checkpoints", verbose=False)
-    with caplog.at_level(logging.WARNING, logger="trainer.checkpoint"):
+    with caplog.at_level(logging.WARNING, logger="trainer.fit.checkpoints"):
         fitted = trainer.fit(train)
     failed = [e for e in fitted.history.events if e.get("event") == "checkpoint_failed"]
     assert failed and "the disk is full" in failed[0]["error"], fitted.history.events

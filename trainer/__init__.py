@@ -1,8 +1,8 @@
 """Data-parallel training of Keras 3 models on Apache Spark DataFrames.
 
 Public API (imported lazily, so ``python -m trainer`` and the executors stay light):
-    Trainer                                   -- trainer.estimator
-    FittedModel, TrainingHistory              -- trainer.fitted
+    Trainer                                   -- trainer.fit.trainer
+    FittedModel, TrainingHistory              -- trainer.fit.fitted
     SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, AllReduce, Algorithm, get_algorithm
                                               -- trainer.algorithms
     LocalCluster                              -- trainer.spark.local_cluster
@@ -37,8 +37,8 @@ _EXPORTS = {
         "CheckpointError", "ClusterCapacityError", "ClusterError", "DataValidationError", "JavaError",
         "MasterUnreachableError", "TrainingFailedError", "UnsupportedVersionError",
     ],
-    "trainer.estimator": ["Trainer"],
-    "trainer.fitted": ["FittedModel", "TrainingHistory"],
+    "trainer.fit.trainer": ["Trainer"],
+    "trainer.fit.fitted": ["FittedModel", "TrainingHistory"],
     "trainer.spark.local_cluster": ["LocalCluster"],
     "trainer.spark.session": ["spark_session"],
 }

@@ -9,7 +9,7 @@ into a new run under the current tracking URI (``MLFLOW_TRACKING_URI`` or
   rows, model (`RunLogger.log_params`);
 * per-epoch metrics, ``step`` = epoch: training and validation loss and
   metrics, ``epoch_time_s``, ``updates``, ``bytes``, ``staleness``
-  (`epoch_logger`, a Keras callback run by ``trainer.callbacks`` on the driver);
+  (`epoch_logger`, a Keras callback run by ``trainer.fit.epoch_callbacks`` on the driver);
 * the final model as an MLflow Keras model with its signature, under the
   artifact path ``model`` (`RunLogger.log_model`).
 

@@ -11,7 +11,7 @@ from typing import Any, Callable
 from trainer import SyncAveraging, get_algorithm
 from trainer.algorithms import ALGORITHMS, parse_compression, with_compression
 from trainer.algorithms.delta import overlappable
-from trainer.checkpoint import has_checkpoint
+from trainer.fit.checkpoints import has_checkpoint
 from trainer.cli.train import window_arg  # noqa: F401  (the jobs take it from here)
 from trainer.verbosity import configure_logging, import_keras_quietly
 

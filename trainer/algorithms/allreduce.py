@@ -8,7 +8,7 @@ feeds its ``batch_size`` rows as its part of a global batch of
 train step, and ONE all-reduce averages them (gloo or a gRPC ring between
 CPUs, NCCL between GPUs), so every replica takes the step plain Keras takes
 on the global batch. The tasks' loop is ``trainer.runtime.collective``; the
-driver's side is ``trainer.collective_fit``.
+driver's side is ``trainer.fit.kinds.CollectiveFit``.
 
 The learning rate follows the global batch (`lr_scaling`): an epoch of N
 workers takes 1/N of the steps of one, so at the compiled rate it learns

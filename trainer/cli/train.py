@@ -155,7 +155,7 @@ def _load_keras(path: str) -> Any:
 
 
 def _fit(spark, model: Any, algorithm: Any, features: Any, args: argparse.Namespace) -> int:
-    from trainer.estimator import Trainer  # deferred: Keras and TensorFlow start with it
+    from trainer.fit.trainer import Trainer  # deferred: Keras and TensorFlow start with it
 
     train = spark.read.parquet(args.data)
     trainer = Trainer(model, algorithm=algorithm, num_workers=args.workers, batch_size=args.batch_size,

@@ -28,7 +28,7 @@ from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.sql import functions as F
 
-from trainer.estimator import Trainer
+from trainer.fit.trainer import Trainer
 from trainer.ml.model import KerasModel
 from trainer.ml.params import KerasEstimatorParams, algorithm_from_json, algorithm_to_json
 from trainer.ml.persistence import StagePersistence, pickled, read_stage, unpickled, write_stage

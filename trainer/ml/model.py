@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pyspark.ml import Model
 
-from trainer.fitted import FittedModel
+from trainer.fit.fitted import FittedModel
 from trainer.ml.params import KerasParams
 from trainer.ml.persistence import StagePersistence, fitted_from_blobs, model_blobs, read_stage, write_stage
 

@@ -21,7 +21,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from pyspark.sql import SparkSession
 
 from trainer.data.validate import DataSpec
-from trainer.fitted import FittedModel, TrainingHistory
+from trainer.fit.fitted import FittedModel, TrainingHistory
 from trainer.runtime.shipping import load_keras_bytes, ship_by_value
 
 DATA_DDL = "name string, payload binary"

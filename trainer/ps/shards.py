@@ -39,10 +39,11 @@ import numpy as np
 from trainer.ps.layout import check_shards, cut, join_parts, shard_layout
 from trainer.ps.records import DEFAULT_HISTORY_SIZE
 from trainer.ps.server import ParameterServer
+from trainer.transport.endpoint import Service
 from trainer.transport.tls import TlsIdentity
 
 
-class ShardedParameterServer:
+class ShardedParameterServer(Service):
     """S `ParameterServer` shards in this process; the same interface as one (see the module docstring).
 
     Takes `ParameterServer`'s arguments, plus `shards`. A `port` other than 0
@@ -87,13 +88,6 @@ class ShardedParameterServer:
     def stop(self) -> None:
         for shard in self.shards:
             shard.stop()
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     @property
     def address(self) -> tuple[str, int]:

@@ -40,7 +40,7 @@ import json
 import math
 import os
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pyarrow as pa
@@ -54,35 +54,20 @@ from trainer.runtime.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource
 from trainer.runtime.state import load_state
 from trainer.runtime.sync import make_sync_callback
+from trainer.runtime.task_config import TaskConfig
 
 RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])
 RESULT_DDL = "worker int, history string"
 
 
-@dataclass
-class WorkerConfig:
-    """Everything a worker task needs; serialized into the Spark task closure."""
+@dataclass(kw_only=True)
+class WorkerConfig(TaskConfig):
+    """Everything a parameter-server worker task needs (`TaskConfig` and the rule, the server's ports)."""
 
     model: ModelSource
     algorithm: Algorithm
-    ps_host: str
     ps_ports: tuple[int, ...]  # one per shard of the parameter server, shard 0 first
-    secret: Any = field(repr=False)  # the server's Credentials (secret, frame MAC, TLS fingerprint): never shown
-    num_workers: int
-    batch_size: int
-    epochs: int
-    input_shape: tuple[int, ...]
-    label_size: int | None
-    attempt: int = 0
-    seed: int = 0
-    io_timeout: float = 600.0
-    keras_backend: str = "tensorflow"
-    env: dict[str, str] = field(default_factory=dict)
     share_epochs: bool = True
-    validation_batch_size: int = 256
-    feed: str = "auto"  # how the shard is held: trainer.runtime.shard
-    shard_budget: int | None = None  # bytes; None: derived from task_memory or the worker's limit
-    task_memory: int | None = None  # spark.executor.memory per task slot, in bytes, if known
     overlap: bool = False  # commit in the background, fold the reply a window later (delta rules)
 
 

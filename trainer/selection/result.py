@@ -19,10 +19,10 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from trainer.checkpoint import atomic_write_json
 from trainer.data.validate import DataSpec
 from trainer.errors import SelectionError
-from trainer.fitted import FittedModel, TrainingHistory
+from trainer.fit.checkpoints import atomic_write_json
+from trainer.fit.fitted import FittedModel, TrainingHistory
 from trainer.runtime.state import load_state
 from trainer.selection.plots import plot_config_curve, plot_gantt, plot_learning_curves
 from trainer.selection.scheduler import ScheduledTask

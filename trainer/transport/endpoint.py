@@ -88,7 +88,24 @@ class Connection:
         self.evicted = False  # dropped while pending, to make room or past its deadline
 
 
-class AuthenticatedServer:
+class Service:
+    """A server that starts and stops, also as a context manager (``with server: ...``)."""
+
+    def start(self) -> Any:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        raise NotImplementedError
+
+    def __enter__(self):
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+class AuthenticatedServer(Service):
     """Accepts worker connections that prove they hold `secret`; subclasses serve their requests.
 
     Subclasses set the class attributes below and implement ``_dispatch``;
@@ -210,13 +227,6 @@ class AuthenticatedServer:
             if s is not None:
                 s.close()
         self._stopped()
-
-    def __enter__(self):
-        self.start()
-        return self
-
-    def __exit__(self, *exc: Any) -> None:
-        self.stop()
 
     @property
     def address(self) -> tuple[str, int]:

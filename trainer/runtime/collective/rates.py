@@ -55,7 +55,7 @@ class ScaledRate:
     def follow(self, rate: float) -> None:
         """A rate the driver's callbacks set, in the user's terms: scaled and applied."""
         if self.variable is None:
-            return  # a schedule: the driver's callbacks refuse to set one (trainer.callbacks)
+            return  # a schedule: the driver's callbacks refuse to set one (trainer.fit.epoch_callbacks)
         self.base = float(rate)
         self.apply()
 

@@ -39,48 +39,34 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Iterator
 
 import numpy as np
 import pyarrow as pa
 
-from trainer.runtime.arrow import ValidationRows
 from trainer.algorithms.allreduce import LR_SCALING
+from trainer.runtime.arrow import ValidationRows
 from trainer.runtime.collective.loop import JOB_FILE, RECORD_FILE, STDERR_FILE, CollectiveJob
 from trainer.runtime.process import task_resources
 from trainer.runtime.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource, PickledSource
 from trainer.runtime.spill import spill_directory
+from trainer.runtime.task_config import TaskConfig
 
 RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])
 #: A shard may be padded by at most this fraction of its rows (plus one batch) to match the largest one.
 MAX_PADDING = 0.10
 
 
-@dataclass
-class CollectiveConfig:
-    """Everything a collective task needs; serialized into the Spark task closure."""
+@dataclass(kw_only=True)
+class CollectiveConfig(TaskConfig):
+    """Everything a collective task needs (`TaskConfig` and the server's one port, the rate's scaling)."""
 
     model: ModelSource | PickledSource  # PickledSource from a fit: its task never unpickles the builder
-    ps_host: str
     ps_port: int
-    secret: Any = field(repr=False)  # the server's Credentials: never shown
-    num_workers: int
-    batch_size: int
-    epochs: int
-    input_shape: tuple[int, ...]
-    label_size: int | None
-    attempt: int = 0
-    seed: int = 0
-    io_timeout: float = 600.0
     keras_backend: str = "jax"
-    env: dict[str, str] = field(default_factory=dict)
-    validation_batch_size: int = 256
-    feed: str = "auto"
-    shard_budget: int | None = None
-    task_memory: int | None = None
     lr_scaling: str = "linear"  # the rule's: the compiled rate times LR_SCALING[lr_scaling](workers)
 
 

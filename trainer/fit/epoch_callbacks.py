@@ -26,7 +26,7 @@ the driver, once per epoch that EVERY worker finished:
 Callbacks run on a thread of their own, so a slow one (a checkpoint, a
 TensorBoard write) never holds up the parameter server; epochs that end after
 a stop are not reported. With ``inline=True`` (the all-reduce fit,
-``trainer.collective_fit``) they run on the server's thread before its reply to
+``trainer.fit.kinds.CollectiveFit``) they run on the server's thread before its reply to
 the epoch's report instead: the workers wait for them and follow their stop or
 new learning rate from the next epoch on, as plain Keras runs its callbacks
 between two epochs.

@@ -1,4 +1,4 @@
-"""The user API: ``Trainer(...).fit(df)`` returns a `trainer.fitted.FittedModel`.
+"""The user API: ``Trainer(...).fit(df)`` returns a `trainer.fit.fitted.FittedModel`.
 
 Example:
     >>> from trainer import Trainer, LocalCluster
@@ -8,22 +8,25 @@ Example:
     ...     fitted.evaluate(test_df)
     ...     predictions = fitted.transform(test_df)
 
-The path of one fit goes one way. `Trainer.fit` plans: it checks everything it
-can before any training job starts (arguments, model, checkpoint, columns,
-values, cluster slots) and builds the model source and the two-column frame.
-It then starts a parameter server in this driver and hands ONE barrier stage
-of `num_workers` long-lived tasks (``trainer.runtime.worker``) to
+The path of one fit goes one way. `Trainer` holds the options, checked once
+in ``__init__``; `fit` hands them to the one driver (``trainer.fit.driver``),
+which plans (``trainer.fit.plan``: everything it can check before any
+training job starts: model, checkpoint, columns, values, cluster slots),
+starts a parameter server in this driver and hands ONE barrier stage of
+`num_workers` long-lived tasks to
 ``trainer.spark.launch.run_stage_with_retries``, which re-runs it after lost
 executors (``max_retries``; a retry waits `retry_timeout` seconds for the lost
 slots, then continues on the slots left, down to `min_workers`; retried workers
 resume from the server's current weights at the first epoch not every worker
-finished). The workers' records come back once and become the
-`TrainingHistory`. The server always stops (also on error or Ctrl-C).
+finished). What runs in the tasks depends on the rule (``trainer.fit.kinds``):
+the parameter-server worker (``trainer.runtime.worker``), or for `AllReduce`
+the backend's collective loop. The tasks' records come back once and become
+the `TrainingHistory`. The server always stops (also on error or Ctrl-C).
 
 ``fit(df, validation=val_df or a fraction)`` deals the validation rows into
 the same stage: every worker validates the center model on its share at the
 end of each epoch. ``fit(df, callbacks=[...])`` runs Keras callbacks on the
-driver on the center model at every epoch end (``trainer.callbacks``: which run
+driver on the center model at every epoch end (``trainer.fit.epoch_callbacks``: which run
 where, how EarlyStopping stops the workers). ``mlflow=True`` logs the fit
 (``trainer.tracking``).
 
@@ -39,92 +42,26 @@ error raised.
 
 from __future__ import annotations
 
-import functools
-import json
-import logging
 import os
-import time
-import warnings
-from dataclasses import dataclass
 from typing import Any, Callable
 
-from trainer.algorithms import ADAG, Algorithm, get_algorithm, with_compression
+from trainer.algorithms import Algorithm, get_algorithm, with_compression
 from trainer.algorithms.delta import overlappable
-from trainer.callbacks import EpochCallbacks, check_callbacks
-from trainer.checkpoint import Checkpoint, Checkpointer, load_checkpoint
-from trainer.data.validate import DataSpec, model_io, prepare_frame
-from trainer.data.validation import split_validation, tag_validation, validation_frame
-from trainer.errors import CheckpointError
-from trainer.fit_stage import run_fit_stage
-from trainer.fitted import FittedModel, TrainingHistory
-from trainer.lr_schedules import planned_steps
-from trainer.progress import TrainingProgress
-from trainer.ps.epoch_end import EpochEndHook, EpochEnds
-from trainer.ps.layout import check_shards, shard_layout
+from trainer.fit.driver import drive_fit
+from trainer.fit.fitted import FittedModel
+from trainer.ps.epoch_end import EpochEndHook
+from trainer.ps.layout import check_shards
 from trainer.ps.records import DEFAULT_HISTORY_SIZE
-from trainer.ps.server import ParameterServer, uniform_progress
-from trainer.ps.shards import ShardedParameterServer
 from trainer.runtime.shard import FEEDS
-from trainer.runtime.shipping import ModelSource, pack_model, ship_by_value
-from trainer.runtime.state import optimizer_of
-from trainer.runtime.worker import WorkerConfig, train_partition
-from trainer.spark.launch import RetryPolicy, driver_addresses, wait_for_slots
-from trainer.spark.memory import task_memory_bytes
-from trainer.spark.resources import check_gpus_per_worker, stage_profile
-from trainer.tracking import RunLogger, epoch_logger, fit_params
+from trainer.spark.resources import check_gpus_per_worker
+from trainer.tracking import RunLogger
 from trainer.transport.session import check_frame_mac
-from trainer.transport.tls import TlsIdentity
-from trainer.transport.wire import new_secret
-
-log = logging.getLogger("trainer")
-
-
-def warn_slow_choice(algorithm: Algorithm, model) -> None:
-    """Warn where an explicit choice is known to learn far slower than plain Keras: ADAG at the learning rate
-    of one Keras process (it divides every commit by its window)."""
-    rule = getattr(algorithm, "inner", algorithm)  # a compressed rule wraps the delta rule
-    optimizer = getattr(model, "optimizer", None)
-    if not isinstance(rule, ADAG) or optimizer is None:
-        return
-    try:
-        rate = float(optimizer.learning_rate)
-        default = float(type(optimizer)().learning_rate)
-    except (TypeError, ValueError):  # a schedule, or an optimizer without defaults: no advice
-        return
-    if rate <= default:
-        warnings.warn(
-            f"ADAG divides every commit by its window ({rule.window}): at {type(optimizer).__name__}'s default "
-            f"learning rate ({rate:g}), tuned for one Keras process, the center moves about 1/{rule.window} as far "
-            "per batch and learns far slower than plain Keras. Fix: raise the learning rate about "
-            f"{rule.window}x, or leave `algorithm` out (the default learns like plain Keras, docs/algorithms.md).",
-            UserWarning, stacklevel=3,
-        )
-
-
-def _identity(batches):
-    yield from batches
 
 
 def _positive_int(name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
     return value
-
-
-@dataclass
-class _Plan:
-    """What `Trainer.fit` decided before any training job: the model, the data and where to start from."""
-
-    model: Any  # the driver's keras.Model; it receives the trained weights
-    source: ModelSource
-    frame: Any  # the two-column DataFrame the workers read
-    spec: DataSpec
-    center: list
-    version: int
-    epochs_done: dict
-    resumed: Checkpoint | None
-    profile: Any = None  # the stage's ResourceProfile (GPUs per task), None for the session's defaults
-    validation_rows: int = 0
 
 
 class Trainer:
@@ -335,70 +272,6 @@ class Trainer:
             raise ValueError(f"`overlap=True` needs a delta rule with a window (downpour, adag, dynsgd). Received: "
                              f"{self.algorithm.describe()}. Fix: use one of those rules or overlap=False.")
 
-    # -- planning ---------------------------------------------------------------
-    def _driver_model(self):
-        import keras  # deferred: TensorFlow starts only when a fit does
-
-        if isinstance(self.model, keras.Model):
-            model_io(self.model)  # compiled, with a loss: a DataValidationError before any cluster work
-            optimizer_of(self.model)  # built: the workers' copies and the callbacks' files hold its variables
-            package = pack_model(self.model, self.custom_objects)
-            return self.model, ModelSource(keras_bytes=package.data, custom_objects=package.custom_objects)
-        model = self.model()
-        if not isinstance(model, keras.Model):
-            raise TypeError(f"The model function must return a keras.Model. Received: {type(model)}")
-        model_io(model)
-        optimizer_of(model)
-        ship_by_value(self.model, *(self.custom_objects or {}).values())
-        return model, ModelSource(builder=self.model, custom_objects=self.custom_objects)
-
-    def _check_resume(self, checkpoint: Checkpoint, model) -> tuple[list, int, dict]:
-        weights = model.get_weights()
-        saved = checkpoint.center[: len(weights)]
-        shapes = [w.shape for w in weights]
-        if len(saved) != len(weights) or [a.shape for a in saved] != shapes:
-            raise CheckpointError(
-                f"The checkpoint holds {len(saved)} weight arrays of shapes {[a.shape for a in saved][:4]}..., "
-                f"the model has {len(weights)} of shapes {shapes[:4]}...: it belongs to another model."
-            )
-        center = checkpoint.center if self.algorithm.exchanges_optimizer_state else saved
-        log.info("Resuming from version %d, %d epoch(s) completed", checkpoint.version, checkpoint.completed_epochs)
-        # Any worker count may resume: rows are dealt anew, the epochs everybody finished carry over.
-        return center, checkpoint.version, uniform_progress(checkpoint.completed_epochs, self.num_workers)
-
-    def _plan(self, df, resume_from, validation=None) -> _Plan:
-        """Every check before cluster work: the model, the checkpoint, the data, the free slots."""
-        started = time.time()
-        df, validation = split_validation(df, validation, self.seed)
-        model, source = self._driver_model()
-        warn_slow_choice(self.algorithm, model)
-        resumed = load_checkpoint(resume_from) if resume_from is not None else None
-        center, version, epochs_done = model.get_weights(), 0, {}
-        if resumed is not None:
-            center, version, epochs_done = self._check_resume(resumed, model)
-        if self.ps_shards > 1:
-            shard_layout(center, self.ps_shards)  # a model too small for the shards fails here
-        frame, spec = prepare_frame(
-            df, self.features_col, self.label_col, model, min_rows=self.num_workers, check_values=self.check_data,
-        )
-        vframe, vrows = validation_frame(validation, self.features_col, self.label_col, model, spec,
-                                         check_values=self.check_data)
-        if vframe is not None:
-            frame = tag_validation(frame, vframe)
-        profile = stage_profile(df.sparkSession, self.gpus_per_worker)
-        wait_for_slots(df.sparkSession, self.num_workers, self.slot_timeout, profile)
-        log.info(
-            "Training %s on %d rows with %d workers, %s, batch %d, %d epochs (checks took %.1f s)",
-            model.name, spec.num_rows, self.num_workers, self.algorithm.describe(), self.batch_size,
-            self.epochs, time.time() - started,
-        )
-        if spec.num_rows + vrows < 1000 * self.num_workers:
-            # Round-robin from a single partition deals rows evenly; from many tiny
-            # partitions it can leave a worker without any row. The identity map
-            # keeps the optimizer from collapsing coalesce(1) into the repartition.
-            frame = frame.coalesce(1).mapInArrow(_identity, frame.schema)
-        return _Plan(model, source, frame, spec, center, version, epochs_done, resumed, profile, vrows)
-
     # -- fit -------------------------------------------------------------------
     def fit(self, df, resume_from: str | os.PathLike | None = None, *, validation: Any = None,
             callbacks: list | None = None) -> FittedModel:
@@ -416,113 +289,9 @@ class Trainer:
                 ``history.epochs`` gets ``val_loss`` and the other metrics.
             callbacks: Keras callbacks run on the driver on the center model at
                 every epoch end (EarlyStopping, ModelCheckpoint, ReduceLROnPlateau,
-                CSVLogger, TensorBoard, ...); see ``trainer.callbacks``.
+                CSVLogger, TensorBoard, ...); see ``trainer.fit.epoch_callbacks``.
         """
         if not self.mlflow:
-            return self._fit(df, resume_from, validation, callbacks, None)
+            return drive_fit(self, df, resume_from, validation, callbacks, None)
         with RunLogger(run_name=f"trainer {self.algorithm.name} x{self.num_workers}") as run:
-            return self._fit(df, resume_from, validation, callbacks, run)
-
-    def _fit(self, df, resume_from, validation, callbacks, run: RunLogger | None) -> FittedModel:
-        if getattr(self.algorithm, "collective", False):  # AllReduce: the backend's collectives, no server loop
-            from trainer.collective_fit import fit_collective  # deferred: only collective fits need it
-
-            return fit_collective(self, df, resume_from, validation, callbacks, run)
-        import keras  # deferred: TensorFlow starts only when a fit does
-
-        identity = TlsIdentity.generate() if self.tls else None  # a missing tool fails before any cluster work
-        spark = df.sparkSession
-        host, bind, port = driver_addresses(spark, self.ps_host, self.ps_bind_host, self.ps_port, self.ps_shards)
-        plan = self._plan(df, resume_from, validation)
-        callbacks = check_callbacks(callbacks, plan.model, plan.validation_rows > 0)
-        if run is not None:
-            run.log_params(fit_params(self, plan.model, plan.spec.num_rows, plan.validation_rows))
-            callbacks.append(epoch_logger(run))
-        epoch_callbacks = EpochCallbacks(plan.model, callbacks, self.num_workers, self.epochs)
-        steps = planned_steps(plan.spec.num_rows, self.num_workers, self.batch_size)
-        progress = TrainingProgress(steps * self.num_workers * self.epochs, self.num_workers, self.epochs,
-                                    enabled=self.verbose)
-        secret = new_secret()
-        checkpointer: Checkpointer | None = None
-        hooks: list[Callable] = [progress.update, epoch_callbacks.on_update] + ([self.on_update] if self.on_update
-                                                                                else [])
-        epoch_ends = EpochEnds(self.on_epoch_end) if self.on_epoch_end is not None else None
-
-        def on_epoch_done(worker: int, epoch: int) -> None:
-            if checkpointer is not None:
-                checkpointer.on_epoch_done(worker, epoch)
-            epoch_callbacks.on_epoch_done(worker, epoch)
-            if epoch_ends is not None:
-                epoch_ends.on_epoch_done(worker, epoch)
-
-        server = (ParameterServer if self.ps_shards == 1 else functools.partial(
-            ShardedParameterServer, shards=self.ps_shards))(
-            self.algorithm, plan.center, self.num_workers, secret, host=bind, port=port,
-            io_timeout=self.io_timeout, round_timeout=self.io_timeout,
-            on_update=lambda record: [hook(record) for hook in hooks],
-            on_epoch_done=on_epoch_done, version=plan.version, epochs_done=plan.epochs_done,
-            weight_names=[w.path for w in plan.model.weights], frame_mac=self.frame_mac, tls=identity or False,
-            history_size=self.history_size,
-        )
-        if epoch_ends is not None:
-            epoch_ends.bind(server)
-        shard_budget = None if self.shard_budget_mb is None else int(self.shard_budget_mb * 1024 * 1024)
-        task_memory = task_memory_bytes(spark)
-        checkpoint_dir = self.checkpoint_dir if self.checkpoint_dir is not None else resume_from
-        if checkpoint_dir is not None:
-            checkpointer = Checkpointer(checkpoint_dir, server, self.checkpoint_every, {
-                "num_workers": self.num_workers, "algorithm": self.algorithm.describe(), "epochs": self.epochs,
-                "model": plan.model.name, "num_weights": len(plan.model.weights),
-            }, keep=self.checkpoint_keep)
-            hooks.append(checkpointer.on_update)
-        events: list[dict] = []
-        if plan.resumed is not None:
-            events.append({"time": time.time(), "event": "resumed", "from": str(resume_from),
-                           "version": plan.version, "completed_epochs": plan.resumed.completed_epochs})
-
-        def make_task(attempt: int, workers: int):
-            server.start_attempt(attempt)  # leftover tasks of an older attempt are refused from now on
-            return functools.partial(train_partition, WorkerConfig(
-                model=plan.source, algorithm=self.algorithm, ps_host=host,
-                ps_ports=tuple(p for _, p in server.addresses),
-                secret=server.credentials,
-                num_workers=workers, batch_size=self.batch_size, epochs=self.epochs,
-                input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=attempt,
-                seed=self.seed, io_timeout=self.io_timeout, keras_backend=keras.backend.backend(),
-                share_epochs=self.share_epochs, feed=self.feed, shard_budget=shard_budget, task_memory=task_memory,
-                overlap=self.overlap,
-            ))
-
-        def on_retry(workers: int) -> None:
-            server.resize(workers)
-            progress.restart(workers)
-            epoch_callbacks.restart(workers)
-
-        stage, job_start, job_end = run_fit_stage(
-            plan.frame, self.num_workers, make_task,
-            RetryPolicy(self.max_retries, self.retry_timeout, self.min_workers),
-            f"trainer: {plan.model.name} {self.algorithm.describe()}", server=server, progress=progress,
-            epoch_callbacks=epoch_callbacks, checkpointer=checkpointer, checkpoint_dir=checkpoint_dir,
-            events=events, on_retry=on_retry, profile=plan.profile)
-        epoch_callbacks.finish(server.center())  # the final weights, then on_train_end (restore_best_weights)
-        if epoch_callbacks.stopped_epoch is not None:
-            events.append({"time": time.time(), "event": "stopped_by_callback", "epoch": epoch_callbacks.stopped_epoch})
-        results = [json.loads(r.history) for r in stage.rows]
-        history = TrainingHistory.build(self.algorithm.describe(), self.num_workers, server, results, job_start,
-                                        job_end, events)
-        if epoch_callbacks.stopped_epoch is not None:  # epochs some workers ended after the stop are not reported
-            history.epochs = [e for e in history.epochs if e["epoch"] <= epoch_callbacks.stopped_epoch]
-        reported = {e["epoch"]: e for e in epoch_callbacks.epochs}
-        for entry in history.epochs:
-            entry.update({k: v for k, v in reported.get(entry["epoch"], {}).items() if k not in entry})
-        log.info(
-            "Trained in %.1f s (%.1f s per epoch, data delivery %.1f s), %d updates, %.1f MB moved",
-            history.timings["wall_s"], history.timings["epoch_s"], history.timings["data_delivery_s"],
-            history.num_updates, history.bytes_moved / 1e6,
-        )
-        fitted = FittedModel(plan.model, history, self.features_col, self.label_col, plan.spec, self.custom_objects)
-        if run is not None:
-            run.log_metrics({"wall_s": history.timings["wall_s"], "total_updates": history.num_updates,
-                             "total_bytes": history.bytes_moved})
-            run.log_model(plan.model, plan.spec.input_shape, fitted._shipped().custom_objects)
-        return fitted
+            return drive_fit(self, df, resume_from, validation, callbacks, run)

@@ -47,7 +47,7 @@ from trainer.errors import CheckpointError
 from trainer.ps.epochs import completed_epochs
 from trainer.ps.hygiene import non_finite
 
-log = logging.getLogger("trainer.checkpoint")
+log = logging.getLogger("trainer.fit.checkpoints")
 
 FILE_NAME = "checkpoint.npz"
 #: Versions of a checkpoint kept by default (the newest and the one before).

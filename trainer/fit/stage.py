@@ -1,7 +1,6 @@
 """A fit's barrier stage around its parameter server: start, run with retries, stop, whatever happens.
 
-Shared by the parameter-server rules (`Trainer.fit`) and the collective one
-(``trainer.collective_fit``): the server and the driver-side callbacks start,
+Run by the one driver (``trainer.fit.driver``) for every kind of fit: the server and the driver-side callbacks start,
 the stage runs with retries (``run_stage_with_retries``), and then the
 server, the progress bar, the callbacks and the checkpointer are closed even
 when the stage fails. A checkpoint that could not be written is recorded as
