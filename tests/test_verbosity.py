@@ -90,3 +90,33 @@ def test_keras_import_banners_are_dropped_unless_asked_for(level):
         assert banners == [], banners
     else:  # the banners TensorFlow prints on this CPU are passed on (x86 builds print oneDNN's)
         assert len(lines) - 2 == len(banners)
+
+
+def test_importing_the_package_leaves_the_process_as_it_was_and_a_session_sets_its_defaults():
+    # A notebook's own Keras must see its own settings (GPU memory, log levels) after `import trainer`;
+    # the defaults apply where a session starts (trainer.process_env), a value the user set still wins.
+    script = textwrap.dedent("""
+        import json, os, warnings
+        before = dict(os.environ)
+        import trainer
+        from trainer import Trainer, LocalCluster, FittedModel, spark_session
+        from trainer.ml import KerasEstimator
+        from trainer.selection import ModelSelector
+        ours = [f for f in warnings.filters if f[1] is not None and "PySpark does not" in f[1].pattern]
+        unchanged = dict(os.environ) == before and not ours  # (numpy and pyspark add filters of their own)
+        from trainer.process_env import prepare_process
+        os.environ["TF_FORCE_GPU_ALLOW_GROWTH"] = "false"
+        prepare_process()
+        print(json.dumps([unchanged, {k: os.environ.get(k) for k in (
+            "TF_CPP_MIN_LOG_LEVEL", "XLA_PYTHON_CLIENT_PREALLOCATE", "TF_FORCE_GPU_ALLOW_GROWTH")}]))
+    """)
+    env = {k: v for k, v in __import__("os").environ.items()
+           if not k.startswith(("TF_", "XLA_", "ABSL_", "GRPC_", "TRAINER_"))}
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr
+    import json
+
+    unchanged, after = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert unchanged, "importing trainer changed os.environ or added its warning filter"
+    assert after == {"TF_CPP_MIN_LOG_LEVEL": "2", "XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+                     "TF_FORCE_GPU_ALLOW_GROWTH": "false"}

@@ -18,14 +18,11 @@ from __future__ import annotations
 
 import importlib
 
-from trainer import verbosity, versions
-from trainer.runtime.process import apply_gpu_memory_env
+from trainer import versions
 
-# Quiet by default: TensorFlow reads its log level when it starts, so set it before anything imports it.
-verbosity.apply_quiet_env()
-# A driver on a GPU host takes only the GPU memory it uses (the backend reads this when it starts).
-apply_gpu_memory_env()
 # Below a supported version, fail here, naming the version needed, rather than deep inside a Spark job.
+# Importing `trainer` changes nothing else in the user's process: the log levels and GPU memory settings are
+# set where a session (trainer.spark.session.spark_session), a command or a task starts.
 versions.check_installed()
 
 _EXPORTS = {

@@ -13,10 +13,9 @@ One place for what differs between backends (DESIGN.md, third stage):
   Python worker that already started its backend keeps the devices of its
   first task (Spark assigns an executor's tasks the same addresses again
   when it has only as many GPUs as task slots).
-* **GPU memory** (`gpu_memory_env`): tasks that share a GPU, and a driver on
-  a GPU host, take only what they use. JAX preallocates 75 % of a GPU per
-  process unless told otherwise; TensorFlow maps all of it; torch allocates
-  lazily already. Set before the backend starts; a value the user set wins.
+* **Logs and GPU memory** (``trainer.process_env``): quiet unless asked,
+  and tasks that share a GPU take only what they use. Set before the
+  backend starts; a value the user set wins.
 
 The C allocator keeps freed blocks of up to 32 MiB (``trainer.runtime.allocator``).
 """
@@ -25,26 +24,12 @@ from __future__ import annotations
 
 import os
 
-from trainer import verbosity
+from trainer.process_env import prepare_process
 from trainer.runtime.allocator import keep_freed_memory
 from trainer.runtime.cores import choose_cores, sharing
 
 #: Thread-count variables of TensorFlow, OpenMP (torch, XLA's Eigen on some builds) and MKL.
 _THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
-
-
-def gpu_memory_env() -> dict[str, str]:
-    """The GPU memory policy: grow on demand under every backend (see the module docstring)."""
-    env = {"TF_FORCE_GPU_ALLOW_GROWTH": "true"}
-    if "XLA_PYTHON_CLIENT_MEM_FRACTION" not in os.environ:  # a fraction the user chose means preallocate it
-        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-    return env
-
-
-def apply_gpu_memory_env() -> None:
-    """`gpu_memory_env` in this process, unless the user set the variables (the driver calls it at import)."""
-    for key, value in gpu_memory_env().items():
-        os.environ.setdefault(key, value)
 
 
 def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env: dict[str, str],
@@ -54,8 +39,7 @@ def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env
     partition) spreads tasks over the cores when there are more tasks than cores."""
     keep_freed_memory()
     os.environ.update(env)
-    verbosity.apply_quiet_env()
-    apply_gpu_memory_env()
+    prepare_process()
     os.environ["KERAS_BACKEND"] = keras_backend
     for var in _THREAD_VARS:
         os.environ[var] = str(cpus)

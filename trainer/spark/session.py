@@ -25,6 +25,7 @@ from typing import Any
 
 from trainer import verbosity
 from trainer.errors import MasterUnreachableError
+from trainer.process_env import prepare_process
 from trainer.spark.connect import remote_session
 
 log = logging.getLogger("trainer.spark")
@@ -204,6 +205,9 @@ def spark_session(
             f"expected a Spark master URL such as 'local[*]', 'spark://host:7077', 'yarn' or "
             f"'k8s://https://host:443', got {master!r}"
         )
+    # The driver's process from here on: TensorFlow's logs quiet and GPU memory taken as used, unless the user
+    # set them (Keras reads them when its backend starts; `import trainer` leaves the process as it was).
+    prepare_process()
     if master.startswith("sc://"):
         return remote_session(master)
     check_master_reachable(master)
