@@ -54,7 +54,8 @@ def test_every_bundled_job_is_listed_and_importable():
     (["--model", "json:no_such_function", "--data", "."], "has no function 'no_such_function'"),
     (["--model", "missing.keras", "--data", "."], "is not a file"),
     (["--model", "json:dumps", "--data", "/no/such/data.parquet"], "--data '/no/such/data.parquet' does not exist"),
-    (["--model", "json:dumps", "--data", ".", "--workers", "0"], "--workers must be >= 1"),
+    (["--model", "json:dumps", "--data", ".", "--workers", "0"],
+     "--workers: `num_workers` must be a positive integer. Received: num_workers=0"),
     (["--model", "json:dumps", "--data", ".", "--algorithm", "nope"], "Unknown algorithm 'nope'"),
     (["--model", "json:dumps", "--data", ".", "--resume"], "--resume needs --checkpoint-dir"),
 ])

@@ -8,7 +8,7 @@ Public API (imported lazily, so ``python -m trainer`` and the executors stay lig
     LocalCluster                              -- trainer.spark.local_cluster
     spark_session                             -- trainer.spark.session
     DataValidationError, ClusterCapacityError, TrainingFailedError, CheckpointError,
-    ClusterError, JavaError, MasterUnreachableError, UnsupportedVersionError
+    ClusterError, JavaError, MasterUnreachableError, OptionError, UnsupportedVersionError
                                               -- trainer.errors
 
 ``docs/architecture.md`` shows the rooms of the package and the path of a fit.
@@ -32,7 +32,7 @@ _EXPORTS = {
     ],
     "trainer.errors": [
         "CheckpointError", "ClusterCapacityError", "ClusterError", "DataValidationError", "JavaError",
-        "MasterUnreachableError", "TrainingFailedError", "UnsupportedVersionError",
+        "MasterUnreachableError", "OptionError", "TrainingFailedError", "UnsupportedVersionError",
     ],
     "trainer.fit.trainer": ["Trainer"],
     "trainer.fit.fitted": ["FittedModel", "TrainingHistory"],

@@ -51,6 +51,10 @@ class MasterUnreachableError(ConnectionError):
     """The Spark master URL names no reachable master."""
 
 
+class OptionError(ValueError):
+    """An option of a fit or a search has a value it cannot take (``trainer.options``: which, and the fix)."""
+
+
 class SelectionError(ValueError):
     """A model-selection run was configured in a way it cannot work with."""
 

@@ -12,6 +12,7 @@ from trainer import SyncAveraging, get_algorithm
 from trainer.algorithms import ALGORITHMS, parse_compression, with_compression
 from trainer.algorithms.delta import overlappable
 from trainer.fit.checkpoints import has_checkpoint
+from trainer.options import FitOptions
 from trainer.cli.train import window_arg  # noqa: F401  (the jobs take it from here)
 from trainer.verbosity import configure_logging, import_keras_quietly
 
@@ -77,9 +78,11 @@ def start_logging(args: argparse.Namespace, keras: bool = True) -> None:
 def add_trainer_args(parser) -> None:
     """--seed, --fixed-epochs, --checkpoint-dir, --resume, --compression, --compress-replies, --overlap,
     --retry-timeout, --tls and --no-frame-mac for a job's argument parser."""
-    parser.add_argument("--seed", type=int, default=0,
+    default = FitOptions.default  # one source of the defaults: trainer.options
+    parser.add_argument("--seed", type=int, default=default("seed"),
                         help="seed of the runs (plain Keras uses it, worker i of a distributed run seed + i; "
-                             "default 0): repeat a run with other seeds to see its run-to-run spread")
+                             f"default {default('seed')}): repeat a run with other seeds to see its run-to-run "
+                             "spread")
     parser.add_argument("--fixed-epochs", action="store_true",
                         help="every worker makes exactly one pass over its shard per epoch, instead of the "
                              "workers of an asynchronous algorithm sharing each epoch (Trainer share_epochs=False)")
@@ -98,9 +101,9 @@ def add_trainer_args(parser) -> None:
     parser.add_argument("--overlap", action="store_true",
                         help="workers send each commit from a thread of their own and fold the reply in a window "
                              "later (downpour, adag, dynsgd; Trainer overlap=True)")
-    parser.add_argument("--retry-timeout", type=positive_float, default=60.0,
+    parser.add_argument("--retry-timeout", type=positive_float, default=default("retry_timeout"),
                         help="seconds a retry after lost executors waits for their slots before it continues "
-                             "on the workers left (default 60)")
+                             f"on the workers left (default {default('retry_timeout'):g})")
     parser.add_argument("--tls", action="store_true",
                         help="encrypt the traffic between the workers and the parameter server with TLS "
                              "(a throw-away certificate per run; needs the cryptography package or openssl)")

@@ -20,6 +20,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
+from trainer.errors import OptionError
+from trainer.options import FitOptions
 from trainer.verbosity import configure_logging, import_keras_quietly
 
 
@@ -51,9 +53,12 @@ def add_model_parser(actions) -> None:
                        help="feature column, or several separated by commas (default: features)")
     model.add_argument("--label", default="label", help="label column (default: label)")
     model.add_argument("--validation", default=None, help="Parquet data evaluated after training (default: none)")
-    model.add_argument("--workers", type=int, default=2, help="workers, one Spark task each (default: 2)")
-    model.add_argument("--epochs", type=int, default=1, help="epochs (default: 1)")
-    model.add_argument("--batch-size", type=int, default=32, help="minibatch size per worker (default: 32)")
+    default = FitOptions.default  # one source of the defaults: trainer.options
+    model.add_argument("--workers", type=int, default=default("num_workers"),
+                       help=f"workers, one Spark task each (default: {default('num_workers')})")
+    model.add_argument("--epochs", type=int, default=default("epochs"), help=f"epochs (default: {default('epochs')})")
+    model.add_argument("--batch-size", type=int, default=default("batch_size"),
+                       help=f"minibatch size per worker (default: {default('batch_size')})")
     model.add_argument("--algorithm", default="downpour",
                        help="downpour, sync, adag, easgd, aeasgd, dynsgd or single (default: downpour, "
                             "which learns like plain Keras; docs/algorithms.md)")
@@ -65,7 +70,8 @@ def add_model_parser(actions) -> None:
     model.add_argument("--save", default=None, help="directory to write the fitted model to (FittedModel.save)")
     model.add_argument("--checkpoint-dir", default=None, help="save the parameter server's state here")
     model.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
-    model.add_argument("--seed", type=int, default=0, help="seed (worker i uses seed + i; default: 0)")
+    model.add_argument("--seed", type=int, default=default("seed"),
+                       help=f"seed (worker i uses seed + i; default: {default('seed')})")
     model.add_argument("-v", "--verbose", action="store_true", help="log what the trainer does")
     model.set_defaults(run=train_model)
 
@@ -105,9 +111,11 @@ def _check_args(args: argparse.Namespace) -> tuple[Any, Any]:
     """(model, algorithm) after checking every flag; raises ValueError saying what to fix."""
     from trainer.algorithms import get_algorithm  # deferred: with the Trainer, only when a fit runs
 
-    for flag in ("workers", "epochs", "batch_size"):
-        if getattr(args, flag) < 1:
-            raise ValueError(f"--{flag.replace('_', '-')} must be >= 1. Received: {getattr(args, flag)}.")
+    for flag, option in (("workers", "num_workers"), ("epochs", "epochs"), ("batch_size", "batch_size")):
+        try:
+            FitOptions.check(option, getattr(args, flag))
+        except OptionError as exc:
+            raise ValueError(f"--{flag.replace('_', '-')}: {exc}") from None
     for flag in ("data", "validation"):
         path = getattr(args, flag)
         if path is not None and not _SCHEME.match(path) and not Path(path).exists():

@@ -43,25 +43,12 @@ error raised.
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from typing import Any
 
-from trainer.algorithms import Algorithm, get_algorithm, with_compression
-from trainer.algorithms.delta import overlappable
 from trainer.fit.driver import drive_fit
 from trainer.fit.fitted import FittedModel
-from trainer.ps.epoch_end import EpochEndHook
-from trainer.ps.layout import check_shards
-from trainer.ps.records import DEFAULT_HISTORY_SIZE
-from trainer.runtime.shard import FEEDS
-from trainer.spark.resources import check_gpus_per_worker
+from trainer.options import FitOptions
 from trainer.tracking import RunLogger
-from trainer.transport.session import check_frame_mac
-
-
-def _positive_int(name: str, value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"`{name}` must be a positive integer. Received: {name}={value!r}")
-    return value
 
 
 class Trainer:
@@ -178,99 +165,15 @@ class Trainer:
             compressed or not); False (the default) waits for every reply.
     """
 
-    def __init__(
-        self,
-        model: Any,
-        *,
-        algorithm: Algorithm | str = "downpour",
-        num_workers: int = 2,
-        batch_size: int = 32,
-        epochs: int = 1,
-        features_col: str | list[str] = "features",
-        label_col: str = "label",
-        custom_objects: dict[str, Any] | None = None,
-        seed: int = 0,
-        ps_host: str | None = None,
-        ps_port: int | None = None,
-        ps_bind_host: str | None = None,
-        io_timeout: float = 600.0,
-        slot_timeout: float = 10.0,
-        max_retries: int = 2,
-        retry_timeout: float = 60.0,
-        min_workers: int = 1,
-        checkpoint_dir: str | os.PathLike | None = None,
-        checkpoint_every: int = 100,
-        on_update: Callable[[Any], None] | None = None,
-        gpus_per_worker: int = 0,
-        verbose: bool = True,
-        check_data: bool = True,
-        share_epochs: bool = True,
-        compression: str | None = None,
-        compress_replies: bool = False,
-        mlflow: bool = False,
-        checkpoint_keep: int = 2,
-        tls: bool = False,
-        frame_mac: bool | str = True,
-        history_size: int = DEFAULT_HISTORY_SIZE,
-        feed: str = "auto",
-        shard_budget_mb: float | None = None,
-        on_epoch_end: EpochEndHook | None = None,
-        ps_shards: int = 1,
-        overlap: bool = False,
-    ) -> None:
-        self.algorithm = with_compression(get_algorithm(algorithm), compression, replies=compress_replies)
-        self.ps_shards = check_shards(ps_shards, self.algorithm)
-        self.num_workers = _positive_int("num_workers", num_workers)
-        self.algorithm.check_workers(self.num_workers)
-        self.batch_size = _positive_int("batch_size", batch_size)
-        self.epochs = _positive_int("epochs", epochs)
+    def __init__(self, model: Any, **options: Any) -> None:
         if not (callable(model) or hasattr(model, "get_weights")):
             raise TypeError(
                 f"`model` must be a compiled keras.Model or a function returning one. Received: {type(model)}"
             )
         self.model = model
-        self.features_col = features_col
-        self.label_col = label_col
-        self.custom_objects = custom_objects
-        self.seed = int(seed)
-        self.ps_host = ps_host
-        self.ps_port = ps_port
-        self.ps_bind_host = ps_bind_host
-        self.io_timeout = float(io_timeout)
-        self.slot_timeout = float(slot_timeout)
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise ValueError(f"`max_retries` must be an integer >= 0. Received: max_retries={max_retries!r}")
-        self.max_retries = max_retries
-        self.retry_timeout = float(retry_timeout)
-        self.min_workers = _positive_int("min_workers", min_workers)
-        if self.min_workers > self.num_workers:
-            raise ValueError(f"`min_workers` must be <= num_workers={self.num_workers}. Received: "
-                             f"min_workers={min_workers}")
-        self.checkpoint_dir = checkpoint_dir
-        self.checkpoint_every = _positive_int("checkpoint_every", checkpoint_every)
-        self.on_update = on_update
-        self.gpus_per_worker = check_gpus_per_worker(gpus_per_worker)
-        self.verbose = bool(verbose)
-        self.check_data = bool(check_data)
-        self.share_epochs = bool(share_epochs)
-        self.mlflow = bool(mlflow)
-        self.checkpoint_keep = _positive_int("checkpoint_keep", checkpoint_keep)
-        self.tls = bool(tls)
-        self.frame_mac = check_frame_mac(frame_mac)
-        self.history_size = _positive_int("history_size", history_size)
-        if feed not in FEEDS:
-            raise ValueError(f"`feed` must be one of {', '.join(map(repr, FEEDS))}. Received: feed={feed!r}")
-        self.feed = feed
-        if shard_budget_mb is not None and (isinstance(shard_budget_mb, bool) or
-                                            not isinstance(shard_budget_mb, (int, float)) or shard_budget_mb <= 0):
-            raise ValueError(f"`shard_budget_mb` must be a number > 0 or None. Received: "
-                             f"shard_budget_mb={shard_budget_mb!r}")
-        self.shard_budget_mb = shard_budget_mb
-        self.on_epoch_end = on_epoch_end
-        self.overlap = bool(overlap)
-        if self.overlap and not overlappable(self.algorithm):
-            raise ValueError(f"`overlap=True` needs a delta rule with a window (downpour, adag, dynsgd). Received: "
-                             f"{self.algorithm.describe()}. Fix: use one of those rules or overlap=False.")
+        #: The checked options (``trainer.options.FitOptions``), also readable as attributes: ``trainer.epochs``.
+        self.options = FitOptions.of("Trainer", options)
+        vars(self).update(vars(self.options))
 
     # -- fit -------------------------------------------------------------------
     def fit(self, df, resume_from: str | os.PathLike | None = None, *, validation: Any = None,
@@ -295,3 +198,7 @@ class Trainer:
             return drive_fit(self, df, resume_from, validation, callbacks, None)
         with RunLogger(run_name=f"trainer {self.algorithm.name} x{self.num_workers}") as run:
             return drive_fit(self, df, resume_from, validation, callbacks, run)
+
+
+# help(Trainer) and notebooks show the keyword arguments with their defaults (declared in FitOptions).
+Trainer.__init__.__signature__ = FitOptions.signature(("self", "model"))  # type: ignore[attr-defined]

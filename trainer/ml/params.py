@@ -9,6 +9,7 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol
 
 from trainer.algorithms import ALGORITHMS, Algorithm, get_algorithm
+from trainer.options import FitOptions
 
 
 def algorithm_to_json(value: str | Algorithm) -> dict[str, Any]:
@@ -71,8 +72,10 @@ class KerasEstimatorParams(KerasParams):
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(algorithm="downpour", numWorkers=2, epochs=1, batchSize=32, validationSplit=0.0, mlflow=False,
-                         seed=0)
+        default = FitOptions.default  # one source of the defaults: trainer.options
+        self._setDefault(algorithm=default("algorithm"), numWorkers=default("num_workers"), epochs=default("epochs"),
+                         batchSize=default("batch_size"), validationSplit=0.0, mlflow=default("mlflow"),
+                         seed=default("seed"))
 
 
 for _name in ("model", "algorithm", "numWorkers", "epochs", "batchSize", "validationCol", "validationSplit", "mlflow",

@@ -29,7 +29,6 @@ import dataclasses
 import functools
 import json
 import logging
-import os
 import time
 from typing import Any, Callable, Sequence
 
@@ -38,6 +37,7 @@ import numpy as np
 from trainer.data.validate import model_io, prepare_frame, resolve_input_shape
 from trainer.data.validation import split_validation, tag_validation, validation_frame
 from trainer.errors import SelectionError
+from trainer.options import SelectionOptions
 from trainer.runtime.arrow import arrow_to_numpy
 from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
@@ -50,9 +50,8 @@ from trainer.selection.search import Config, Search
 from trainer.selection.task import RESULT_DDL, TaskConfig, TaskSpec, canonical_order, selection_task
 from trainer.spark.connect import share_with_tasks
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
-from trainer.spark.resources import check_gpus_per_worker, stage_profile
+from trainer.spark.resources import stage_profile
 from trainer.tracking import RunLogger, SearchLogger
-from trainer.transport.session import check_frame_mac
 from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret
 
@@ -106,13 +105,7 @@ class ModelSelector:
     """
 
     def __init__(self, model_fn: Callable[[dict[str, Any]], Any], search: Search, *, strategy: str = "mop",
-                 num_workers: int = 2, features_col: str | list[str] = "features", label_col: str = "label",
-                 checkpoint_dir: str | os.PathLike | None = None, seed: int = 0,
-                 custom_objects: dict[str, Any] | None = None, eval_batch_size: int = 256,
-                 ps_host: str | None = None, ps_port: int | None = None, ps_bind_host: str | None = None,
-                 io_timeout: float = 3600.0, slot_timeout: float = 10.0, max_retries: int = 2,
-                 check_data: bool = True, gpus_per_worker: int = 0, verbose: bool = True,
-                 mlflow: bool = False, tls: bool = False, frame_mac: bool | str = True) -> None:  # fmt: skip
+                 **options: Any) -> None:
         if not callable(model_fn):
             raise SelectionError(
                 f"model_fn must be a function params -> compiled keras.Model. Received {type(model_fn).__name__}. "
@@ -125,38 +118,17 @@ class ModelSelector:
             )
         if strategy not in STRATEGIES:
             raise SelectionError(f"Unknown strategy {strategy!r}. Expected one of: {', '.join(STRATEGIES)}.")
-        for name, value in (("num_workers", num_workers), ("eval_batch_size", eval_batch_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise SelectionError(f"`{name}` must be a positive int. Received {name}={value!r}.")
-        if strategy == "sequential" and num_workers != 1:
+        #: The checked options (``trainer.options.SelectionOptions``), also readable as attributes.
+        self.options = SelectionOptions.of("ModelSelector", options)
+        if strategy == "sequential" and self.options.num_workers != 1:
             raise SelectionError(
-                f"strategy='sequential' trains on one worker. Received num_workers={num_workers}. "
+                f"strategy='sequential' trains on one worker. Received num_workers={self.options.num_workers}. "
                 "Fix: pass num_workers=1, or strategy='task_parallel' for several workers."
             )
-        if isinstance(max_retries, bool) or not isinstance(max_retries, int) or max_retries < 0:
-            raise SelectionError(f"`max_retries` must be an int >= 0. Received max_retries={max_retries!r}.")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise SelectionError(f"`seed` must be an int. Received seed={seed!r}.")
+        vars(self).update(vars(self.options))
         self.model_fn = model_fn
         self.search = search
         self.strategy = strategy
-        self.num_workers = num_workers
-        self.features_col = features_col
-        self.label_col = label_col
-        self.checkpoint_dir = checkpoint_dir
-        self.seed = seed
-        self.custom_objects = custom_objects
-        self.eval_batch_size = eval_batch_size
-        self.ps_host, self.ps_port, self.ps_bind_host = ps_host, ps_port, ps_bind_host
-        self.io_timeout = float(io_timeout)
-        self.slot_timeout = float(slot_timeout)
-        self.max_retries = max_retries
-        self.check_data = bool(check_data)
-        self.gpus_per_worker = check_gpus_per_worker(gpus_per_worker)
-        self.verbose = bool(verbose)
-        self.mlflow = bool(mlflow)
-        self.tls = bool(tls)
-        self.frame_mac = check_frame_mac(frame_mac)
         #: Set to True (e.g. from a SelectionCallback) to stop the running search gracefully.
         self.stop_search = False
         self._used = False
@@ -363,3 +335,8 @@ def _collect_numpy(frame, spec) -> tuple[np.ndarray, np.ndarray]:
     """The whole (prepared) frame on the driver as flat numpy arrays (through Arrow), in canonical row order."""
     table = frame.toArrow()
     return canonical_order(*arrow_to_numpy(iter(table.to_batches()), (spec.feature_size,), spec.label_size))
+
+
+# help(ModelSelector) shows the keyword arguments with their defaults (declared in SelectionOptions).
+ModelSelector.__init__.__signature__ = SelectionOptions.signature(  # type: ignore[attr-defined]
+    ("self", "model_fn", "search"), strategy="mop")
