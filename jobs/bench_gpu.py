@@ -9,7 +9,7 @@ the Keras backend(s) given, each set-up in fresh processes
 
 * ``plain``: ``model.fit`` on the whole training set, one process;
 * ``workers=N``: N worker processes running the task loop's callback
-  (``trainer.runtime.sync.make_sync_callback``) on 1/N of the rows each,
+  (``trainer.runtime.ps_worker.exchange.make_sync_callback``) on 1/N of the rows each,
   sharing the machine's device(s), and a real ``ParameterServer`` in a
   process of its own, with the Trainer's default rule (DOWNPOUR, automatic
   window) unless --window says otherwise; ``overlap`` rows commit in the

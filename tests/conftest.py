@@ -27,8 +27,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trainer.process_env import prepare_process
 from trainer.spark.local_cluster import LocalCluster
 
+# The test process is a driver: quiet TensorFlow and GPU memory on demand, as a session sets them
+# (`import trainer` no longer does; tests/test_verbosity.py checks that in a fresh process).
+prepare_process()
 
 # --------------------------------------------------------------------------- Spark
 

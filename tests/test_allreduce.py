@@ -27,7 +27,7 @@ from spark_processes import executor_pids
 from trainer import Trainer
 from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, get_algorithm
 from trainer.fit.plan import plan_fit
-from trainer.runtime.arrow import pad_shard
+from trainer.runtime.feeding.arrow import pad_shard
 from trainer.runtime.collective.loop import CollectiveJob, epoch_order
 from trainer.runtime.collective.task import equal_rows, reserve_port, start_process, wait_process
 

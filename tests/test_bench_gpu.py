@@ -29,8 +29,8 @@ _BLOCKER = textwrap.dedent("""
     sys.argv = sys.argv[2:]
 """)
 
-WORKER_MODULES = ["trainer.runtime.worker", "trainer.runtime.sync", "trainer.runtime.feed", "trainer.runtime.shard",
-                  "trainer.runtime.backends", "trainer.runtime.cadence", "trainer.runtime.process", "trainer.ps",
+WORKER_MODULES = ["trainer.runtime.ps_worker.task", "trainer.runtime.ps_worker.exchange", "trainer.runtime.feeding.feed", "trainer.runtime.feeding.shard",
+                  "trainer.runtime.backends", "trainer.runtime.ps_worker.cadence", "trainer.runtime.process", "trainer.ps",
                   "trainer.algorithms", "trainer.fit.progress", "trainer_jobs.bench_gpu", "trainer_jobs.support.overhead"]
 
 

@@ -1,4 +1,4 @@
-"""When a worker exchanges (trainer.runtime.cadence) and which cores a task claims (trainer.runtime.cores): pure
+"""When a worker exchanges (trainer.runtime.ps_worker.cadence) and which cores a task claims (trainer.runtime.cores): pure
 logic and real processes, no Spark."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from trainer.algorithms import ADAG, DOWNPOUR, DynSGD, SyncAveraging, get_algorithm
 from trainer.algorithms.base import AlgorithmConfigError
 from trainer.runtime import cores
-from trainer.runtime.cadence import MIN_WINDOW, Cadence, max_auto_window
+from trainer.runtime.ps_worker.cadence import MIN_WINDOW, Cadence, max_auto_window
 
 
 def test_a_fixed_window_is_due_every_window_batches_and_never_moves():

@@ -6,7 +6,7 @@ import keras
 import numpy as np
 import pytest
 
-from trainer.runtime.feed import ShardFeed
+from trainer.runtime.feeding.feed import ShardFeed
 
 
 def _rows(x: np.ndarray, y: np.ndarray, batch_size: int, **kwargs) -> list[list[int]]:

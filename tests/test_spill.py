@@ -19,9 +19,9 @@ import pyarrow as pa
 import pytest
 
 from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
-from trainer.runtime.shard import MemoryShard, SpilledShard, receive_shard, shard_budget
-from trainer.runtime.spill import Spill, spill_directory
-from trainer.runtime.stream import StreamFeed
+from trainer.runtime.feeding.shard import MemoryShard, SpilledShard, receive_shard, shard_budget
+from trainer.runtime.feeding.spill import Spill, spill_directory
+from trainer.runtime.feeding.stream import StreamFeed
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -203,10 +203,10 @@ def test_peak_rss_can_be_reset():
 RSS_PROBE = textwrap.dedent("""
     import json, sys
     import numpy as np
-    from trainer.runtime.arrow import arrow_to_numpy
+    from trainer.runtime.feeding.arrow import arrow_to_numpy
     from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss, rss_bytes
-    from trainer.runtime.spill import Spill
-    from trainer.runtime.stream import StreamFeed
+    from trainer.runtime.feeding.spill import Spill
+    from trainer.runtime.feeding.stream import StreamFeed
 
     mode, directory = sys.argv[1], sys.argv[2]
     width, rows, per_batch = 784, 100_000, 2_000  # 314 MB of float32 samples

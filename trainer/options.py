@@ -30,7 +30,7 @@ from trainer.algorithms.delta import overlappable
 from trainer.errors import OptionError
 from trainer.ps.layout import check_shards
 from trainer.ps.records import DEFAULT_HISTORY_SIZE
-from trainer.runtime.shard import FEEDS
+from trainer.runtime.feeding.shard import FEEDS
 from trainer.spark.resources import check_gpus_per_worker
 from trainer.transport.session import check_frame_mac
 

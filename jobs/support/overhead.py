@@ -12,7 +12,7 @@ fresh process with one TensorFlow thread (as a Spark task with one core):
   exchange at all: what N processes training side by side cost each other on
   this machine's cores, caches and memory (the ceiling of ``workers=N``);
 * ``workers=N``: N workers running the real task loop's callback
-  (``trainer.runtime.sync.make_sync_callback``: an exchange with a real
+  (``trainer.runtime.ps_worker.exchange.make_sync_callback``: an exchange with a real
   parameter server every `window` batches), each on 1/N of the rows, with the
   server in a separate process as in the driver; the server process reports
   its CPU seconds (the cores it takes from the workers).
@@ -85,7 +85,7 @@ def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, se
     limit_keras_threads(threads, backend)
     import keras  # deferred: after the thread settings
 
-    from trainer.runtime.feed import ShardFeed
+    from trainer.runtime.feeding.feed import ShardFeed
 
     keras.utils.set_random_seed(seed)
     model = builder()
@@ -128,9 +128,9 @@ def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int,
     import keras  # deferred: after the thread settings
 
     from trainer.ps.client import PSClient
-    from trainer.runtime.feed import ShardFeed
+    from trainer.runtime.feeding.feed import ShardFeed
     from trainer.runtime.state import load_state
-    from trainer.runtime.sync import make_sync_callback
+    from trainer.runtime.ps_worker.exchange import make_sync_callback
 
     keras.utils.set_random_seed(seed + worker)
     model = builder()

@@ -35,7 +35,7 @@ server side (runs in the parameter server thread of the driver)
 ``window`` is the number of minibatches between two exchanges, ``None``
 for one exchange at the end of every epoch, or ``"auto"`` (rules with
 ``auto_window``: DOWNPOUR, DynSGD) for a window the worker sizes from the
-measured step and exchange times (``trainer.runtime.cadence``). Every worker also makes one last
+measured step and exchange times (``trainer.runtime.ps_worker.cadence``). Every worker also makes one last
 exchange at the end of training if batches are left since its last one.
 
 Copies. A rule never modifies the arrays it is given, and nobody modifies the
@@ -63,7 +63,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 Arrays = list[np.ndarray]
-#: The window a worker sizes itself from the measured step and exchange times (``trainer.runtime.cadence``).
+#: The window a worker sizes itself from the measured step and exchange times (``trainer.runtime.ps_worker.cadence``).
 AUTO = "auto"
 #: Each shard's pieces of the model: ``(tensor index, first flat element, end)``.
 Layout = Sequence[Sequence[tuple[int, int, int]]]

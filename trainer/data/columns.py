@@ -1,5 +1,5 @@
 """The column names of the two-column frame a training stage reads (no pyspark here: the worker side
-imports them too, `trainer.runtime.arrow` and `trainer.runtime.spill`)."""
+imports them too, `trainer.runtime.feeding.arrow` and `trainer.runtime.feeding.spill`)."""
 
 FEATURES = "features"
 LABEL = "label"

@@ -7,7 +7,7 @@
 * `tag_validation` unions training and validation rows with a flag column
   (`VALIDATION_FLAG`), so that ONE barrier stage deals both into every
   worker's shard: each task validates on its own share of the validation
-  rows, on the executors (``trainer.runtime.arrow.split_shard`` takes the
+  rows, on the executors (``trainer.runtime.feeding.arrow.split_shard`` takes the
   shard apart again);
 * `weighted_mean` / `weighted_metrics` turn per-worker (per-shard) logs into
   one value per metric: training metrics weighted by training rows,

@@ -5,7 +5,7 @@ callbacks and builds the history the same way for every kind; a kind says
 only the rest:
 
 * `ParameterServerFit` (every rule but all-reduce): N long-lived worker
-  tasks (``trainer.runtime.worker``) commit to the parameter server, which
+  tasks (``trainer.runtime.ps_worker.task``) commit to the parameter server, which
   holds the center and hears from every worker (`reporters` = N). A retry may
   continue on fewer workers (`min_workers`): the server is resized.
 * `CollectiveFit` (``AllReduce``): N tasks all-reduce every step's gradients
@@ -29,7 +29,7 @@ from trainer.ps.server import ParameterServer
 from trainer.ps.shards import ShardedParameterServer
 from trainer.runtime.collective.task import CollectiveConfig, train_collective_partition
 from trainer.runtime.shipping import PickledSource
-from trainer.runtime.worker import WorkerConfig, train_partition
+from trainer.runtime.ps_worker.task import WorkerConfig, train_partition
 from trainer.spark.launch import RetryPolicy
 
 

@@ -13,7 +13,7 @@ import time
 from typing import Any, Callable
 
 from trainer.errors import TrainingFailedError
-from trainer.runtime.worker import RESULT_DDL
+from trainer.runtime.ps_worker.task import RESULT_DDL
 from trainer.spark.launch import RetryPolicy, run_stage_with_retries
 
 

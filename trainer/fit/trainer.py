@@ -19,7 +19,7 @@ executors (``max_retries``; a retry waits `retry_timeout` seconds for the lost
 slots, then continues on the slots left, down to `min_workers`; retried workers
 resume from the server's current weights at the first epoch not every worker
 finished). What runs in the tasks depends on the rule (``trainer.fit.kinds``):
-the parameter-server worker (``trainer.runtime.worker``), or for `AllReduce`
+the parameter-server worker (``trainer.runtime.ps_worker.task``), or for `AllReduce`
 the backend's collective loop. The tasks' records come back once and become
 the `TrainingHistory`. The server always stops (also on error or Ctrl-C).
 
@@ -139,7 +139,7 @@ class Trainer:
             directory, read one block at a time through a bounded shuffle
             buffer: the worker's memory does not grow with the shard) or
             ``"auto"`` (in memory unless the shard's Arrow size exceeds
-            `shard_budget_mb`); see ``trainer.runtime.shard``.
+            `shard_budget_mb`); see ``trainer.runtime.feeding.shard``.
         shard_budget_mb: Float or None. The largest shard (Arrow MB) that
             ``feed="auto"`` holds in memory; default a quarter of
             ``spark.executor.pyspark.memory`` per task when set, else a quarter

@@ -19,7 +19,7 @@ workers commit over TCP:
   the minibatches that the workers of an attempt report for each epoch
   (COMMIT meta ``"batches"``) and returns the running total as
   ``"epoch_batches"``: workers use it to end an epoch together when they
-  share its work (see ``trainer.runtime.worker``);
+  share its work (see ``trainer.runtime.ps_worker.task``);
 * synchronous rules: a round barrier waits until every worker has committed
   and the last arriving thread runs ``server_round`` (``trainer.ps.rounds``).
 

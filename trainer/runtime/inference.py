@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 import pyarrow as pa
 
-from trainer.runtime.arrow import arrow_to_numpy
+from trainer.runtime.feeding.arrow import arrow_to_numpy
 from trainer.runtime.process import setup_task
 from trainer.runtime.shipping import ModelPackage, cached_model
 

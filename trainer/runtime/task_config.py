@@ -1,6 +1,6 @@
 """What every training task gets from the driver, whatever its kind; serialized into the Spark task closure.
 
-`TaskConfig` holds the fields the parameter-server worker (``trainer.runtime.worker.WorkerConfig``) and the
+`TaskConfig` holds the fields the parameter-server worker (``trainer.runtime.ps_worker.task.WorkerConfig``) and the
 collective task (``trainer.runtime.collective.task.CollectiveConfig``) share; each adds its own. Keyword-only,
 so a kind's required fields may follow the shared defaults.
 """
@@ -29,6 +29,6 @@ class TaskConfig:
     keras_backend: str = "tensorflow"
     env: dict[str, str] = field(default_factory=dict)
     validation_batch_size: int = 256
-    feed: str = "auto"  # how the shard is held: trainer.runtime.shard
+    feed: str = "auto"  # how the shard is held: trainer.runtime.feeding.shard
     shard_budget: int | None = None  # bytes; None: derived from task_memory or the worker's limit
     task_memory: int | None = None  # spark.executor.memory per task slot, in bytes, if known

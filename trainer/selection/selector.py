@@ -38,7 +38,7 @@ from trainer.data.validate import model_io, prepare_frame, resolve_input_shape
 from trainer.data.validation import split_validation, tag_validation, validation_frame
 from trainer.errors import SelectionError
 from trainer.options import SelectionOptions
-from trainer.runtime.arrow import arrow_to_numpy
+from trainer.runtime.feeding.arrow import arrow_to_numpy
 from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
 from trainer.selection.callbacks import MlflowSelectionCallback, SelectionCallback

@@ -46,8 +46,8 @@ import pyarrow as pa
 from pyspark import BarrierTaskContext
 
 from trainer.data.columns import VALIDATION_FLAG
-from trainer.runtime.arrow import split_shard
-from trainer.runtime.feed import ShardFeed
+from trainer.runtime.feeding.arrow import split_shard
+from trainer.runtime.feeding.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
 from trainer.runtime.process import setup_barrier_task
 from trainer.runtime.state import load_state, model_state, optimizer_of

@@ -3,9 +3,9 @@
 `train_collective_partition` is the function given to
 ``mapInArrow(barrier=True)`` when the rule is collective
 (``trainer.algorithms.allreduce``); the parameter-server rules run
-``trainer.runtime.worker`` instead. One task:
+``trainer.runtime.ps_worker.task`` instead. One task:
 
-1. receives its shard (in memory or spilled, ``trainer.runtime.shard``) and
+1. receives its shard (in memory or spilled, ``trainer.runtime.feeding.shard``) and
    its validation rows;
 2. shares with the other tasks, in ONE ``BarrierTaskContext.allGather``, its
    rows and a free port of its host: each task's host (``getTaskInfos()``,
@@ -47,12 +47,12 @@ import numpy as np
 import pyarrow as pa
 
 from trainer.algorithms.allreduce import LR_SCALING
-from trainer.runtime.arrow import ValidationRows
+from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.collective.loop import JOB_FILE, RECORD_FILE, STDERR_FILE, CollectiveJob
 from trainer.runtime.process import task_resources
-from trainer.runtime.shard import receive_shard, shard_budget
+from trainer.runtime.feeding.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource, PickledSource
-from trainer.runtime.spill import spill_directory
+from trainer.runtime.feeding.spill import spill_directory
 from trainer.runtime.task_config import TaskConfig
 
 RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])

@@ -59,7 +59,7 @@ def split_shard(batches: Iterator[pa.RecordBatch], input_shape: tuple[int, ...],
 class ValidationRows:
     """Passes the training rows of a stream of record batches on, batch by batch, and keeps the
     validation rows (the flag column set) aside: the validation set is held in memory (it is the
-    small part), the training rows can go to a spill file (``trainer.runtime.shard``)."""
+    small part), the training rows can go to a spill file (``trainer.runtime.feeding.shard``)."""
 
     def __init__(self, batches: Iterator[pa.RecordBatch]) -> None:
         self._batches = batches

@@ -1,8 +1,8 @@
 """Minibatches for ``model.fit`` streamed from a worker's spill file, through a bounded shuffle buffer.
 
-The out-of-core counterpart of `trainer.runtime.feed.ShardFeed`, with the same
+The out-of-core counterpart of `trainer.runtime.feeding.feed.ShardFeed`, with the same
 ``fit_kwargs`` interface. Every pass (every ``fit`` call, or every new
-iterator of its dataset) reads the spill file (`trainer.runtime.spill`) once:
+iterator of its dataset) reads the spill file (`trainer.runtime.feeding.spill`) once:
 
 1. the order of the file's blocks (about 1 MB each) is shuffled;
 2. blocks in that order fill a buffer of about `BUFFER_BYTES`, which is
@@ -32,7 +32,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from trainer.runtime.spill import Spill
+from trainer.runtime.feeding.spill import Spill
 
 BUFFER_BYTES = 16 << 20  # the shuffle buffer: about 16 MB of samples
 

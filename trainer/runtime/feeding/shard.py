@@ -3,9 +3,9 @@
 `receive_shard` reads the task's Arrow record batches once and decides how
 to hold them (``Trainer(feed=...)``):
 
-* ``"memory"``: numpy arrays, fed by `trainer.runtime.feed.ShardFeed`;
+* ``"memory"``: numpy arrays, fed by `trainer.runtime.feeding.feed.ShardFeed`;
 * ``"stream"``: a spill file in the executor's local directory
-  (`trainer.runtime.spill`), fed by `trainer.runtime.stream.StreamFeed`;
+  (`trainer.runtime.feeding.spill`), fed by `trainer.runtime.feeding.stream.StreamFeed`;
 * ``"auto"`` (the default): the batches are held in memory while their Arrow
   size stays within `budget` bytes; the first batch past it sends the
   batches held so far and all the following ones to a spill file. Small
@@ -32,11 +32,11 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from trainer.runtime.arrow import arrow_to_numpy, pad_shard
-from trainer.runtime.feed import ShardFeed
+from trainer.runtime.feeding.arrow import arrow_to_numpy, pad_shard
+from trainer.runtime.feeding.feed import ShardFeed
 from trainer.runtime.memory import pyspark_memory_bytes
-from trainer.runtime.spill import Spill
-from trainer.runtime.stream import StreamFeed
+from trainer.runtime.feeding.spill import Spill
+from trainer.runtime.feeding.stream import StreamFeed
 
 FEEDS = ("auto", "memory", "stream")
 MEMORY_FACTOR = 4  # the in-memory path's peak holds the shard about this many times

@@ -2,12 +2,12 @@
 
 `train_partition` runs inside a Python worker of an executor. It receives its
 shard as Arrow record batches and holds it in memory, or streams a large one
-through a local spill file (`trainer.runtime.shard`), builds the Keras model
+through a local spill file (`trainer.runtime.feeding.shard`), builds the Keras model
 once, pulls the center weights from the parameter server (from each of its
 shards, see `trainer.ps.shard_client`), and trains with
-plain ``model.fit`` on a single-threaded input pipeline (`trainer.runtime.feed`
-or `trainer.runtime.stream`). The ``ParameterServerSync`` Keras callback
-(`trainer.runtime.sync`) does the exchange every ``window`` batches, at
+plain ``model.fit`` on a single-threaded input pipeline (`trainer.runtime.feeding.feed`
+or `trainer.runtime.feeding.stream`). The ``ParameterServerSync`` Keras callback
+(`trainer.runtime.ps_worker.exchange`) does the exchange every ``window`` batches, at
 every epoch end, or on a window sized by time, through the algorithm's pure
 worker rules. It yields one Arrow record with the worker's history.
 
@@ -47,13 +47,13 @@ import pyarrow as pa
 
 from trainer.algorithms import Algorithm
 from trainer.ps.shard_client import connect_ps
-from trainer.runtime.arrow import ValidationRows
+from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
 from trainer.runtime.process import setup_barrier_task
-from trainer.runtime.shard import receive_shard, shard_budget
+from trainer.runtime.feeding.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource
 from trainer.runtime.state import load_state
-from trainer.runtime.sync import make_sync_callback
+from trainer.runtime.ps_worker.exchange import make_sync_callback
 from trainer.runtime.task_config import TaskConfig
 
 RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])
@@ -86,7 +86,7 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
     devices = setup_barrier_task(ctx, config.keras_backend, config.env)
     reset_peak_rss()
 
-    # In memory, or streamed from a local spill file when the shard is large (trainer.runtime.shard);
+    # In memory, or streamed from a local spill file when the shard is large (trainer.runtime.feeding.shard);
     # validation rows (if any) are kept aside in memory.
     rows = ValidationRows(batches)
     shard = receive_shard(iter(rows), config.input_shape, config.label_size, feed=config.feed,
