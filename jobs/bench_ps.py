@@ -45,7 +45,7 @@ import sys
 from pathlib import Path
 
 import trainer.algorithms as algorithms
-from trainer.transport.session import MAC_ALGORITHMS
+from trainer.transport.frame_auth import MAC_ALGORITHMS
 from trainer_jobs.support.ps_bench import (REPLIES, frame_bytes, measure_echo, measure_ps, measure_raw, model_layout,
                                            rule_seconds)
 from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata

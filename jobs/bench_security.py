@@ -3,7 +3,7 @@
 1. The MAC: MB/s of each option (Poly1305 with a one-time key per frame, the
    default; HMAC-SHA256, keyed BLAKE2b, and for reference HMAC-SHA512 and
    keyed BLAKE2s) over frames of 4, 16 and 40 MB, fed buffer by buffer as
-   ``trainer.transport.session`` does.
+   ``trainer.transport.frame_auth`` does.
 2. One update: a DOWNPOUR COMMIT of one million float32 (the size of the MNIST
    CNN, 4.2 MB) and its 4.2 MB reply, between a real ParameterServer and
    PSClient over loopback, --updates times per mode.
@@ -41,7 +41,7 @@ from trainer import Trainer
 from trainer.data.prep import scale_pixels
 from trainer.lr_schedules import planned_steps
 from trainer.ps import ParameterServer, PSClient
-from trainer.transport.session import OneTimePoly1305
+from trainer.transport.frame_auth import OneTimePoly1305
 from trainer.transport.wire import new_secret
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.cli import add_verbose_arg, algorithm_from_args, positive_int, start_logging

@@ -16,7 +16,7 @@ import numpy as np
 
 from trainer.ps import ParameterServer, PSClient
 from trainer.transport.handshake import client_handshake
-from trainer.transport.session import Channel
+from trainer.transport.frame_auth import Channel
 from trainer.transport.wire import new_secret
 
 SECRET = new_secret()

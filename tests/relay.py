@@ -23,7 +23,7 @@ import threading
 
 import numpy as np
 
-from trainer.transport.session import TRAILER
+from trainer.transport.frame_auth import TRAILER
 from trainer.transport.wire import HEADER, MAGIC, Msg, encode
 
 ATTACKS = (None, "flip", "inject", "replay")

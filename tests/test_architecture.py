@@ -155,3 +155,33 @@ def test_notebooks_and_docs_import_what_the_package_has():
                 missing.append(f"{where}: {module} has no {name}")
     assert _trainer_imports_in_user_facing_code(), "found no examples: the pattern is broken"
     assert not missing, "\n".join(missing)
+
+
+def test_every_module_path_the_readme_and_docs_name_exists():
+    # Users copy the paths the pages name (``trainer.lr_schedules.warmup_cosine``); a moved module must fail
+    # here. A history row of docs/testing.md that names an old path says so with "imported".
+    import importlib
+    import re
+
+    missing, checked = [], set()
+    for page in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]:
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if "imported `trainer." in line or "tagged trainer." in line:
+                continue
+            for name in set(re.findall(r"(?<![\w/.])(trainer(?:\.[A-Za-z_]\w*)+)", line)):
+                if name.endswith(".py"):
+                    continue
+                checked.add(name)
+                parts = name.split(".")
+                for cut in range(len(parts), 0, -1):
+                    try:
+                        found = importlib.import_module(".".join(parts[:cut]))
+                        break
+                    except ImportError:
+                        continue
+                for attribute in parts[cut:]:
+                    found = getattr(found, attribute, None)
+                if found is None:
+                    missing.append(f"{page.relative_to(REPO)}: {name}")
+    assert len(checked) > 50, sorted(checked)  # the pattern still finds the pages' paths
+    assert not missing, "\n".join(sorted(set(missing)))

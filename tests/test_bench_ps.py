@@ -47,7 +47,7 @@ def test_rows_put_the_authenticated_echo_between_raw_and_the_server():
 def test_the_authenticated_echo_drops_a_peer_without_its_key():
     import socket
 
-    from trainer.transport.session import Channel
+    from trainer.transport.frame_auth import Channel
     from trainer.transport.wire import ConnectionClosed, IntegrityError, RecvBuffer, new_secret
     from trainer_jobs.support.ps_bench import _AuthenticatedEcho, _frames
 

@@ -21,7 +21,7 @@ from trainer.fit.progress import TrainingProgress
 from trainer.ps import ParameterServer, PSClient
 from trainer.ps.records import UpdateLog, UpdateRecord
 from trainer.transport.handshake import client_handshake
-from trainer.transport.session import TRAILER, frame_tag
+from trainer.transport.frame_auth import TRAILER, frame_tag
 from trainer.transport.wire import Msg, encode, new_secret
 
 SECRET = new_secret()

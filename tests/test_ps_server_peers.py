@@ -13,7 +13,7 @@ from ps_fakes import (
 )
 
 from trainer.ps import PSClient
-from trainer.transport.session import TRAILER
+from trainer.transport.frame_auth import TRAILER
 from trainer.transport.wire import HEADER, MAGIC, AuthenticationError, Msg, ServerBusy, new_secret, read_frame
 
 

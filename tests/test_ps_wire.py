@@ -421,7 +421,7 @@ def test_recv_buffer_is_reused_and_recv_pool_only_once_nothing_of_a_frame_is_ali
 @pytest.mark.timeout(30)
 @pytest.mark.parametrize("into", [None, "buffer", "pool"])
 def test_received_bodies_start_aligned_whatever_the_meta_length(into):
-    from trainer.transport.session import Channel
+    from trainer.transport.frame_auth import Channel
     from trainer.transport.wire import BODY_ALIGN, RecvBuffer, RecvPool
 
     arrays = [np.arange(1000, dtype="f4"), np.arange(7, dtype="f8")]

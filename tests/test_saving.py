@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 
 from trainer import ADAG, SyncAveraging, Trainer
-from trainer.data.validate import DataSpec
+from trainer.data.checks import DataSpec
 from trainer.fit.fitted import CUSTOM_OBJECTS_FILE, ENTRY_PREFIX, FittedModel, TrainingHistory
 
 REPO = Path(__file__).resolve().parents[1]

@@ -28,7 +28,7 @@ from trainer.selection import (
     CheckpointError, GridSearch, ModelSelector, SelectionCallback, SelectionError, SuccessiveHalving,
     TaskParallelScheduler, choice,
 )
-from trainer.selection.checkpoint import CheckpointStore
+from trainer.selection.search_checkpoints import CheckpointStore
 from trainer.selection.hopper import HopperClient, HopperServer
 from trainer.selection.driver import make_driver
 from trainer.selection.task import canonical_order

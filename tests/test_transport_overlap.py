@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from trainer.transport import libcrypto, overlap
-from trainer.transport.session import (
+from trainer.transport.frame_auth import (
     HEADER_SIZE, MAC_ALGORITHMS, OVERLAP_MIN, TRAILER, Channel, frame_tag, releases_gil,
 )
 from trainer.transport.wire import (

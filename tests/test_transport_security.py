@@ -21,7 +21,7 @@ from trainer.ps import ParameterServer, PSClient, RemoteError
 from trainer.selection.hopper import HopperClient, HopperServer
 from trainer.transport import tls as tls_module
 from trainer.transport.handshake import Credentials, proof, session_keys, transcript
-from trainer.transport.session import DEFAULT_MAC, MAC_ALGORITHMS, TRAILER, Channel
+from trainer.transport.frame_auth import DEFAULT_MAC, MAC_ALGORITHMS, TRAILER, Channel
 from trainer.transport.tls import TlsIdentity, TlsUnavailable
 from trainer.transport.wire import (
     HEADER, MAGIC, PROTOCOL_VERSION, AuthenticationError, ConnectionClosed, IntegrityError, Msg, TransportError,
@@ -355,7 +355,7 @@ def test_a_frame_is_checked_before_its_meta_is_parsed_and_in_sequence():
 def test_a_frame_larger_than_a_mac_piece_keeps_its_tag_and_a_flipped_byte_in_any_piece_is_caught(mac):
     """A large frame is hashed and sent piece by piece, and hashed as it arrives: the tag must be the one of
     the whole frame (peers of either kind agree), and the check must still cover every byte."""
-    from trainer.transport.session import MAC_PIECE, _pieces, frame_tag
+    from trainer.transport.frame_auth import MAC_PIECE, _pieces, frame_tag
     from trainer.transport.wire import encode
 
     arrays = [np.arange(3 * MAC_PIECE // 4, dtype="f4"), np.ones(7, "f8")]  # 3 MiB and a small one
@@ -395,7 +395,7 @@ def test_a_frame_larger_than_a_mac_piece_keeps_its_tag_and_a_flipped_byte_in_any
 
 def test_the_frame_mac_option_is_checked_before_any_cluster_work():
     from trainer import Trainer
-    from trainer.transport.session import check_frame_mac
+    from trainer.transport.frame_auth import check_frame_mac
 
     assert [check_frame_mac(v) for v in (True, False, 0, "poly1305", "hmac-sha256")] == \
         [True, False, False, "poly1305", "hmac-sha256"]
@@ -405,7 +405,7 @@ def test_the_frame_mac_option_is_checked_before_any_cluster_work():
 
 
 def test_without_cryptography_the_default_mac_says_what_to_install(monkeypatch):
-    from trainer.transport import session
+    from trainer.transport import frame_auth as session
 
     monkeypatch.setattr(session, "Poly1305", None)
     with pytest.raises(ValueError, match="needs the cryptography package.*frame_mac='hmac-sha256'"):

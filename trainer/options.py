@@ -32,7 +32,7 @@ from trainer.ps.layout import check_shards
 from trainer.ps.records import DEFAULT_HISTORY_SIZE
 from trainer.runtime.feeding.shard import FEEDS
 from trainer.spark.resources import check_gpus_per_worker
-from trainer.transport.session import check_frame_mac
+from trainer.transport.frame_auth import check_frame_mac
 
 
 def _fail(name: str, what: str, value: Any, fix: str = "") -> OptionError:

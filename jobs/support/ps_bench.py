@@ -38,7 +38,7 @@ import trainer.algorithms as algorithms
 import trainer.ps
 from trainer.ps import ParameterServer, PSClient
 import trainer.transport.wire as wire
-from trainer.transport.session import DEFAULT_MAC, Channel
+from trainer.transport.frame_auth import DEFAULT_MAC, Channel
 from trainer.transport.wire import Msg, RecvBuffer, TransportError, encode, frame_size, new_secret
 
 # The echo's sockets wait as the server's and the client's do after their handshake (older trees: a timeout).

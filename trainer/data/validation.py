@@ -24,7 +24,7 @@ from pyspark.sql import DataFrame
 from pyspark.sql import functions as F
 
 from trainer.data.columns import VALIDATION_FLAG
-from trainer.data.validate import DataSpec, prepare_frame
+from trainer.data.checks import DataSpec, prepare_frame
 from trainer.errors import DataValidationError
 
 

@@ -37,7 +37,7 @@ from trainer.lr_schedules import planned_steps
 from trainer.ps.epoch_end import EpochEnds
 from trainer.ps.server import uniform_progress
 from trainer.spark.launch import driver_addresses
-from trainer.spark.memory import task_memory_bytes
+from trainer.spark.task_memory import task_memory_bytes
 from trainer.tracking import epoch_logger, fit_params
 from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret

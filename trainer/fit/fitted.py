@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from pyspark import cloudpickle
 
-from trainer.data.validate import DataSpec, feature_column, model_io, prepare_frame, resolve_input_shape
+from trainer.data.checks import DataSpec, feature_column, model_io, prepare_frame, resolve_input_shape
 from trainer.data.validation import weighted_metrics
 from trainer.errors import TaskFailedError
 from trainer.runtime.inference import OUTCOME_DDL, evaluate_task, predict_function, probe_model, weighted_outcomes

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from trainer.algorithms import ADAG, Algorithm
-from trainer.data.validate import DataSpec, model_io, prepare_frame
+from trainer.data.checks import DataSpec, model_io, prepare_frame
 from trainer.data.validation import split_validation, tag_validation, validation_frame
 from trainer.errors import CheckpointError
 from trainer.fit.checkpoints import Checkpoint, load_checkpoint

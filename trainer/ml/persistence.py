@@ -20,7 +20,7 @@ from pyspark import cloudpickle
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, MLWritable, MLWriter
 from pyspark.sql import SparkSession
 
-from trainer.data.validate import DataSpec
+from trainer.data.checks import DataSpec
 from trainer.fit.fitted import FittedModel, TrainingHistory
 from trainer.runtime.shipping import load_keras_bytes, ship_by_value
 

@@ -27,7 +27,7 @@ Serving comes from ``trainer.transport.endpoint.AuthenticatedServer``: one accep
 thread and one daemon thread per connection; every socket has a timeout,
 ``handshake_timeout`` until the peer authenticated (mutual handshake, see
 ``trainer.transport.handshake``), then ``io_timeout``; every frame after the
-handshake carries a MAC (``trainer.transport.session``). A peer that misbehaves
+handshake carries a MAC (``trainer.transport.frame_auth``). A peer that misbehaves
 only loses its own connection.
 
 Update hygiene (``trainer.ps.hygiene``): a COMMIT with another model's arrays,

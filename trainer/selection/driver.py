@@ -25,7 +25,7 @@ from trainer.data.validation import weighted_mean
 from trainer.errors import SelectionError
 from trainer.selection.baseline import TaskParallelScheduler
 from trainer.selection.callbacks import SelectionCallback
-from trainer.selection.checkpoint import CheckpointStore
+from trainer.selection.search_checkpoints import CheckpointStore
 from trainer.selection.hopper import HopperRejected
 from trainer.selection.result import load_schedule
 from trainer.selection.scheduler import EpochDone, MopScheduler, ScheduledTask

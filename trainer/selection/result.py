@@ -19,7 +19,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from trainer.data.validate import DataSpec
+from trainer.data.checks import DataSpec
 from trainer.errors import SelectionError
 from trainer.fit.checkpoints import atomic_write_json
 from trainer.fit.fitted import FittedModel, TrainingHistory

@@ -34,7 +34,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from trainer.data.validate import model_io, prepare_frame, resolve_input_shape
+from trainer.data.checks import model_io, prepare_frame, resolve_input_shape
 from trainer.data.validation import split_validation, tag_validation, validation_frame
 from trainer.errors import SelectionError
 from trainer.options import SelectionOptions
@@ -42,7 +42,7 @@ from trainer.runtime.feeding.arrow import arrow_to_numpy
 from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
 from trainer.selection.callbacks import MlflowSelectionCallback, SelectionCallback
-from trainer.selection.checkpoint import CheckpointStore
+from trainer.selection.search_checkpoints import CheckpointStore
 from trainer.selection.driver import derive_seed, make_driver
 from trainer.selection.hopper import HopperServer
 from trainer.selection.result import SelectionResult, build_result

@@ -7,7 +7,7 @@ credentials carry a certificate fingerprint), runs the mutual handshake of
 the secret before it sends anything. A busy server (no free worker slot, or a
 flood of unauthenticated connections that pushed this one out) is tried again
 for ``connect_timeout`` seconds. Requests are blocking request/reply calls,
-every frame sealed and checked (:mod:`trainer.transport.session`); BYE on
+every frame sealed and checked (:mod:`trainer.transport.frame_auth`); BYE on
 close. Replies are received into a `~trainer.transport.wire.RecvPool`:
 a buffer is reused once nothing of an earlier reply in it is alive, so a
 client allocates (and zero-fills) no buffer per reply. The parameter
@@ -24,7 +24,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trainer.transport.handshake import Credentials, client_handshake
-from trainer.transport.session import Channel
+from trainer.transport.frame_auth import Channel
 from trainer.transport.tls import client_wrap
 from trainer.transport.wire import (
     ConnectionClosed,

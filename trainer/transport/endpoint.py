@@ -6,7 +6,7 @@ a socket pair on :meth:`~AuthenticatedServer.stop`), admission, one daemon
 thread per connection, the server side of the mutual handshake of
 :mod:`trainer.transport.handshake` (inside TLS when asked, see
 :mod:`trainer.transport.tls`), the read loop with its timeouts and the frame
-MACs of :mod:`trainer.transport.session`, byte counters and a stop that closes
+MACs of :mod:`trainer.transport.frame_auth`, byte counters and a stop that closes
 every socket and joins every thread. Subclasses answer the authenticated
 requests (``_dispatch``), may refuse a worker at the handshake
 (``_refuse_worker``) and learn when a connection ends (``_closed``).
@@ -36,7 +36,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from trainer.transport.handshake import Credentials, ServerHandshake
-from trainer.transport.session import DEFAULT_MAC, Channel, check_mac_algorithm
+from trainer.transport.frame_auth import DEFAULT_MAC, Channel, check_mac_algorithm
 from trainer.transport.tls import TlsIdentity, server_wrap
 from trainer.transport.wire import (
     AuthenticationError,

@@ -18,7 +18,7 @@ off) or the AUTH (another worker or attempt) makes the proofs disagree. The
 client checks the server's proof, and the MAC of the OK frame, before it sends
 anything else: a server that does not hold the secret never receives a
 request, so never receives weights. From then on every frame carries a MAC
-(:mod:`trainer.transport.session`).
+(:mod:`trainer.transport.frame_auth`).
 
 With TLS (:mod:`trainer.transport.tls`) this runs inside the TLS connection
 and the transcript also names the certificate the client pinned.
@@ -32,7 +32,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.transport.session import DEFAULT_MAC, Channel, check_mac_algorithm
+from trainer.transport.frame_auth import DEFAULT_MAC, Channel, check_mac_algorithm
 from trainer.transport.wire import (
     HEADER_SIZE,
     NONCE_SIZE,
@@ -65,7 +65,7 @@ class Credentials:
     Args:
         secret: Bytes. The per-run shared secret (``new_secret()``); never in reprs or logs.
         mac: String or None. The frame MAC algorithm the server uses
-            (``trainer.transport.session.MAC_ALGORITHMS``); None: frames carry no MAC.
+            (``trainer.transport.frame_auth.MAC_ALGORITHMS``); None: frames carry no MAC.
         tls_fingerprint: String or None. SHA-256 (hex) of the server's TLS certificate,
             which the client pins; None: no TLS.
     """

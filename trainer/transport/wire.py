@@ -32,7 +32,7 @@ misaligned float32 array through a copying loop, about 1.6x slower, and BLAS
 copies it first).
 
 Authentication and integrity live one level up: :mod:`trainer.transport.handshake`
-(mutual challenge/response, session keys) and :mod:`trainer.transport.session`
+(mutual challenge/response, session keys) and :mod:`trainer.transport.frame_auth`
 (a sequence number and a MAC after every frame once the handshake is done).
 Until a peer has authenticated, frames are limited to ``PREAUTH_MAX_BODY`` /
 ``PREAUTH_MAX_META`` bytes.

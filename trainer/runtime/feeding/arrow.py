@@ -1,4 +1,4 @@
-"""Arrow record batches (the two-column layout of ``trainer.data.validate``) to numpy arrays.
+"""Arrow record batches (the two-column layout of ``trainer.data.checks``) to numpy arrays.
 
 `split_shard` also takes apart a shard whose rows carry the validation flag of
 ``trainer.data.validation`` (model-selection tasks); `ValidationRows` does the same

@@ -1,7 +1,7 @@
 """A worker's shard on local disk: an Arrow IPC file written once, read back one block at a time.
 
 `Spill` receives the shard's Arrow record batches as Spark sends them (the
-two-column layout of ``trainer.data.validate``), re-cuts them into blocks of
+two-column layout of ``trainer.data.checks``), re-cuts them into blocks of
 about `BLOCK_BYTES` and appends them to ``shard.arrow`` in a directory of its
 own under the executor's local directory (`spill_directory`). Each block holds
 
