@@ -137,6 +137,7 @@ from trainer_jobs.support.cli import (
     positive_int,
     start_logging,
     trainer_options,
+    window_arg,
 )
 from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
 from trainer_jobs.support.report import (against_plain_keras, mape, markdown_table, metric_pivot, plot_speedup,
@@ -221,7 +222,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="single, sync, downpour, adag, easgd, aeasgd, dynsgd, or allreduce (gradients "
                              f"all-reduced every step, no --window) (default {ALGORITHM}: "
                              "averaging every --window batches)")
-    parser.add_argument("--window", type=positive_int, default=5, help="batches between exchanges (default 5)")
+    parser.add_argument("--window", type=window_arg, default=5,
+                        help="batches between exchanges, or auto (sized by time; DOWNPOUR, ADAG, DynSGD) (default 5)")
     parser.add_argument("--epochs", type=positive_int, default=4, help="epochs per run (default 4)")
     parser.add_argument("--max-epochs", type=positive_int, default=None,
                         help="epochs a run on N > 1 workers may train to reach the target MAPE; the rate is "
