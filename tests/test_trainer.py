@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import warnings
 
 import keras
 import numpy as np
@@ -229,6 +230,19 @@ def test_bad_arguments_are_named():
         Trainer(digits_model(), algorithm=SyncAveraging(every=4), overlap=True)
     with pytest.raises(ValueError, match="cannot be sharded"):
         Trainer(digits_model(), algorithm=SyncAveraging(average_optimizer_state=True), ps_shards=2)
+
+
+def test_adag_at_the_default_rate_of_one_process_is_warned_about():
+    from trainer.fit.plan import warn_slow_choice
+
+    model = digits_model(lr=1e-3)  # Adam at its default rate
+    with pytest.warns(UserWarning, match=r"ADAG divides every commit by its window \(5\).*raise the learning rate"):
+        warn_slow_choice(ADAG(window=5), model)
+    model.optimizer.learning_rate = 0.01  # raised for the window: no advice
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        warn_slow_choice(ADAG(window=5), model)
+        warn_slow_choice(DOWNPOUR(), digits_model())
 
 
 @pytest.mark.timeout(120)

@@ -72,7 +72,7 @@ def warn_slow_choice(algorithm: Algorithm, model) -> None:
             f"learning rate ({rate:g}), tuned for one Keras process, the center moves about 1/{rule.window} as far "
             "per batch and learns far slower than plain Keras. Fix: raise the learning rate about "
             f"{rule.window}x, or leave `algorithm` out (the default learns like plain Keras, docs/algorithms.md).",
-            UserWarning, stacklevel=4,
+            UserWarning, stacklevel=5,  # the user's call of fit (through plan_fit, drive_fit, Trainer.fit)
         )
 
 
