@@ -54,6 +54,11 @@ from trainer.tracking import RunLogger
 class Trainer:
     """Data-parallel training of a Keras 3 model on a Spark DataFrame.
 
+    Every keyword argument is an option declared, defaulted and checked once in
+    ``trainer.options.FitOptions``: a wrong value raises `OptionError` (a
+    ValueError) naming it, an unknown name a TypeError; the checked values
+    are `self.options` and the attributes of the same names.
+
     Args:
         model: a compiled ``keras.Model`` with a defined input shape, or a function
             with no arguments returning one (called once on the driver and once

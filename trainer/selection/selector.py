@@ -65,6 +65,10 @@ STRATEGIES = ("mop", "task_parallel", "sequential")
 class ModelSelector:
     """Train every configuration of a search on Spark and pick the best; see the module docstring.
 
+    The keyword arguments after `strategy` are options declared, defaulted and
+    checked once in ``trainer.options.SelectionOptions`` (shared with
+    ``Trainer``): a wrong value raises `OptionError`, an unknown name a TypeError.
+
     Args:
         model_fn: ``model_fn(params) -> keras.Model``, compiled, with an
             ``Input`` shape. Called once per configuration on the driver (for
