@@ -150,7 +150,10 @@ def test_the_security_benchmark_flags_and_its_update_rows(tmp_path, capsys):
 
 def test_forecast_flags_and_defaults(forecast_job, capsys):
     args = forecast_job.parse_args([])
-    assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("sync", 5, 4, 32)
+    assert (args.algorithm, args.window, args.epochs, args.batch_size) == ("sync", None, 4, 32)
+    # Averaging every 5 batches up to 2 workers, then 10 // N (8 models drifting for 5 batches lose MAPE).
+    assert [forecast_job.window_for(args, n) for n in (1, 2, 3, 4, 5, 8)] == [5, 5, 3, 2, 2, 1]
+    assert forecast_job.window_for(forecast_job.parse_args(["--window", "7"]), 8) == 7
     assert (args.learning_rate, args.lr_schedule, args.lr_scaling) == (2e-3, "cosine", "linear")
     assert args.worker_counts == [1, 2] and args.model_names == ["lstm", "gru"]
     args = forecast_job.parse_args(["--models", "GRU,gru", "--workers", "4,1,2", "--limit", "600"])
