@@ -123,20 +123,20 @@ bench: venv ## run the MNIST and forecasting benchmarks, the default rule then a
 	$(PY) jobs/bench.py --out $(OUT) --mnist-args='$(MNIST_ARGS)' --forecast-args='$(FORECAST_ARGS)'
 
 bench-quality: venv ## recompute the spread behind the tests' quality floors (RUNS=20 fits of each calibrated case) and write it into docs/benchmarks.md
-	$(PY) jobs/bench_quality.py --runs $(RUNS) --out $(OUT)/quality --write-docs
+	$(PY) benchmarks/bench_quality.py --runs $(RUNS) --out $(OUT)/quality --write-docs
 
 bench-out-of-core: venv ## MNIST on one worker, shard in memory vs streamed from a spill file, up to 16x MNIST; results under $(OUT)/out_of_core
-	$(PY) jobs/bench_out_of_core.py --out $(OUT)/out_of_core
+	$(PY) benchmarks/bench_out_of_core.py --out $(OUT)/out_of_core
 
 bench-select: venv ## model selection: MOP vs task parallelism vs sequential on MNIST and forecasting; results under $(OUT)/
 	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist
 	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
 
 bench-ps: venv ## parameter server vs raw loopback and an authenticated echo: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps
-	$(PY) jobs/bench_ps.py --out $(OUT)/bench_ps $(BENCH_PS_ARGS)
+	$(PY) benchmarks/bench_ps.py --out $(OUT)/bench_ps $(BENCH_PS_ARGS)
 
 bench-gpu: venv ## the worker loop and parameter server vs plain Keras on this machine's GPU, no Spark needed (BACKEND=jax,torch; a short run without a GPU); results under $(OUT)/bench_gpu
-	$(PY) jobs/bench_gpu.py --out $(OUT)/bench_gpu $(if $(BACKEND),--backend $(BACKEND)) $(BENCH_GPU_ARGS)
+	$(PY) benchmarks/bench_gpu.py --out $(OUT)/bench_gpu $(if $(BACKEND),--backend $(BACKEND)) $(BENCH_GPU_ARGS)
 
 clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./data)
 	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info dist build .matrix

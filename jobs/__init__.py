@@ -8,6 +8,8 @@
 
 Run one with ``python jobs/mnist.py ...`` from a checkout, or ``python -m trainer
 train mnist ...`` wherever the package is installed. ``trainer_jobs.support``
-holds what they share (datasets, result rows, reports, argparse helpers); the
-jobs use the public ``trainer`` API.
+holds what they share (datasets, result rows, reports, argparse helpers, the
+plain-Keras baseline); the jobs use the public ``trainer`` API and, for the few
+internals they need, the declared seam ``trainer.internals``. The benchmark and
+profiling scripts live apart, in ``benchmarks/`` (``trainer_benchmarks``).
 """

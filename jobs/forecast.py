@@ -135,7 +135,7 @@ import numpy as np
 from trainer import Trainer
 from trainer.data.prep import MinMax, make_windows, train_test_split_last
 from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
-from trainer.spark.launch import wait_for_slots
+from trainer.internals import wait_for_slots
 from trainer_jobs.support.cli import (
     add_trainer_args,
     add_verbose_arg,

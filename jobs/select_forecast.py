@@ -25,7 +25,7 @@ import numpy as np
 
 from trainer.data.prep import MinMax, make_windows, train_test_split_last
 from trainer.selection import GridSearch, choice
-from trainer.selection.search import Search
+from trainer.internals import Search
 from trainer_jobs.support.cli import positive_int
 from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
 from trainer_jobs.support.report import mape

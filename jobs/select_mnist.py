@@ -29,7 +29,7 @@ import numpy as np
 
 from trainer.data.prep import scale_pixels
 from trainer.selection import GridSearch, choice
-from trainer.selection.search import Search
+from trainer.internals import Search
 from trainer_jobs.support.cli import positive_float
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.scaling import cluster_session, timing_valid

@@ -20,7 +20,7 @@ def _rooms_of_the_docs() -> dict[str, set[str]]:
 
     allowed: dict[str, set[str]] = {}
     text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
-    for line in text.split("## The rooms", 1)[1].splitlines():
+    for line in text.split("## The rooms", 1)[1].split("## Outside the package", 1)[0].splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")] if line.startswith("| `") else []
         if len(cells) < 3 or cells[0].startswith("`trainer/__init__"):
             continue
@@ -105,7 +105,7 @@ def test_modules_stay_small(path):
 
 def test_imports_are_absolute_and_local_ones_say_why():
     problems = []
-    for path in _modules() + sorted((REPO / "jobs").rglob("*.py")):
+    for path in _modules() + _outside_modules():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         source = path.read_text(encoding="utf-8").splitlines()
         for node in ast.walk(tree):
@@ -196,3 +196,73 @@ def test_no_function_is_longer_than_120_lines():
                 long.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name}: "
                             f"{node.end_lineno - node.lineno + 1} lines")
     assert not long, "\n".join(long)
+
+
+def _outside_rules() -> dict[str, set[str]]:
+    """folder -> the modules its files may import, read from docs/architecture.md's "Outside the package" table."""
+    import re
+
+    text = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8").split("## Outside the package", 1)[1]
+    rules = {}
+    for line in text.splitlines():
+        if line.startswith("| `") and line.count("|") >= 5:
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            rules[cells[0].strip("`").rstrip("/")] = set(re.findall(r"`([^`]+)`", cells[-1]))
+    return rules
+
+
+OUTSIDE = _outside_rules()
+_OURS = ("trainer", "trainer_jobs", "trainer_benchmarks")
+
+
+def _our_imports(path: Path) -> list[tuple[str, list[str], int]]:
+    """(module, names imported from it, line) for every import of our packages, at module level or inside."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in _OURS:
+            found.append((node.module, [a.name for a in node.names], node.lineno))
+        elif isinstance(node, ast.Import):
+            found.extend((a.name, [], node.lineno) for a in node.names if a.name.split(".")[0] in _OURS)
+    return found
+
+
+def _outside_modules() -> list[Path]:
+    return sorted(p for folder in OUTSIDE for p in (REPO / folder).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def test_jobs_and_benchmarks_import_the_public_api_and_the_declared_seam_only():
+    import trainer
+    import trainer.internals as seam
+
+    assert set(OUTSIDE) == {"jobs", "benchmarks"}, f"docs/architecture.md's outside table: {sorted(OUTSIDE)}"
+    assert "trainer_benchmarks" not in OUTSIDE["jobs"], "the jobs must not depend on the benchmarks"
+    problems = []
+    for path in _outside_modules():
+        allowed = OUTSIDE[path.relative_to(REPO).parts[0]]
+        for module, names, line in _our_imports(path):
+            where = f"{path.relative_to(REPO)}:{line} imports {module}"
+            if module.split(".")[0] != "trainer":  # trainer_jobs / trainer_benchmarks: the folders' own packages
+                if module.split(".")[0] not in allowed:
+                    problems.append(f"{where}: {path.relative_to(REPO).parts[0]}/ may not import it")
+            elif module == "trainer":  # `from trainer import X`: X a public name or a public module
+                bad = [n for n in names if n not in trainer.__all__ and f"trainer.{n}" not in allowed]
+                problems.extend(f"{where} {n}: not public" for n in bad)
+            elif module not in allowed:
+                problems.append(f"{where}: not public; add what it needs to trainer.internals.SEAM")
+            elif module == "trainer.internals":
+                problems.extend(f"{where} {n}: not in SEAM" for n in names if n not in seam.__all__)
+    assert _outside_modules(), "found no modules of jobs/ or benchmarks/"
+    assert not problems, "\n".join(problems)
+
+
+def test_every_name_of_the_seam_resolves_and_is_used():
+    import trainer.internals as seam
+
+    used = {n for path in _outside_modules() for module, names, _ in _our_imports(path)
+            if module == "trainer.internals" for n in names}
+    missing = [name for name in seam.__all__ if getattr(seam, name, None) is None]
+    assert not missing, f"trainer.internals names what the package no longer has: {missing}"
+    assert set(seam.__all__) == used, (f"SEAM names {sorted(set(seam.__all__) - used)}, which no job or benchmark "
+                                       f"uses; they use {sorted(used - set(seam.__all__))}, which it lacks")
+    with pytest.raises(AttributeError, match="add it to SEAM"):
+        seam.Trainer  # noqa: B018  (the public API is not re-exported here)

@@ -1,5 +1,5 @@
 """The worker loop without Spark: its modules import neither pyspark nor a Keras backend, and `make bench-gpu`
-(jobs/bench_gpu.py) runs the real worker loop and parameter server against plain Keras where pyspark cannot be
+(benchmarks/bench_gpu.py) runs the real worker loop and parameter server against plain Keras where pyspark cannot be
 imported at all (as on a GPU machine with Keras and a backend but no Spark or Java)."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_jobs.bench_gpu import worker_row
+from trainer_benchmarks.bench_gpu import worker_row
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -29,9 +29,11 @@ _BLOCKER = textwrap.dedent("""
     sys.argv = sys.argv[2:]
 """)
 
-WORKER_MODULES = ["trainer.runtime.ps_worker.task", "trainer.runtime.ps_worker.exchange", "trainer.runtime.feeding.feed", "trainer.runtime.feeding.shard",
-                  "trainer.runtime.backends", "trainer.runtime.ps_worker.cadence", "trainer.runtime.process", "trainer.ps",
-                  "trainer.algorithms", "trainer.fit.progress", "trainer_jobs.bench_gpu", "trainer_jobs.support.overhead"]
+WORKER_MODULES = ["trainer.runtime.ps_worker.task", "trainer.runtime.ps_worker.exchange", "trainer.runtime.feeding.feed",
+                  "trainer.runtime.feeding.shard", "trainer.runtime.backends", "trainer.runtime.ps_worker.cadence",
+                  "trainer.runtime.process", "trainer.ps", "trainer.algorithms", "trainer.fit.progress",
+                  "trainer_benchmarks.bench_gpu", "trainer_jobs.support.baseline",
+                  "trainer_benchmarks.support.worker_loop"]
 
 
 def _run_blocked(blocked: list[str], code: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -61,7 +63,7 @@ def test_bench_gpu_runs_the_worker_loop_and_server_where_pyspark_cannot_be_impor
         import runpy, sys
         sys.argv = ["bench_gpu", "--backend", "tensorflow", "--quick", "--limit", "1200", "--workers", "1",
                     "--overlap", "off", "--batch-size", "64", "--out", {str(out)!r}]
-        runpy.run_module("trainer_jobs.bench_gpu", run_name="__main__")
+        runpy.run_module("trainer_benchmarks.bench_gpu", run_name="__main__")
     """)
     done = _run_blocked(["pyspark", "py4j"], code, timeout=850)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]

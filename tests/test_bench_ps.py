@@ -1,4 +1,4 @@
-"""`make bench-ps`'s pieces (jobs/support/ps_bench.py): the bytes of each codec, and a short real run."""
+"""`make bench-ps`'s pieces (benchmarks/support/ps_bench.py): the bytes of each codec, and a short real run."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import argparse
 
 import pytest
 
-from trainer_jobs.bench_ps import parse_codecs
-from trainer_jobs.support.ps_bench import frame_bytes, measure_ps, model_layout
+from trainer_benchmarks.bench_ps import parse_codecs
+from trainer_benchmarks.support.ps_bench import frame_bytes, measure_ps, model_layout
 
 
 def test_replies_through_the_codec_halve_the_reply_as_bf16_halves_the_commit():
@@ -33,7 +33,7 @@ def test_a_client_process_commits_against_a_server_with_compressed_replies():
 
 @pytest.mark.timeout(180)
 def test_rows_put_the_authenticated_echo_between_raw_and_the_server():
-    from trainer_jobs.bench_ps import COLUMNS, run
+    from trainer_benchmarks.bench_ps import COLUMNS, run
 
     rows = run([20_000], [1], 0.4, ["none"], shards=[1], macs=[True, False])
     assert [r["mac"] for r in rows] == ["on", "off"] and all(set(COLUMNS) <= set(r) for r in rows)
@@ -49,7 +49,7 @@ def test_the_authenticated_echo_drops_a_peer_without_its_key():
 
     from trainer.transport.frame_auth import Channel
     from trainer.transport.wire import ConnectionClosed, IntegrityError, RecvBuffer, new_secret
-    from trainer_jobs.support.ps_bench import _AuthenticatedEcho, _frames
+    from trainer_benchmarks.support.ps_bench import _AuthenticatedEcho, _frames
 
     commit, reply = _frames(model_layout(20_000), "none")
     keys = (new_secret(), new_secret())

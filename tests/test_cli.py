@@ -27,6 +27,7 @@ HELP = [
     (["select", "mnist"], "--max-configs"),
     (["select", "forecast"], "--val-hours"),
     (["bench"], "--quick"),
+    (["bench", "ps"], "--clients"),
 ]
 
 
@@ -39,12 +40,21 @@ def test_help_of_every_subcommand(words, expected):
     assert expected in proc.stdout
 
 
-def test_every_bundled_job_is_listed_and_importable():
+def test_every_bundled_job_and_benchmark_is_listed_and_importable():
+    import importlib
+    from pathlib import Path
+
     for module, _ in jobs.JOBS.values():
-        __import__(f"trainer_jobs.{module}")
-    assert jobs.find_job(["train", "mnist", "--epochs", "1"]) == ("mnist", ["--epochs", "1"],
+        assert callable(importlib.import_module(module).main), module
+    benchmarks = Path(__file__).resolve().parents[1] / "benchmarks"
+    listed = {module for module, _ in jobs.JOBS.values()}
+    assert {f"trainer_benchmarks.{p.stem}" for p in benchmarks.glob("*.py") if p.stem != "__init__"} <= listed
+    assert jobs.find_job(["train", "mnist", "--epochs", "1"]) == ("trainer_jobs.mnist", ["--epochs", "1"],
                                                                    "spark-keras-trainer train mnist")
-    assert jobs.find_job(["bench"]) == ("bench", [], "spark-keras-trainer bench")
+    assert jobs.find_job(["bench"]) == ("trainer_jobs.bench", [], "spark-keras-trainer bench")
+    assert jobs.find_job(["bench", "--quick"]) == ("trainer_jobs.bench", ["--quick"], "spark-keras-trainer bench")
+    assert jobs.find_job(["bench", "ps", "--seconds", "1"]) == ("trainer_benchmarks.bench_ps", ["--seconds", "1"],
+                                                                 "spark-keras-trainer bench ps")
     assert jobs.find_job(["train", "model", "--model", "x:y"]) is None
 
 

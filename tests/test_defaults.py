@@ -1,9 +1,9 @@
 """The first fit learns like plain Keras: with no algorithm named, 2 and 8 workers (8 time-shared on this
 machine's cores) reach plain Keras's quality on three small problems, for the same epochs and the same compiled
-optimizer (jobs/bench_defaults.py, on an embedded cluster of its own: 8 task slots, more than the session's);
+optimizer (benchmarks/bench_defaults.py, on an embedded cluster of its own: 8 task slots, more than the session's);
 and at the staleness bound of the automatic window, near the optimum, where long trajectories summed onto the
 center overshoot it (the MNIST job's lost runs, docs/algorithms.md), 2 workers keep it: in lockstep
-(jobs/bench_staleness.py, the quality, over four seeds), and in a real fit whose slow exchanges grow the window
+(benchmarks/bench_staleness.py, the quality, over four seeds), and in a real fit whose slow exchanges grow the window
 to that bound (the mechanism).
 
 Bounds (issue 29): accuracy at most 0.02 below plain Keras's, loss at most 1.2x. Measured on this machine
@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trainer_jobs.bench_defaults import ACCURACY_GAP, LOSS_RATIO, compare, make_problem
+from trainer_benchmarks.bench_defaults import ACCURACY_GAP, LOSS_RATIO, compare, make_problem
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -94,7 +94,7 @@ def test_the_bounds_and_the_problems():
         make_problem("images")
 
 
-# Calibration of the lockstep simulation (jobs/bench_staleness.py: the digits CNN, 20 epochs, 2 workers
+# Calibration of the lockstep simulation (benchmarks/bench_staleness.py: the digits CNN, 20 epochs, 2 workers
 # committing in turn, every base missing the other's last window; 2026-11-27, test accuracy):
 #   seeds                                      0-9: mean, worst   10-19: mean, worst   0-3: mean
 #   plain Keras                                0.980, 0.970       0.975, 0.963         0.984
@@ -112,12 +112,12 @@ SLOW_EXCHANGE_EPOCHS, SLOW_EXCHANGE_FLOOR = 8, 0.85
 @pytest.mark.timeout(900)
 def test_the_staleness_bound_keeps_plain_keras_accuracy_when_workers_commit_in_turn():
     """The quality the bound buys, with timing taken out: 2 workers in lockstep at their largest automatic
-    window, every commit's base missing the other worker's last window (jobs/bench_staleness.py), against
+    window, every commit's base missing the other worker's last window (benchmarks/bench_staleness.py), against
     plain Keras from the same initial weights. A fit's interleaving depends on the machine's load (the same
     seed ended 0.88 on CI and 0.98 here at window 10); the lockstep order is the one the bound is written
     for, so the mean over four seeds is a property of the bound."""
     from trainer.runtime.ps_worker.cadence import max_auto_window
-    from trainer_jobs.bench_staleness import plain_keras, simulate
+    from trainer_benchmarks.bench_staleness import plain_keras, simulate
 
     window = max_auto_window(None, 2)
     plain = [plain_keras(seed) for seed in LOCKSTEP_SEEDS]
@@ -135,7 +135,7 @@ def test_slow_exchanges_grow_the_window_of_2_workers_to_its_bound_and_the_fit_le
     from trainer import Trainer
     from trainer.runtime.ps_worker.cadence import max_auto_window
     from trainer.runtime.ps_worker.task import epoch_batches_budget
-    from trainer_jobs.bench_staleness import digits_cnn
+    from trainer_benchmarks.bench_staleness import digits_cnn
 
     train, test = digits
 

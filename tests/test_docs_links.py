@@ -98,7 +98,8 @@ def test_every_relative_link_leads_to_a_file_and_heading(page):
 
 def test_doc_anchors_named_in_the_code_exist():
     problems = []
-    for source in sorted([*(ROOT / "jobs").rglob("*.py"), *(ROOT / "trainer").rglob("*.py")]):
+    for source in sorted([*(ROOT / "jobs").rglob("*.py"), *(ROOT / "benchmarks").rglob("*.py"),
+                          *(ROOT / "trainer").rglob("*.py")]):
         for match in CODE_REFERENCE.finditer(source.read_text(encoding="utf-8")):
             page, fragment = ROOT / "docs" / match.group(1), match.group(2)
             if not page.exists() or fragment not in anchors(page):

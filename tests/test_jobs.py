@@ -137,7 +137,7 @@ def test_forecast_rejects_bad_flags(forecast_job, capsys, argv, message):
 
 
 def test_the_security_benchmark_flags_and_its_update_rows(tmp_path, capsys):
-    bench = importlib.import_module("trainer_jobs.bench_security")
+    bench = importlib.import_module("trainer_benchmarks.bench_security")
     args = bench.parse_args(["--modes", "plain,tls", "--updates", "2"])
     assert args.mode_list == ["plain", "tls"] and args.workers == 2
     with pytest.raises(SystemExit):
@@ -216,7 +216,7 @@ def test_ratios_compare_with_the_mean_of_repeated_baselines():
 
 
 def test_the_quality_benchmark_writes_its_table_between_the_markers_and_its_cases_are_the_tests(tmp_path, capsys):
-    quality = _load_job("bench_quality")
+    quality = importlib.import_module("trainer_benchmarks.bench_quality")
     rows = [quality.summary(quality.CASES[0], [0.9, 0.95, 0.79])]
     assert rows[0]["below_floor"] == 1 and rows[0]["worst"] == 0.79 and rows[0]["median"] == 0.9
     page = tmp_path / "benchmarks.md"

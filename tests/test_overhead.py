@@ -1,11 +1,11 @@
-"""The rows of `jobs/profile_overhead.py` (pure functions over the set-ups' results; the runs themselves train
+"""The rows of `benchmarks/profile_overhead.py` (pure functions over the set-ups' results; the runs themselves train
 real models and belong to the benchmark, not to the tests)."""
 
 from __future__ import annotations
 
 import pytest
 
-from trainer_jobs.profile_overhead import add_ratios, single_row
+from trainer_benchmarks.profile_overhead import add_ratios, single_row
 
 
 def test_single_row_of_concurrent_processes_averages_their_steady_epochs():

@@ -1,4 +1,4 @@
-"""The scale model's arithmetic (trainer_jobs.support.scale_model), checked against hand computations."""
+"""The scale model's arithmetic (trainer_benchmarks.support.queueing_model), checked against hand computations."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from trainer_jobs.support.scale_model import (
+from trainer_benchmarks.support.queueing_model import (
     GBIT,
     Cluster,
     Workload,
@@ -100,7 +100,7 @@ def test_shared_cores_time_share_the_workers():
 def test_the_script_reads_measured_inputs_and_checks_itself_against_a_make_bench_run(tmp_path):
     import json
 
-    from trainer_jobs.scale_model import main
+    from trainer_benchmarks.scale_model import main
 
     bench_ps = {"rows": [
         {"compression": "none", "params": 1_000_000, "shards": 1, "mac": "on", "ps_per_s": 250.0},
@@ -158,7 +158,7 @@ def test_allreduce_moves_2_n_minus_1_over_n_of_the_gradient_per_worker_per_step(
 def test_the_script_checks_allreduce_against_its_measured_runs(tmp_path):
     import json
 
-    from trainer_jobs.scale_model import main
+    from trainer_benchmarks.scale_model import main
 
     measured = {"metadata": {"batch_size": 32},  # plain Keras under JAX: 1,600 samples/s, 20 ms per batch
                 "rows": [{"workers": 0, "timing_valid": True, "throughput_vs_keras": None,

@@ -14,10 +14,10 @@ from conftest import digits_model
 from trainer import (
     ADAG, DOWNPOUR, ClusterCapacityError, DataValidationError, DynSGD, SingleWorker, SyncAveraging, Trainer,
 )
-from trainer_jobs.bench_quality import CASES as QUALITY_CASES
+from trainer_benchmarks.bench_quality import CASES as QUALITY_CASES
 
 # The floor of each rule's test accuracy: digits, 1,500 rows, 2 workers, batch 32, 8 epochs (chance: 0.1). The
-# floors and the worst run of their calibration (20 runs each) are jobs/bench_quality.py's CASES; `make
+# floors and the worst run of their calibration (20 runs each) are benchmarks/bench_quality.py's CASES; `make
 # bench-quality` runs each case 20 times again and writes the spread into docs/benchmarks.md. One fit per rule here.
 ALGORITHMS = [pytest.param(case.algorithm(), case.workers, case.lr, case.floor, id=case.name,
                            marks=[pytest.mark.core] if case.name in ("adag", "sync-every-4") else [])

@@ -51,7 +51,7 @@ def wheel(tmp_path_factory) -> Path:
     source = tmp_path_factory.mktemp("source")
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, source / name)
-    for name in ("trainer", "jobs"):
+    for name in ("trainer", "jobs", "benchmarks"):
         shutil.copytree(REPO / name, source / name, ignore=shutil.ignore_patterns("__pycache__"))
     _run([sys.executable, "-m", "build", "--wheel", "--no-isolation", "--outdir", out, source], out / "build.log",
          timeout=600)
@@ -59,14 +59,15 @@ def wheel(tmp_path_factory) -> Path:
     return wheel
 
 
-def test_wheel_holds_the_library_the_jobs_and_the_command(wheel):
+def test_wheel_holds_the_library_the_jobs_the_benchmarks_and_the_command(wheel):
     import zipfile
 
     names = zipfile.ZipFile(wheel).namelist()
     # Every module of the source tree, sub-packages included (a package missing from pyproject's list once
     # shipped an image whose all-reduce could not import trainer.runtime.collective).
     sources = {str(p.relative_to(REPO)) for p in (REPO / "trainer").rglob("*.py")}
-    sources |= {"trainer_jobs/" + str(p.relative_to(REPO / "jobs")) for p in (REPO / "jobs").rglob("*.py")}
+    for folder, package in (("jobs", "trainer_jobs"), ("benchmarks", "trainer_benchmarks")):
+        sources |= {f"{package}/{p.relative_to(REPO / folder)}" for p in (REPO / folder).rglob("*.py")}
     assert sources - set(names) == set()
     assert not any(n.startswith(("tests/", "images/")) for n in names)
     meta = zipfile.ZipFile(wheel).read(next(n for n in names if n.endswith("entry_points.txt"))).decode()
@@ -95,7 +96,7 @@ def test_wheel_in_a_fresh_venv_runs_a_2_worker_fit(wheel, drivers_cluster, tmp_p
 
     work = tmp_path / "work"  # no source of this project here: the venv's trainer must be the one used
     work.mkdir()
-    probe = _run([python, "-c", "import trainer, trainer_jobs; print(trainer.__file__)"], tmp_path / "probe.log",
+    probe = _run([python, "-c", "import trainer, trainer_jobs, trainer_benchmarks; print(trainer.__file__)"], tmp_path / "probe.log",
                  cwd=work, env=clean)
     assert str(env_dir) in probe and str(REPO) not in probe
     out = _run([command, "train", "model", "--model", tmp_path / "my_model.py:build", "--data",

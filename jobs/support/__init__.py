@@ -2,6 +2,10 @@
 
     datasets   -- offline MNIST and electricity-demand loaders
     scaling    -- sessions, the plain-Keras baseline and result rows of the scaling jobs
+    baseline   -- plain Keras in fresh processes on a Spark task's cores (also the benchmarks' worker loop's base)
+    models     -- the MNIST CNN and its learning rate
+    target     -- time to a target metric, epoch by epoch
+    tracking   -- the jobs' MLflow runs
     report     -- result files (JSON, CSV, markdown), tables and plots
     cli        -- argparse types and the Trainer options of the jobs' flags
     selection  -- the model-selection jobs' comparison of strategies and its reports

@@ -10,11 +10,8 @@ from typing import Any, Callable
 
 from trainer import SyncAveraging, get_algorithm
 from trainer.algorithms import ALGORITHMS, parse_compression, with_compression
-from trainer.algorithms.delta import overlappable
-from trainer.fit.checkpoints import has_checkpoint
-from trainer.options import FitOptions
-from trainer.cli.train import window_arg  # noqa: F401  (the jobs take it from here)
-from trainer.verbosity import configure_logging, import_keras_quietly
+from trainer.internals import FitOptions, configure_logging, has_checkpoint, import_keras_quietly, overlappable
+from trainer.internals import window_arg  # noqa: F401  (the jobs take it from here)
 
 log = logging.getLogger("trainer_jobs")
 

@@ -1,5 +1,5 @@
 """The jobs' models that need no Spark to build: the MNIST CNN (`build_cnn`), which `jobs/mnist.py`, the
-overhead and GPU benchmarks (`jobs/profile_overhead.py`, `jobs/bench_gpu.py`) and the out-of-core and security
+overhead and GPU benchmarks (`benchmarks/profile_overhead.py`, `benchmarks/bench_gpu.py`) and the out-of-core and security
 benchmarks train. Importing it starts no Keras backend and imports no pyspark."""
 
 from __future__ import annotations

@@ -39,10 +39,8 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import pyarrow as pa
 from pyspark import BarrierTaskContext
 
-from trainer.runtime.process import configure_process, task_resources
 from trainer.selection import STRATEGIES, ModelSelector, SelectionResult
-from trainer.selection.plots import plot_gantt_comparison
-from trainer.selection.search import Search
+from trainer.internals import Search, configure_process, plot_gantt_comparison, task_resources
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.report import markdown_table, write_results
 

@@ -11,7 +11,7 @@ import argparse
 import math
 from typing import Any
 
-from trainer.tracking import RunLogger
+from trainer.internals import RunLogger
 
 
 def add_mlflow_arg(parser: argparse.ArgumentParser) -> None:

@@ -4,7 +4,8 @@
     spark-keras-trainer train model --model pkg.mod:build --data train.parquet --workers 2
     spark-keras-trainer train mnist --workers 1,2 --epochs 1       a bundled job, its own flags
     spark-keras-trainer select mnist --limit 6000 --epochs 2       a bundled model-selection job
-    spark-keras-trainer bench --quick                              the benchmarks
+    spark-keras-trainer bench --quick                              the jobs' benchmarks (make bench)
+    spark-keras-trainer bench ps --help                            one benchmark (bench --help lists them)
 
 Each subcommand wraps what the package already offers; ``--help`` on each lists
 its options. The bundled jobs parse their own flags (``cli/jobs.py``).

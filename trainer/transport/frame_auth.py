@@ -22,7 +22,7 @@ seq)`` (sequence numbers never repeat within a connection, and every
 connection has its own keys), as ChaCha20-Poly1305 derives one per nonce; its
 16-byte tag fills the first half of the trailer's tag, the rest is zeros.
 It runs at about 12 GB/s on the development machine against 1.7 GB/s for
-HMAC-SHA256 with the SHA extensions (``jobs/bench_security.py --mac-only``;
+HMAC-SHA256 with the SHA extensions (``benchmarks/bench_security.py --mac-only``;
 docs/security.md has the figures), which is what keeps a MAC on every frame
 cheap next to the round trip. Poly1305 comes from the system's libcrypto
 through ctypes where it loads and passes RFC 8439's test vector

@@ -22,7 +22,7 @@ machine, a noisy neighbour): on the full MNIST job at 2 workers it reached
 20-27 batches, and four of twelve runs ended 0.7-3.6 points of test accuracy
 below plain Keras, while a window of 5 never did (docs/algorithms.md has the
 runs). At 4 workers a window of 5 cost 0.02 and at 8 workers 0.19, while a
-window of 1 held; and with the timing taken out (`jobs/bench_staleness.py`:
+window of 1 held; and with the timing taken out (`benchmarks/bench_staleness.py`:
 workers in lockstep, the digits CNN near its optimum), 10 batches of
 staleness cost 0.4 points of test accuracy on average over 20 seeds at 2
 workers, 5 cost 0.1; at 4 workers 9 cost 1.0 and 3 cost 0.2. So the

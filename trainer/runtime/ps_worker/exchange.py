@@ -6,7 +6,7 @@ time, the server's directives, shared epochs); `make_sync_callback` mixes
 it into Keras's ``Callback`` (Keras loads only then) as the
 ``ParameterServerSync`` callback that the
 task loop (``trainer.runtime.ps_worker.task``) and ``make bench-gpu``
-(``jobs/bench_gpu.py``) run inside plain ``model.fit``. When to exchange is
+(``benchmarks/bench_gpu.py``) run inside plain ``model.fit``. When to exchange is
 the rule's window, counted by a `trainer.runtime.ps_worker.cadence.Cadence` (a fixed
 number of batches, once per epoch, or ``"auto"``: sized from the measured
 step and exchange times). Each exchange first waits for the steps a backend

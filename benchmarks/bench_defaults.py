@@ -20,8 +20,8 @@ measured here, never speed. `tests/test_defaults.py` runs it at 2 and 8 workers 
 ``--algorithm allreduce`` holds `AllReduce` with its defaults (the compiled rate scaled to the global batch)
 to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND).
 
-    python jobs/bench_defaults.py --workers 1,2,4,8 --out results/defaults
-    python jobs/bench_defaults.py --workers 1,2,4,8 --algorithm allreduce --backend torch
+    python benchmarks/bench_defaults.py --workers 1,2,4,8 --out results/defaults
+    python benchmarks/bench_defaults.py --workers 1,2,4,8 --algorithm allreduce --backend torch
 """
 
 from __future__ import annotations

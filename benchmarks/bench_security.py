@@ -17,9 +17,9 @@ default MAC), ``tls-only`` (TLS without the MAC).
 Every ratio compares a mode with ``plain`` measured in the same run. Rows go
 to ``<out>/security.{json,csv,md}``; the table is printed.
 
-    python jobs/bench_security.py --out results/security
-    python jobs/bench_security.py --mac-only --out results/security
-    python jobs/bench_security.py --limit 3000 --epochs 2 --updates 10 --out results/security-small
+    python benchmarks/bench_security.py --out results/security
+    python benchmarks/bench_security.py --mac-only --out results/security
+    python benchmarks/bench_security.py --limit 3000 --epochs 2 --updates 10 --out results/security-small
 """
 
 from __future__ import annotations
@@ -40,9 +40,7 @@ import numpy as np
 from trainer import Trainer
 from trainer.data.prep import scale_pixels
 from trainer.lr_schedules import planned_steps
-from trainer.ps import ParameterServer, PSClient
-from trainer.transport.frame_auth import OneTimePoly1305
-from trainer.transport.wire import new_secret
+from trainer.internals import OneTimePoly1305, ParameterServer, PSClient, new_secret
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.cli import add_verbose_arg, algorithm_from_args, positive_int, start_logging
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images

@@ -1,6 +1,6 @@
 """Framework overhead on the MNIST CNN: where a worker's time goes against plain single-process Keras.
 
-Runs the set-ups of ``trainer_jobs.support.overhead`` one after the other
+Runs the set-ups of ``trainer_jobs.support.baseline`` and ``trainer_benchmarks.support.worker_loop`` one after the other
 (each in fresh processes with one TensorFlow thread per worker), then splits
 the gap between one worker and plain Keras into: the input pipeline (``feed``
 - ``plain``), the per-batch callback (``feed+callback`` - ``feed``), the
@@ -12,9 +12,9 @@ worker against plain Keras; ``vs_feed_alongside`` against as many ``feed``
 processes training at once without any exchange (``feed xN``): the share of
 the gap that the framework, not the machine, is responsible for.
 
-    python jobs/profile_overhead.py --out results/overhead
-    python jobs/profile_overhead.py --limit 6000 --epochs 3 --workers 1,2 --profile
-    python jobs/profile_overhead.py --compression bf16
+    python benchmarks/profile_overhead.py --out results/overhead
+    python benchmarks/profile_overhead.py --limit 6000 --epochs 3 --workers 1,2 --profile
+    python benchmarks/profile_overhead.py --compression bf16
 """
 
 from __future__ import annotations
@@ -30,7 +30,8 @@ import numpy as np
 import trainer.algorithms as algorithms
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.datasets import load_mnist
-from trainer_jobs.support.overhead import run_single, run_workers, steady
+from trainer_jobs.support.baseline import run_single
+from trainer_benchmarks.support.worker_loop import run_workers, steady
 from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata
 
 SINGLE_MODES = ("plain", "feed", "feed+callback")

@@ -31,9 +31,9 @@ It imports only the package's public API and none of the jobs' helpers, so
 it also runs against older trees (the "before" numbers were taken on main's
 ``trainer/`` before issue 17). Results: ``bench_ps.json``, ``bench_ps.csv`` and ``bench_ps.md`` under --out.
 
-    python jobs/bench_ps.py --out results/bench_ps
-    python jobs/bench_ps.py --seconds 2 --params 1M --clients 1,2 --compression none,bf16,bf16+replies
-    python jobs/bench_ps.py --shards 1 --mac on,off
+    python benchmarks/bench_ps.py --out results/bench_ps
+    python benchmarks/bench_ps.py --seconds 2 --params 1M --clients 1,2 --compression none,bf16,bf16+replies
+    python benchmarks/bench_ps.py --shards 1 --mac on,off
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ import sys
 from pathlib import Path
 
 import trainer.algorithms as algorithms
-from trainer.transport.frame_auth import MAC_ALGORITHMS
-from trainer_jobs.support.ps_bench import (REPLIES, frame_bytes, measure_echo, measure_ps, measure_raw, model_layout,
+from trainer.internals import MAC_ALGORITHMS
+from trainer_benchmarks.support.ps_bench import (REPLIES, frame_bytes, measure_echo, measure_ps, measure_raw, model_layout,
                                            rule_seconds)
 from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata
 

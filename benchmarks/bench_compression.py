@@ -9,8 +9,8 @@ metric, epoch time and bytes moved from the jobs' JSON results into
 The metric moves from run to run (a point of MAPE from seed to seed): judge
 a codec against ``none`` over several seeds (``--seeds``), not one run.
 
-    python jobs/bench_compression.py --quick --out results/compression       # small: a smoke test
-    python jobs/bench_compression.py --seeds 0,1,2 --out results/compression  # the full measurement
+    python benchmarks/bench_compression.py --quick --out results/compression       # small: a smoke test
+    python benchmarks/bench_compression.py --seeds 0,1,2 --out results/compression  # the full measurement
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ import sys
 import time
 from pathlib import Path
 
-from trainer_jobs.support.ps_bench import REPLIES  # the codec names' suffix bench-ps reads too
+from trainer_benchmarks.support.ps_bench import REPLIES  # the codec names' suffix bench-ps reads too
 from trainer_jobs.support.report import markdown_row, write_report
 
 JOBS_DIR = Path(__file__).resolve().parent

@@ -25,8 +25,8 @@ The first scale runs --epochs epochs (its s/epoch leaves the first one out:
 graph tracing); larger scales run --large-epochs. Defaults (scales 1, 4, 16,
 2 epochs at scale 1): about half an hour on 2 cores.
 
-    python jobs/bench_out_of_core.py --out results/out_of_core
-    python jobs/bench_out_of_core.py --limit 6000 --scales 1,4 --out /tmp/ooc   # a quick look
+    python benchmarks/bench_out_of_core.py --out results/out_of_core
+    python benchmarks/bench_out_of_core.py --limit 6000 --scales 1,4 --out /tmp/ooc   # a quick look
 """
 
 from __future__ import annotations

@@ -1,32 +1,24 @@
-"""Where a worker's time goes, against plain Keras: the set-ups `jobs/profile_overhead.py` compares.
+"""The worker loops without Spark that `make bench-gpu` and `benchmarks/profile_overhead.py` time.
 
-Every set-up trains the same model on the same rows, each worker in its own
-fresh process with one TensorFlow thread (as a Spark task with one core):
+Beside the plain-Keras set-ups of ``trainer_jobs.support.baseline`` (``plain``,
+``feed``, ``feed+callback``, N ``feed`` copies side by side):
 
-* ``plain``: ``model.fit`` on numpy arrays, Keras's own input pipeline (the
-  baseline of `make bench`);
-* ``feed``: ``model.fit`` on the worker's input pipeline (``ShardFeed``);
-* ``feed+callback``: the same with a Keras callback that has a per-batch
-  hook doing nothing (what a batch-level callback costs by itself);
-* ``feed xN``: N ``feed`` processes at once, each on 1/N of the rows, no
-  exchange at all: what N processes training side by side cost each other on
-  this machine's cores, caches and memory (the ceiling of ``workers=N``);
 * ``workers=N``: N workers running the real task loop's callback
-  (``trainer.runtime.ps_worker.exchange.make_sync_callback``: an exchange with a real
-  parameter server every `window` batches), each on 1/N of the rows, with the
-  server in a separate process as in the driver; the server process reports
-  its CPU seconds (the cores it takes from the workers).
+  (``make_sync_callback``: an exchange with a real parameter server every
+  `window` batches), each on 1/N of the rows, with the server in a separate
+  process as in the driver; the server process reports its CPU seconds (the
+  cores it takes from the workers);
+* ``run_collective``: N processes of the all-reduce loop (``CollectiveJob``),
+  process 0 reporting to a real parameter server once per epoch.
 
 No Spark: the task loop's Spark parts (Arrow, the barrier) are not what is
-measured, and nothing here imports pyspark, so the set-ups run on any
-machine with Keras and a backend (``make bench-gpu``, `jobs/bench_gpu.py`).
-Each process starts the Keras backend given (``backend``) on the cores given
-(``threads``: thread pools and, for workers, the CPU affinity a Spark task
-gets, ``trainer.runtime.process``). Each worker reports its steady epoch time (the first epoch left
-out), the exchange time and, where the tree records it, the exchange's parts,
-and every set-up the cores its process kept busy (CPU seconds / wall seconds:
-plain Keras's input pipeline and batch-end callbacks run on threads of their
-own, so it may use more than the one thread of its model).
+measured, and nothing here imports pyspark, so the set-ups run on any machine
+with Keras and a backend (``make bench-gpu``). Each process starts the Keras
+backend given (``backend``) on the cores given (``threads``: thread pools and
+the CPU affinity a Spark task gets, ``configure_process``). Each worker reports
+its steady epoch time (the first epoch left out), the exchange time and its
+parts, and the cores its process kept busy. What the loops take of the
+package's internals comes through ``trainer.internals``.
 """
 
 from __future__ import annotations
@@ -38,78 +30,17 @@ import multiprocessing
 import os
 import pstats
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from trainer.transport.wire import new_secret
-from trainer.verbosity import import_keras_quietly, quiet_env
+from trainer.internals import new_secret
+from trainer_jobs.support.baseline import collect, epoch_timer, limit_keras_threads
 
-_TIMEOUT = 1800.0
-
-
-def limit_keras_threads(threads: int = 1, backend: str = "tensorflow") -> None:
-    """Set this fresh process's TensorFlow thread pools (read once, when it starts) and Keras backend, then
-    start Keras without TensorFlow's import banners (`import_keras_quietly`)."""
-    os.environ.update({"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
-                       "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": backend, **quiet_env()})
-    import_keras_quietly()
-
-
-def epoch_timer(times: list[float]):
-    """A Keras callback appending each epoch's wall seconds to `times`."""
-    import keras  # deferred: after the thread settings
-
-    class EpochTimer(keras.callbacks.Callback):
-        def on_epoch_begin(self, epoch, logs=None):
-            self.start = time.perf_counter()
-
-        def on_epoch_end(self, epoch, logs=None):
-            times.append(time.perf_counter() - self.start)
-
-    return EpochTimer()
-
-
-def _noop_batch_callback():
-    import keras  # deferred: after the thread settings
-
-    class BatchHook(keras.callbacks.Callback):
-        def on_train_batch_end(self, batch, logs=None):
-            self.batches = getattr(self, "batches", 0) + 1
-
-    return BatchHook()
-
-
-def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, seed: int, threads: int,
-            queue, backend: str = "tensorflow", test: tuple | None = None) -> None:
-    limit_keras_threads(threads, backend)
-    import keras  # deferred: after the thread settings
-
-    from trainer.runtime.feeding.feed import ShardFeed
-
-    keras.utils.set_random_seed(seed)
-    model = builder()
-    times: list[float] = []
-    callbacks = [epoch_timer(times)]
-    cpu0, wall0 = time.process_time(), time.perf_counter()
-    if mode == "plain":
-        model.fit(x, y, batch_size=batch_size, epochs=epochs, verbose=0, callbacks=callbacks)
-    else:
-        if mode == "feed+callback":
-            callbacks.append(_noop_batch_callback())
-        feed = ShardFeed(x, y, seed=seed)
-        for epoch in range(epochs):
-            model.fit(**feed.fit_kwargs(batch_size), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
-                      callbacks=callbacks)
-    cores = (time.process_time() - cpu0) / (time.perf_counter() - wall0)
-    result = {"mode": mode, "worker": 0, "rows": len(x), "epoch_times": times, "cores_used": cores}
-    if test is not None:
-        result["test"] = {k: float(v) for k, v in model.evaluate(*test, verbose=0, return_dict=True).items()}
-    queue.put(result)
 
 
 def _server(algorithm, center, workers: int, secret: bytes, address_queue, stop, queue) -> None:
-    from trainer.ps import ParameterServer
+    from trainer.internals import ParameterServer  # deferred: in the server's own process
 
     with ParameterServer(algorithm, center, workers, secret, io_timeout=600.0) as ps:
         address_queue.put(ps.address)
@@ -122,15 +53,12 @@ def _server(algorithm, center, workers: int, secret: bytes, address_queue, stop,
 def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int, batch_size: int, seed: int,
             profile: bool, overlap: bool, queue, backend: str = "tensorflow", threads: int = 1,
             workers: int = 1) -> None:
-    from trainer.runtime.process import configure_process
+    from trainer.internals import configure_process  # deferred: in the worker's own process
 
     configure_process(threads, None, backend, {}, index=worker)  # as a Spark task with `threads` cores does
     import keras  # deferred: after the thread settings
 
-    from trainer.ps.client import PSClient
-    from trainer.runtime.feeding.feed import ShardFeed
-    from trainer.runtime.state import load_state
-    from trainer.runtime.ps_worker.exchange import make_sync_callback
+    from trainer.internals import PSClient, ShardFeed, load_state, make_sync_callback  # after the thread settings
 
     keras.utils.set_random_seed(seed + worker)
     model = builder()
@@ -190,35 +118,7 @@ def model_in_fresh_process(builder, backend: str = "tensorflow", seed: int = 0, 
     queue = ctx.Queue()
     proc = ctx.Process(target=_model_task, args=(builder, backend, seed, center, test, queue))
     proc.start()
-    return _collect([proc], queue, 1)[0]
-
-
-def _collect(procs, queue, count: int) -> list[dict[str, Any]]:
-    try:
-        results = [queue.get(timeout=_TIMEOUT) for _ in range(count)]
-    finally:
-        for p in procs:
-            p.join(timeout=60)
-            if p.is_alive():
-                p.terminate()
-    return results
-
-
-def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0, copies: int = 1,
-               threads: int = 1, backend: str = "tensorflow", test: tuple | None = None) -> list[dict[str, Any]]:
-    """One plain-Keras set-up (``plain``, ``feed``, ``feed+callback``) in `copies` fresh processes of `threads`
-    threads of `backend` started together, each on its 1/copies of the rows (as workers split them); one result
-    per process (``rows``, ``epoch_times``, ``cores_used``, and with `test` = (x, y) the model's ``test``
-    metrics)."""
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    bounds = np.linspace(0, len(x), copies + 1).round().astype(int)  # contiguous parts: views, not copies
-    procs = [ctx.Process(target=_single, args=(mode, builder, x[a:b], y[a:b], epochs, batch_size, seed, threads,
-                                               queue, backend, test))
-             for a, b in zip(bounds[:-1], bounds[1:])]
-    for proc in procs:
-        proc.start()
-    return _collect(procs, queue, copies)
+    return collect([proc], queue, 1)[0]
 
 
 def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_size: int, seed: int = 0,
@@ -241,10 +141,10 @@ def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_si
     for p in procs:
         p.start()
     try:
-        results = _collect(procs, queue, workers)
+        results = collect(procs, queue, workers)
     finally:
         stop.set()
-    results += _collect([server], queue, 1)
+    results += collect([server], queue, 1)
     return results
 
 
@@ -259,11 +159,8 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
     from pathlib import Path
 
     from trainer.algorithms import AllReduce
-    from trainer.algorithms.allreduce import LR_SCALING
-    from trainer.ps.server import ParameterServer
-    from trainer.runtime.collective.loop import CollectiveJob
-    from trainer.runtime.collective.task import reserve_port, start_process, wait_process
-    from trainer.runtime.shipping import ModelSource
+    from trainer.internals import (LR_SCALING, CollectiveJob, ModelSource, ParameterServer, reserve_port,
+                                   start_process, wait_process)
 
     initial = model_in_fresh_process(builder, backend, seed)
     server = ParameterServer(AllReduce(lr_scaling=lr_scaling), initial, 1, new_secret())

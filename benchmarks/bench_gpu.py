@@ -5,7 +5,7 @@ parameter server costs about ten times a step: this benchmark measures what
 that leaves of plain Keras's speed on the same device. It runs the MNIST CNN
 (``jobs/support/models.build_cnn``, Adam 1e-3, batch 128 per worker) under
 the Keras backend(s) given, each set-up in fresh processes
-(``trainer_jobs.support.overhead``):
+(``trainer_jobs.support.baseline``, ``trainer_benchmarks.support.worker_loop``):
 
 * ``plain``: ``model.fit`` on the whole training set, one process;
 * ``workers=N``: N worker processes running the task loop's callback
@@ -30,7 +30,7 @@ an exchange's parts in ms (weights to the host, the payload, the round trip,
 the reply loaded), measured after the steps queued by asynchronous dispatch
 have run (``trainer.runtime.backends``).
 
-    python jobs/bench_gpu.py --backend jax,torch --out results/bench_gpu
+    python benchmarks/bench_gpu.py --backend jax,torch --out results/bench_gpu
 """
 
 from __future__ import annotations
@@ -50,7 +50,8 @@ import numpy as np
 from trainer.algorithms import DOWNPOUR, AllReduce
 from trainer_jobs.support.datasets import load_mnist
 from trainer_jobs.support.models import build_cnn
-from trainer_jobs.support.overhead import model_in_fresh_process, run_collective, run_single, run_workers, steady
+from trainer_jobs.support.baseline import run_single
+from trainer_benchmarks.support.worker_loop import model_in_fresh_process, run_collective, run_workers, steady
 from trainer_jobs.support.report import markdown_table, run_metadata
 
 COLUMNS = ["backend", "run", "workers", "epoch_s", "per_worker", "together", "test_accuracy", "window",

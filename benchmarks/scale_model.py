@@ -1,6 +1,6 @@
 """Predict speed-up against 1-64 workers from measured costs; check it against measured runs; plot it.
 
-The model is ``trainer_jobs.support.scale_model`` (mean-value analysis of
+The model is ``trainer_benchmarks.support.queueing_model`` (mean-value analysis of
 the workers and the server's CPU and link; for all-reduce, a ring over every
 worker's own link). Its inputs, measured on this
 project's machine (defaults: the faster machine's, 2026-11-25, see
@@ -9,7 +9,7 @@ docs/benchmarks.md; override them, or read them from result files):
 * ``--batch-ms``: one batch of the MNIST CNN in plain Keras, one thread
   (10.8 ms; the first machine's was 41.9 s/epoch / 1,875 batches = 22.3 ms, issue 17);
 * ``--worker-ms``: a worker's own exchange work per commit (reading its
-  weights, the payload, loading the reply: ``jobs/profile_overhead.py``);
+  weights, the payload, loading the reply: ``benchmarks/profile_overhead.py``);
 * ``--server-ms``: the server's CPU per commit: 1 / the most commits/s
   `make bench-ps` reached with 1M parameters (``--bench-ps`` reads it);
   ``--replies-server-ms`` the same with compressed replies (its ``+replies``
@@ -33,8 +33,8 @@ in), the ``profile_overhead`` run the inputs came from (``--overhead``), and
 the 1- and 2-worker rows of a ``make bench`` MNIST result (``--bench-mnist``:
 the whole Spark job, per-epoch costs included).
 
-    python jobs/scale_model.py --out results/scale_model
-    python jobs/scale_model.py --bench-ps results/bench_ps/bench_ps.json --overhead results/overhead/overhead.json \
+    python benchmarks/scale_model.py --out results/scale_model
+    python benchmarks/scale_model.py --bench-ps results/bench_ps/bench_ps.json --overhead results/overhead/overhead.json \
         --bench-mnist results/mnist/mnist.json --bench-allreduce results/mnist-allreduce/mnist.json
 """
 
@@ -48,7 +48,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from trainer_jobs.support.report import markdown_table
-from trainer_jobs.support.scale_model import (
+from trainer_benchmarks.support.queueing_model import (
     Cluster,
     Workload,
     curve,
@@ -63,7 +63,7 @@ COUNTS = list(range(1, 65))
 LINKS = (1.0, 10.0, 100.0)  # Gbit/s
 HOP_US = 50.0  # all-reduce's latency per ring hop on a LAN (gloo over TCP), microseconds
 # This machine's loopback as all-reduce meets it (two processes, one core each; measured, see docs/benchmarks.md).
-HERE_HOP_US = 1300.0  # jobs/bench_ring.py, 2 processes, 2026-11-26 19:00 (1,296; earlier on a busy machine 1,000-1,800)
+HERE_HOP_US = 1300.0  # benchmarks/bench_ring.py, 2 processes, 2026-11-26 19:00 (1,296; earlier on a busy machine 1,000-1,800)
 HERE_GBIT = 6.7  # the same run (earlier: 4.8-9.4)
 HERE_JAX_BATCH_MS = 54.8  # one batch of the MNIST CNN in plain Keras under JAX, one core (jobs/bench.py --quick, 19:18)
 # Measured runs to check the model against: (where, workers, speed-up against what, value).

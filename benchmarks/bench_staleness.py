@@ -16,7 +16,7 @@ problems of `bench_defaults.py` saturate before staleness matters. Plain Keras t
 weights on all 1,500 images (``plain``). `tests/test_defaults.py` runs it at the bound; docs/algorithms.md
 has the table behind the bound.
 
-    python jobs/bench_staleness.py --workers 2 --windows 10,6 --seeds 0-9 --out results/staleness
+    python benchmarks/bench_staleness.py --workers 2 --windows 10,6 --seeds 0-9 --out results/staleness
 """
 
 from __future__ import annotations

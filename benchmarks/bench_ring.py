@@ -1,13 +1,13 @@
 """What one all-reduce costs on this machine: N JAX processes, one core each, sum a scalar and a gradient.
 
-The inputs of the scale model's all-reduce curve here (``jobs/scale_model.py --here-hop-us --here-gbit``):
+The inputs of the scale model's all-reduce curve here (``benchmarks/scale_model.py --here-hop-us --here-gbit``):
 N processes join JAX's distributed runtime as an `AllReduce` fit's do (gloo between CPUs), each pinned to
 one core, and time ``--repeats`` sums of one float (the latency of a step's ring: 2(N - 1) hops) and of
 ``--params`` float32 values (the MNIST CNN's gradient by default: the ring's bytes, 2(N - 1)/N of it per
 process). It prints and writes (``--out``, JSON) the median of each, the hop latency and the bandwidth
 they imply::
 
-    python jobs/bench_ring.py --processes 2 --out results/bench_ring
+    python benchmarks/bench_ring.py --processes 2 --out results/bench_ring
 """
 
 from __future__ import annotations

@@ -9,8 +9,8 @@ an embedded 2-worker cluster, as the test trains it once (the sklearn digits,
 worst, median and best test accuracy against the floor. ``--write-docs``
 replaces the table between the markers of docs/benchmarks.md.
 
-    python jobs/bench_quality.py --runs 20 --out results/quality --write-docs
-    python jobs/bench_quality.py --runs 3 --cases downpour,adag      # a quick look
+    python benchmarks/bench_quality.py --runs 20 --out results/quality --write-docs
+    python benchmarks/bench_quality.py --runs 3 --cases downpour,adag      # a quick look
 
 It takes about 10 minutes per 20 runs of every case on 2 cores.
 """
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unknown case(s) {unknown}; expected some of {sorted(by_name)}" if unknown
                      else f"--runs must be at least 1; received {args.runs}")
     from trainer import LocalCluster, Trainer
-    from trainer.verbosity import import_keras_quietly
+    from trainer.internals import import_keras_quietly
 
     import_keras_quietly()
     rows, started = [], time.time()

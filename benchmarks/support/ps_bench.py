@@ -35,14 +35,8 @@ from typing import Any
 import numpy as np
 
 import trainer.algorithms as algorithms
-import trainer.ps
-from trainer.ps import ParameterServer, PSClient
-import trainer.transport.wire as wire
-from trainer.transport.frame_auth import DEFAULT_MAC, Channel
-from trainer.transport.wire import Msg, RecvBuffer, TransportError, encode, frame_size, new_secret
-
-# The echo's sockets wait as the server's and the client's do after their handshake (older trees: a timeout).
-_set_io_timeout = getattr(wire, "set_io_timeout", lambda sock, seconds: sock.settimeout(seconds))
+from trainer.internals import (DEFAULT_MAC, Channel, Msg, ParameterServer, PSClient, RecvBuffer, ShardedParameterServer,
+                               ShardedPSClient, TransportError, encode, frame_size, new_secret, set_io_timeout)
 
 # Share of the parameters in each kernel of the MNIST CNN (conv, conv, dense, dense) and its biases.
 _KERNEL_SHARES = (288 / 1_048_853, 9216 / 1_048_853, 1_036_800 / 1_048_853)
@@ -122,7 +116,7 @@ def _ps_client(addresses, secret, worker, shapes, compression, seconds, ready, s
     codec = getattr(rule, "reply_codec", None)
     replies = {} if codec is None else {"reply_codec": codec}  # older trees have no compressed replies
     if len(addresses) > 1:
-        client = trainer.ps.ShardedPSClient(addresses, secret, worker, timeout=120.0, split=rule.split_payload,
+        client = ShardedPSClient(addresses, secret, worker, timeout=120.0, split=rule.split_payload,
                                             **replies)
     else:
         client = PSClient(*addresses[0], secret, worker=worker, timeout=120.0, **replies)
@@ -164,7 +158,7 @@ def _echo_client(address, worker, shapes, compression, mac, keys, seconds, ready
     replies = RecvBuffer()
     with socket.create_connection(address, timeout=120.0) as sock:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _set_io_timeout(sock, 120.0)
+        set_io_timeout(sock, 120.0)
         channel = Channel(sock, mac=mac, send_key=keys[0], recv_key=keys[1], peer="the echo server")
         ready.put(worker)
         start.wait()
@@ -250,7 +244,7 @@ class _AuthenticatedEcho(_EchoServer):
 
     def _serve(self, sock: socket.socket) -> None:
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        _set_io_timeout(sock, 120.0)
+        set_io_timeout(sock, 120.0)
         channel = Channel(sock, mac=self.mac, send_key=self.keys[1], recv_key=self.keys[0], peer="a client")
         commits = RecvBuffer()
         with sock:
@@ -297,7 +291,7 @@ def measure_ps(shapes, clients: int, seconds: float, compression: str | None = N
     secret = new_secret()
     options = {} if frame_mac is True else {"frame_mac": frame_mac}  # older trees have no option: the MAC is on
     if shards > 1:
-        server = trainer.ps.ShardedParameterServer(rule, center, clients, secret, shards=shards, io_timeout=120.0,
+        server = ShardedParameterServer(rule, center, clients, secret, shards=shards, io_timeout=120.0,
                                                    **options)
     else:
         server = ParameterServer(rule, center, clients, secret, io_timeout=120.0, **options)
