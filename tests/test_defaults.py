@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parents[1]
 @pytest.mark.slow
 @pytest.mark.timeout(2400)
 def test_the_defaults_learn_like_plain_keras_at_2_and_8_workers(tmp_path, eight_workers_at_a_time):
-    done = subprocess.run([sys.executable, str(REPO / "jobs" / "bench_defaults.py"), "--workers", "2,8",
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_defaults.py"), "--workers", "2,8",
                            "--out", str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=1150)
     result = json.loads((tmp_path / "defaults.json").read_text()) if (tmp_path / "defaults.json").is_file() else None
     assert result is not None, done.stdout[-2000:] + done.stderr[-3000:]
@@ -66,7 +66,7 @@ def test_allreduce_with_its_defaults_learns_like_plain_keras_at_2_and_8_workers(
 
     backend = keras.backend.backend()
     workers = [2] if backend == "torch" else [2, 8]
-    done = subprocess.run([sys.executable, str(REPO / "jobs" / "bench_defaults.py"), "--workers",
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_defaults.py"), "--workers",
                            ",".join(map(str, workers)), "--algorithm", "allreduce", "--problems", "regression",
                            "--backend", backend, "--out", str(tmp_path)],
                           cwd=REPO, capture_output=True, text=True, timeout=1500)
