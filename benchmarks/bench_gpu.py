@@ -5,7 +5,7 @@ parameter server costs about ten times a step: this benchmark measures what
 that leaves of plain Keras's speed on the same device. It runs the MNIST CNN
 (``jobs/support/models.build_cnn``, Adam 1e-3, batch 128 per worker) under
 the Keras backend(s) given, each set-up in fresh processes
-(``trainer_jobs.support.baseline``, ``trainer_benchmarks.support.worker_loop``):
+(``trainer_jobs.support.plain_keras``, ``trainer_benchmarks.support.worker_loop``):
 
 * ``plain``: ``model.fit`` on the whole training set, one process;
 * ``workers=N``: N worker processes running the task loop's callback
@@ -50,7 +50,7 @@ import numpy as np
 from trainer.algorithms import DOWNPOUR, AllReduce
 from trainer_jobs.support.datasets import load_mnist
 from trainer_jobs.support.models import build_cnn
-from trainer_jobs.support.baseline import run_single
+from trainer_jobs.support.plain_keras import run_single
 from trainer_benchmarks.support.worker_loop import model_in_fresh_process, run_collective, run_workers, steady
 from trainer_jobs.support.report import markdown_table, run_metadata
 

@@ -1,6 +1,6 @@
 """Framework overhead on the MNIST CNN: where a worker's time goes against plain single-process Keras.
 
-Runs the set-ups of ``trainer_jobs.support.baseline`` and ``trainer_benchmarks.support.worker_loop`` one after the other
+Runs the set-ups of ``trainer_jobs.support.plain_keras`` and ``trainer_benchmarks.support.worker_loop`` one after the other
 (each in fresh processes with one TensorFlow thread per worker), then splits
 the gap between one worker and plain Keras into: the input pipeline (``feed``
 - ``plain``), the per-batch callback (``feed+callback`` - ``feed``), the
@@ -30,7 +30,7 @@ import numpy as np
 import trainer.algorithms as algorithms
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.datasets import load_mnist
-from trainer_jobs.support.baseline import run_single
+from trainer_jobs.support.plain_keras import run_single
 from trainer_benchmarks.support.worker_loop import run_workers, steady
 from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata
 

@@ -1,6 +1,6 @@
 """The worker loops without Spark that `make bench-gpu` and `benchmarks/profile_overhead.py` time.
 
-Beside the plain-Keras set-ups of ``trainer_jobs.support.baseline`` (``plain``,
+Beside the plain-Keras set-ups of ``trainer_jobs.support.plain_keras`` (``plain``,
 ``feed``, ``feed+callback``, N ``feed`` copies side by side):
 
 * ``workers=N``: N workers running the real task loop's callback
@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from trainer.internals import new_secret
-from trainer_jobs.support.baseline import collect, epoch_timer, limit_keras_threads
+from trainer_jobs.support.plain_keras import collect, epoch_timer, limit_keras_threads
 
 
 

@@ -2,7 +2,7 @@
 
     datasets   -- offline MNIST and electricity-demand loaders
     scaling    -- sessions, the plain-Keras baseline and result rows of the scaling jobs
-    baseline   -- plain Keras in fresh processes on a Spark task's cores (also the benchmarks' worker loop's base)
+    plain_keras -- plain Keras in fresh processes on a Spark task's cores (also the benchmarks' worker loop's base)
     models     -- the MNIST CNN and its learning rate
     target     -- time to a target metric, epoch by epoch
     tracking   -- the jobs' MLflow runs

@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from trainer import LocalCluster, spark_session
-from trainer_jobs.support.baseline import epoch_timer, limit_keras_threads, run_single
+from trainer_jobs.support.plain_keras import epoch_timer, limit_keras_threads, run_single
 from trainer_jobs.support.report import speedup_rows
 
 
@@ -93,7 +93,7 @@ def plain_keras_fit(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *,
 def plain_keras_side_by_side(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *, copies: int, epochs: int,
                              batch_size: int, threads: int = 1, seed: int = 0) -> list[dict[str, Any]]:
     """`copies` Keras processes started together, each on its 1/copies of the rows as N workers split them and
-    fed as workers are (``ShardFeed``): the ``feed`` set-up of `trainer_jobs.support.baseline` run `copies`
+    fed as workers are (``ShardFeed``): the ``feed`` set-up of `trainer_jobs.support.plain_keras` run `copies`
     times at once; one result per process (``rows``, ``epoch_times``, ``cores_used``).
 
     No parameter server, no Spark: what N processes training at once cost
