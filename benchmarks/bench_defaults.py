@@ -18,10 +18,12 @@ MSE). A run is within the bounds when its accuracy is at most 0.02 below plain K
 measured here, never speed. `tests/test_defaults.py` runs it at 2 and 8 workers in `make test`.
 
 ``--algorithm allreduce`` holds `AllReduce` with its defaults (the compiled rate scaled to the global batch)
-to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND).
+to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND); ``--algorithm default,allreduce``
+runs both on one cluster (``--allreduce-problems`` narrows the problems of the second), as `make test` does.
 
     python benchmarks/bench_defaults.py --workers 1,2,4,8 --out results/defaults
     python benchmarks/bench_defaults.py --workers 1,2,4,8 --algorithm allreduce --backend torch
+    python benchmarks/bench_defaults.py --workers 2,8 --algorithm default,allreduce --allreduce-problems regression
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ from trainer_jobs.support.scaling import cluster_session
 PROBLEMS = ("binary", "classes", "regression")
 ACCURACY_GAP = 0.02
 LOSS_RATIO = 1.2
-COLUMNS = ["problem", "workers", "plain_accuracy", "accuracy", "plain_loss", "loss", "loss_ratio", "window",
+ALGORITHMS = ("default", "allreduce")
+COLUMNS = ["algorithm", "problem", "workers", "plain_accuracy", "accuracy", "plain_loss", "loss", "loss_ratio", "window",
            "within"]
 
 
@@ -125,6 +128,14 @@ def compare(kind: str, workers: int, plain: dict, ours: dict, window) -> dict:
     return row
 
 
+def _names(parser, what: str, text: str, known: tuple[str, ...]) -> list[str]:
+    names = [k.strip() for k in text.split(",") if k.strip()]
+    unknown = [k for k in names if k not in known]
+    if unknown or not names:
+        parser.error(f"unknown {what}(s) {', '.join(unknown) or '(none)'}; expected {', '.join(known)}")
+    return names
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workers", default="1,2,4,8", help="worker counts (default 1,2,4,8)")
@@ -132,8 +143,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--epochs", type=int, default=3, help="epochs (default 3)")
     parser.add_argument("--batch-size", type=int, default=32, help="minibatch per worker (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
-    parser.add_argument("--algorithm", choices=["default", "allreduce"], default="default",
-                        help="the rule: the Trainer's default (no algorithm named) or allreduce (default: default)")
+    parser.add_argument("--algorithm", default="default",
+                        help="the rule(s), comma-separated: default (the Trainer's, no algorithm named) and/or "
+                             "allreduce (default: default)")
+    parser.add_argument("--allreduce-problems", help="the problems of allreduce (default: --problems)")
     parser.add_argument("--out", default="results/defaults", help="results directory (default results/defaults)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
@@ -141,10 +154,9 @@ def main(argv: list[str] | None = None) -> int:
         counts = parse_workers(args.workers)
     except ValueError as exc:
         parser.error(str(exc))
-    kinds = [k.strip() for k in args.problems.split(",") if k.strip()]
-    unknown = [k for k in kinds if k not in PROBLEMS]
-    if unknown:
-        parser.error(f"unknown problem(s) {', '.join(unknown)}; expected {', '.join(PROBLEMS)}")
+    algorithms = _names(parser, "algorithm", args.algorithm, ALGORITHMS)
+    problems = {"default": _names(parser, "problem", args.problems, PROBLEMS)}
+    problems["allreduce"] = _names(parser, "problem", args.allreduce_problems or args.problems, PROBLEMS)
     start_logging(args)
     import keras  # after start_logging: --backend is set before Keras starts
 
@@ -153,18 +165,19 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     slots = max(counts)
     with cluster_session(None, 2 if slots > 1 else 1, max(1, (slots + 1) // 2), "defaults") as spark:
-        for kind in kinds:
+        for kind in [k for k in PROBLEMS if any(k in problems[a] for a in algorithms)]:
             plain = plain_keras(kind, args.epochs, args.batch_size, args.seed)
             train, test = frames(spark, kind, args.seed)
             features = len(train.first()["features"])
-            for n in counts:
+            for algorithm, n in [(a, n) for a in algorithms if kind in problems[a] for n in counts]:
                 started = time.time()
                 keras.utils.set_random_seed(args.seed)  # the driver builds the initial center as plain Keras did
-                rule = {"algorithm": "allreduce"} if args.algorithm == "allreduce" else {}
+                rule = {"algorithm": "allreduce"} if algorithm == "allreduce" else {}
                 fitted = Trainer(builder(kind, features), num_workers=n, epochs=args.epochs,
                                  batch_size=args.batch_size, seed=args.seed, verbose=False, **rule).fit(train)
                 windows = [(w.get("window") or {}).get("last") for w in fitted.history.workers]
-                rows.append(compare(kind, n, plain, fitted.evaluate(test), max((w for w in windows if w), default=1)))
+                rows.append({"algorithm": algorithm, **compare(kind, n, plain, fitted.evaluate(test),
+                                                              max((w for w in windows if w), default=1))})
                 rows[-1]["seconds"] = time.time() - started
                 print(markdown_table(rows[-1:], COLUMNS), flush=True)
     text = write_report(out, "defaults", "The defaults against plain Keras",

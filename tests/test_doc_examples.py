@@ -165,11 +165,10 @@ def _classifier_learned(output: str) -> None:
 
 
 def _gpus_are_distinct(output: str) -> None:
-    fit, selection = [v for v in printed_literals(output) if isinstance(v, list)][:2]
+    (fit,) = [v for v in printed_literals(output) if isinstance(v, list)][:1]
     gpus = [tuple(w[1]) for w in fit]
     assert len(fit) == 2 and len(set(gpus)) == 2 and all(len(g) == 1 for g in gpus), fit
     assert all(w[2] == w[1][0] for w in fit), f"each task sets its own GPU visible: {fit}"
-    assert selection and all(len(t[1]) == 1 for t in selection), selection
 
 
 def _pipeline_reloads_the_same(output: str) -> None:
