@@ -93,3 +93,16 @@ def test_the_spark_ml_params_and_the_command_lines_take_their_defaults_from_the_
     train = command_parser().parse_args(["train", "model", "--model", "m:f", "--data", "."])
     assert (train.workers, train.epochs, train.batch_size) == tuple(FitOptions.default(n) for n in (
         "num_workers", "epochs", "batch_size"))
+
+
+@pytest.mark.parametrize("owner", ["Trainer", "ModelSelector"])
+def test_an_option_set_as_an_attribute_is_checked_again_and_is_what_the_driver_reads(owner):
+    holder = Trainer(lambda: None, epochs=2) if owner == "Trainer" else _selector(max_retries=1)
+    name, good, bad = ("epochs", 5, 0) if owner == "Trainer" else ("max_retries", 3, -1)
+    setattr(holder, name, good)
+    assert getattr(holder, name) == good == getattr(holder.options, name)  # one value, never two
+    with pytest.raises(OptionError, match=name):
+        setattr(holder, name, bad)
+    assert getattr(holder.options, name) == good  # a refused value changes nothing
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        holder.nope  # noqa: B018

@@ -189,6 +189,27 @@ class Options:
         return cls(**values)
 
 
+class OptionAttributes:
+    """Mixed into the classes that hold an `options` object (`Trainer`, `ModelSelector`): each option reads as
+    an attribute of the same name (``trainer.epochs``), and setting one checks it again into a new `options`,
+    so the attribute and `options` never differ (the driver reads `options`)."""
+
+    options: Options
+
+    def __getattr__(self, name: str) -> Any:  # only for names not found the usual way
+        options = self.__dict__.get("options")
+        if options is not None and name in options.names():
+            return getattr(options, name)
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        options = self.__dict__.get("options")
+        if options is not None and name in options.names():
+            values = {n: getattr(options, n) for n in options.names()}
+            name, value = "options", type(options).of(type(self).__name__, {**values, name: value})
+        object.__setattr__(self, name, value)
+
+
 @dataclass(kw_only=True)
 class SharedOptions(Options):
     """The options of a fit and of a search (the `Trainer` and `ModelSelector` docstrings say what each does)."""

@@ -47,17 +47,18 @@ from typing import Any
 
 from trainer.fit.driver import drive_fit
 from trainer.fit.fitted import FittedModel
-from trainer.options import FitOptions
+from trainer.options import FitOptions, OptionAttributes
 from trainer.tracking import RunLogger
 
 
-class Trainer:
+class Trainer(OptionAttributes):
     """Data-parallel training of a Keras 3 model on a Spark DataFrame.
 
     Every keyword argument is an option declared, defaulted and checked once in
     ``trainer.options.FitOptions``: a wrong value raises `OptionError` (a
     ValueError) naming it, an unknown name a TypeError; the checked values
-    are `self.options` and the attributes of the same names.
+    are `self.options`, each also an attribute of its name (set one: it is checked
+    again).
 
     Args:
         model: a compiled ``keras.Model`` with a defined input shape, or a function
@@ -178,7 +179,6 @@ class Trainer:
         self.model = model
         #: The checked options (``trainer.options.FitOptions``), also readable as attributes: ``trainer.epochs``.
         self.options = FitOptions.of("Trainer", options)
-        vars(self).update(vars(self.options))
 
     # -- fit -------------------------------------------------------------------
     def fit(self, df, resume_from: str | os.PathLike | None = None, *, validation: Any = None,

@@ -37,7 +37,7 @@ import numpy as np
 from trainer.data.checks import model_io, prepare_frame, resolve_input_shape
 from trainer.data.validation import split_validation, tag_validation, validation_frame
 from trainer.errors import SelectionError
-from trainer.options import SelectionOptions
+from trainer.options import OptionAttributes, SelectionOptions
 from trainer.runtime.feeding.arrow import arrow_to_numpy
 from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
@@ -62,7 +62,7 @@ __all__ = ["STRATEGIES", "ModelSelector"]
 STRATEGIES = ("mop", "task_parallel", "sequential")
 
 
-class ModelSelector:
+class ModelSelector(OptionAttributes):
     """Train every configuration of a search on Spark and pick the best; see the module docstring.
 
     The keyword arguments after `strategy` are options declared, defaulted and
@@ -129,7 +129,6 @@ class ModelSelector:
                 f"strategy='sequential' trains on one worker. Received num_workers={self.options.num_workers}. "
                 "Fix: pass num_workers=1, or strategy='task_parallel' for several workers."
             )
-        vars(self).update(vars(self.options))
         self.model_fn = model_fn
         self.search = search
         self.strategy = strategy
