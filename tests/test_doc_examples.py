@@ -153,8 +153,10 @@ def evaluated(output: str, metric: str = "accuracy") -> list[float]:
 
 
 # The 2,000 rows of the README's and the guide's example: 10 classes whose centres lie about 11 apart, noise 2
-# per feature, so 4 epochs separate them: a run that learned at all is far above 0.9 (chance: 0.1).
-LEARNED = 0.9
+# per feature: 4 epochs of Adam at 1e-3 reach 0.93-0.95 as a rule, and 0.8985 once on a loaded machine
+# (2026-11-27, the README's 2-worker fit beside make test's backend runs); chance is 0.1, so 0.8 still tells a
+# fit that learned from one that did not.
+LEARNED = 0.8
 
 
 def _classifier_learned(output: str) -> None:
