@@ -264,7 +264,7 @@ def test_the_output_checks_read_shown_tables_and_printed_values():
     assert shown_tables(output) == [["|label|prediction|", "|    3|         3|", "|    1|         7|",
                                      "|    0|         0|"]]
     _classifier_learned(output)
-    with pytest.raises(AssertionError, match="expected >= 0.9"):
+    with pytest.raises(AssertionError, match="expected >= 0.8"):
         _classifier_learned(output.replace("0.97", "0.42"))
     assert set(CHECKS) == {block.id for block in BLOCKS}, "every example says what it must print"
 
