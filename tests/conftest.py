@@ -18,7 +18,6 @@ after every other test of the session that uses it.
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shutil
@@ -107,7 +106,7 @@ def digits(spark):
 # --------------------------------------------------------------------------- a full disk
 
 
-@contextlib.contextmanager
+@pytest.fixture
 def eight_workers_at_a_time():
     """Held by the tests that train 8 workers at once (the defaults batteries), in every pytest process of this
     checkout: make test's main run and its backend runs take it in turn. Two at once (the TensorFlow and torch
