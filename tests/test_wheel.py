@@ -96,7 +96,8 @@ def test_wheel_in_a_fresh_venv_runs_a_2_worker_fit(wheel, drivers_cluster, tmp_p
 
     work = tmp_path / "work"  # no source of this project here: the venv's trainer must be the one used
     work.mkdir()
-    probe = _run([python, "-c", "import trainer, trainer_jobs, trainer_benchmarks; print(trainer.__file__)"], tmp_path / "probe.log",
+    probe = _run([python, "-c", "import trainer, trainer_jobs, trainer_benchmarks; "
+                                 "print(trainer.__file__)"], tmp_path / "probe.log",
                  cwd=work, env=clean)
     assert str(env_dir) in probe and str(REPO) not in probe
     out = _run([command, "train", "model", "--model", tmp_path / "my_model.py:build", "--data",

@@ -18,12 +18,14 @@ PROG = "spark-keras-trainer"
 
 #: (command, job) -> (module, one line for the help listing).
 JOBS: dict[tuple[str, str], tuple[str, str]] = {
-    ("train", "mnist"): ("trainer_jobs.mnist", "the MNIST CNN on N workers for each N in --workers; speed-up and accuracy"),
+    ("train", "mnist"): ("trainer_jobs.mnist",
+                         "the MNIST CNN on N workers for each N in --workers; speed-up and accuracy"),
     ("train", "forecast"): ("trainer_jobs.forecast",
                             "energy-demand forecasting (LSTM/GRU) on N workers; speed-up and MAPE"),
     ("select", "mnist"): ("trainer_jobs.select_mnist",
                           "8 MNIST configurations: model hopper vs task parallel vs sequential"),
-    ("select", "forecast"): ("trainer_jobs.select_forecast", "forecasting configurations: model hopper vs the baselines"),
+    ("select", "forecast"): ("trainer_jobs.select_forecast",
+                             "forecasting configurations: model hopper vs the baselines"),
     ("bench", ""): ("trainer_jobs.bench", "the MNIST and forecasting benchmarks; results and BENCH.md under --out"),
     ("bench", "defaults"): ("trainer_benchmarks.bench_defaults", "the defaults (or allreduce) against plain Keras"),
     ("bench", "quality"): ("trainer_benchmarks.bench_quality", "the spread behind the tests' quality floors"),

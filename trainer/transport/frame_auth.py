@@ -11,9 +11,9 @@ trailer::
 The receiver checks the header against its limits, reads the rest of the
 frame (hashing it as it arrives, while the sender hashes what comes next),
 and compares ``seq`` with the number it expects and ``tag`` with its own (in
-constant time) *before* it parses the meta or builds an array. A difference raises :class:`~trainer.transport.wire.IntegrityError`
-and the caller closes the connection: an altered, injected, replayed, dropped
-or reordered frame is never used.
+constant time) *before* it parses the meta or builds an array. A difference raises
+:class:`~trainer.transport.wire.IntegrityError` and the caller closes the connection: an altered,
+injected, replayed, dropped or reordered frame is never used.
 
 MAC algorithms: ``"poly1305"`` (the default), ``"hmac-sha256"`` and
 ``"blake2b"`` (keyed BLAKE2b-256). Poly1305 is a one-time authenticator: each
