@@ -119,7 +119,7 @@ test-matrix: venv ## run the Spark-integration core (-m core) in each cell of MA
 matrix-venv: venv ## build (or find in MATRIX_DIR) the venv of each cell of MATRIX_CELLS, run nothing
 	for cell in $(MATRIX_CELLS); do $(PY) tests/matrix.py --cell $$cell --cache $(MATRIX_DIR) --venv-only; done
 
-bench: venv ## run the MNIST and forecasting benchmarks, the default rule then allreduce under JAX (options: MNIST_ARGS="...", FORECAST_ARGS="..."); results under $(OUT)/
+bench: venv ## run the MNIST and forecasting benchmarks, the default rule then allreduce, with where an all-reduce step goes (options: MNIST_ARGS="...", FORECAST_ARGS="..."); results under $(OUT)/
 	$(PY) jobs/bench.py --out $(OUT) --mnist-args='$(MNIST_ARGS)' --forecast-args='$(FORECAST_ARGS)'
 
 bench-quality: venv ## recompute the spread behind the tests' quality floors (RUNS=20 fits of each calibrated case) and write it into docs/benchmarks.md

@@ -63,6 +63,7 @@ from typing import Any
 
 from trainer_jobs.support.cli import add_verbose_arg, start_logging
 from trainer_jobs.support.report import markdown_table, metric_pivot, run_metadata
+from trainer_jobs.support.scaling import step_breakdown_table
 from trainer_jobs.support.target import TARGET_COLUMNS, target_table
 
 JOBS_DIR = Path(__file__).resolve().parent
@@ -222,6 +223,13 @@ def _section(step: Step, rc: int, seconds: float, out: Path) -> list[str]:
                   "left out where time-shared):", "", target_table(rows), ""]
     if any(r.get("timing_valid") is False for r in rows):
         lines += ["\\* time-shared: more worker threads than cores, so the time is not valid; the metric is.", ""]
+    if breakdown := step_breakdown_table(rows):
+        lines += ["Per step, in ms: a step in `fit` (`step_ms`) = `compute_ms` (a step of one of N bare Keras "
+                  "processes side by side, fed as workers are) + `wait_ms` (waiting in the all-reduce for the slower "
+                  "process) + `allreduce_ms` (one all-reduce of the gradients alone, after a barrier) + "
+                  "`framework_ms` (the rest: the local-gradients step's own work, Keras's loop); `epoch_end_ms` is "
+                  "the epoch's end (validation, the report to the driver) spread over its steps.", "",
+                  breakdown.split("\n", 1)[1], ""]
     if meta.get("epochs"):
         lines += [f"Epochs: {meta['epochs']}, batch size {meta.get('batch_size')}, algorithm "
                   f"{meta.get('algorithm')} (window {meta.get('window')}), training rows "

@@ -156,6 +156,9 @@ from trainer_jobs.support.scaling import (
     cluster_session,
     fitted_row,
     plain_keras_fit,
+    plain_keras_side_by_side,
+    steady_epoch_time,
+    step_breakdown_table,
     timing_valid,
     with_ratios,
 )
@@ -408,8 +411,20 @@ def _algorithm(args: argparse.Namespace, workers: int):
     return dataclasses.replace(algorithm, lr_scaling="none") if getattr(algorithm, "collective", False) else algorithm
 
 
+def side_by_side_run(name: str, args: argparse.Namespace, workers: int, x: np.ndarray, y: np.ndarray) -> float:
+    """Samples/s of each of `workers` bare Keras processes side by side (no exchange): the limit all-reduce's
+    step breakdown is measured against (``trainer_jobs.support.scaling.step_breakdown``)."""
+    side = plain_keras_side_by_side(model_builder(name, args, len(x), workers), x, y, copies=workers,
+                                    epochs=args.epochs, batch_size=args.batch_size, threads=args.cores_per_worker,
+                                    seed=args.seed)
+    rate = float(np.mean([r["rows"] / steady_epoch_time(r["epoch_times"]) for r in side]))
+    print(f"{name}, {workers} Keras processes side by side (no exchange): {rate:.0f} samples/s each", flush=True)
+    return rate
+
+
 def distributed_run(name: str, args: argparse.Namespace, seed: int, workers: int, train, test, scaler,
-                    rows: int, test_arrays: tuple[np.ndarray, np.ndarray], target: float | None) -> dict:
+                    rows: int, test_arrays: tuple[np.ndarray, np.ndarray], target: float | None,
+                    side_by_side: float | None = None) -> dict:
     """``Trainer.fit`` on `workers` workers, the test hours predicted on the executors: its result row.
 
     With `target` None the 1-worker run trains --epochs and its MAPE there becomes the target (the row's
@@ -435,7 +450,7 @@ def distributed_run(name: str, args: argparse.Namespace, seed: int, workers: int
                      valid=valid, window=window_for(args, workers), seed=seed,
                      epochs_trained=len(fitted.history.epochs),
                      final_metric_value=final, target=target, metric_by_epoch=[scores[e] for e in sorted(scores)],
-                     **reached)
+                     **reached, **({"side_by_side_samples_per_s": side_by_side} if side_by_side else {}))
     ttt = reached["time_to_target_s"]
     print(f"{name} {workers} worker(s){_seeded(args, seed)}: {row['epoch_time_s']:.1f} s/epoch"
           f"{'' if valid else ' (time-shared: timing not valid)'}, test MAPE {value:.2f} %, "
@@ -465,8 +480,12 @@ def main(argv: list[str] | None = None) -> int:
                     rows.append(baseline_run(name, args, seed, (x_train, y_train, x_test, y_test), scaler))
                 target = args.target_mape
                 for n in args.worker_counts:  # ascending: the 1-worker run sets the target of the others
+                    # all-reduce's step breakdown needs the side-by-side limit (the MNIST job measures it always)
+                    side = (side_by_side_run(name, args, n, x_train, y_train)
+                            if args.algorithm == "allreduce" and not args.no_baseline and n > 1
+                            and seed == args.seed and timing_valid(n, args.cores_per_worker, args.master) else None)
                     rows.append(distributed_run(name, args, seed, n, train, test, scaler, len(x_train),
-                                                (x_test, y_test), target))
+                                                (x_test, y_test), target, side))
                     target = rows[-1]["target"]
     rows = with_target_speedup(with_ratios(rows))
     if args.mlflow:
@@ -482,6 +501,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "target_speedup", "target_epochs", "target_steps", "updates", "bytes",
                                 "timing_valid"]))
     print(metric_pivot(rows, "MAPE (%)"))
+    if breakdown := step_breakdown_table(rows):
+        print(breakdown)
     for line in against_plain_keras(rows, "test MAPE (%)", higher_is_better=False, tolerance=0.3,
                                     advice="train more epochs (--epochs, --max-epochs)"):
         print(line)

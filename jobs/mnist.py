@@ -60,6 +60,7 @@ from trainer_jobs.support.scaling import (
     plain_keras_fit,
     plain_keras_side_by_side,
     steady_epoch_time,
+    step_breakdown_table,
     timing_valid,
     with_ratios,
 )
@@ -212,6 +213,8 @@ def main(argv: list[str] | None = None) -> int:
                                 "bytes", "timing_valid"] + (["seed"] if args.repeats > 1 else [])))
     if args.repeats > 1:
         print(metric_pivot(rows, "Accuracy"))
+    if breakdown := step_breakdown_table(rows):
+        print(breakdown)
     for line in against_plain_keras(rows, "test accuracy", higher_is_better=True, tolerance=0.005,
                                     advice="train more epochs (--epochs) or with more rows (--limit)"):
         print(line)

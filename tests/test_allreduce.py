@@ -128,11 +128,13 @@ def _schedule_model():
 
 @pytest.mark.backend
 @pytest.mark.timeout(600)
-def test_two_collective_processes_without_spark_take_plain_keras_steps():
+@pytest.mark.parametrize("size", [1, 2])
+def test_collective_processes_without_spark_take_plain_keras_steps(size):
     """The loop's mechanics alone, under this session's backend: two processes joined by the backend's
     collective runtime and a real parameter server (task 0 reports there), no Spark; the state task 0 reports
     equals plain Keras's at twice the compiled rate (the default linear scaling for 2 workers), and carries the
-    compiled rate itself. In `make test`'s backend runs (60-90 s of two processes compiling under JAX)."""
+    compiled rate itself. One process alone joins no engine and takes Keras's own step (the same check at the
+    compiled rate). In `make test`'s backend runs (60-90 s of two processes compiling under JAX)."""
     import keras
 
     from trainer.algorithms import AllReduce
@@ -144,7 +146,8 @@ def test_two_collective_processes_without_spark_take_plain_keras_steps():
     rng = np.random.default_rng(0)
     x = rng.random((96, 64), dtype=np.float32)
     y = rng.integers(0, 10, 96).astype(np.int32)
-    shards = [(x[0::2], y[0::2]), (x[1::2], y[1::2])]  # 48 rows each: 3 steps of 16 per epoch
+    shards = [(x[i::size], y[i::size]) for i in range(size)]  # 2 x 48 rows: 3 steps of 16 an epoch
+    rows = len(shards[0][0])
     model = _constant_rate_model(0.005)
     model.optimizer.build(model.trainable_variables)
     start = [w.copy() for w in model.get_weights()]
@@ -159,10 +162,10 @@ def test_two_collective_processes_without_spark_take_plain_keras_steps():
                 np.save(directory / f"{name}.npy", array)
             job = CollectiveJob(model=ModelSource(keras_bytes=pack_model(model, None).data),
                                 ps_address=server.address, secret=server.credentials, addresses=addresses,
-                                process_id=pid, num_processes=2, batch_size=16, epochs=2, seed=5,
-                                keras_backend=backend, lr_factor=AllReduce().learning_rate_factor(2),
-                                parent_pid=os.getpid(), record={"worker": pid, "attempt": 0, "rows": 48,
-                                                                "padded_rows": 48})
+                                process_id=pid, num_processes=size, batch_size=16, epochs=2, seed=5,
+                                keras_backend=backend, lr_factor=AllReduce().learning_rate_factor(size),
+                                parent_pid=os.getpid(), record={"worker": pid, "attempt": 0, "rows": rows,
+                                                                "padded_rows": rows})
             processes.append((start_process(directory, job), directory))
         records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]
         center = server.center()
@@ -170,21 +173,27 @@ def test_two_collective_processes_without_spark_take_plain_keras_steps():
         server.stop()
         for port in ports:
             port.close()
-    plain = _constant_rate_model(0.01)  # plain Keras at the global batch, at the scaled rate
+    plain = _constant_rate_model(0.005 * size)  # plain Keras at the global batch, at the scaled rate
     plain.set_weights(start)
     for epoch in range(2):
         gx, gy = _plain_global_batches(shards, 16, seed=5, epoch=epoch)
-        logs = plain.fit(gx, gy, batch_size=32, epochs=1, shuffle=False, verbose=0).history
+        logs = plain.fit(gx, gy, batch_size=16 * size, epochs=1, shuffle=False, verbose=0).history
         assert records[0]["epochs"][epoch]["logs"]["loss"] == pytest.approx(logs["loss"][0], rel=1e-5)
     weights = len(plain.weights)
     for got, want in zip(center[:weights], plain.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
     state = dict(zip([v.path for v in model.optimizer.variables], center[weights:]))
-    assert int(state[model.optimizer.iterations.path]) == 6  # 2 epochs x 3 global steps came along
+    steps = 2 * math.ceil(rows / 16)
+    assert int(state[model.optimizer.iterations.path]) == steps  # 2 epochs of global steps came along
     assert float(state[model.optimizer._learning_rate.path]) == pytest.approx(0.005)  # the compiled rate kept
-    assert [r["steps"] for r in records] == [6, 6] and records[0]["commits"] == 2 and records[1]["commits"] == 0
+    assert [r["steps"] for r in records] == [steps] * size
+    assert [r["commits"] for r in records] == [2] + [0] * (size - 1)
+    assert {r["learning_rate_factor"] for r in records} == {float(size)}
+    if size == 1:
+        assert records[0]["train_step"] == "the model's own"
+        assert records[0]["collective"] == "none (one process)"
+        return
     assert {r["train_step"] for r in records} == {"local gradients"}
-    assert {r["learning_rate_factor"] for r in records} == {2.0}
     assert records[0]["ring_bytes_per_step"] == 4 * model.count_params()  # 2 (N - 1) / N of the gradient, N = 2
 
 

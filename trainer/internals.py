@@ -23,7 +23,8 @@ SEAM = {
     "trainer.fit.checkpoints": ["has_checkpoint"],
     "trainer.algorithms.delta": ["overlappable"],
     "trainer.tracking": ["RunLogger"],
-    # the jobs: free task slots, the selection jobs' search type and Gantt plots, a task's cores (J)
+    # the jobs: free task slots, the selection jobs' search type and Gantt plots; a task's cores (J, B: the
+    # plain-Keras baseline held to the cores of a worker)
     "trainer.spark.launch": ["wait_for_slots"],
     "trainer.selection.search": ["Search"],
     "trainer.selection.plots": ["plot_gantt_comparison"],

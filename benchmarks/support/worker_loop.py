@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from trainer.internals import new_secret
-from trainer_jobs.support.plain_keras import collect, epoch_timer, limit_keras_threads
+from trainer_jobs.support.plain_keras import collect, epoch_timer, hold_to_cores
 
 
 
@@ -99,7 +99,7 @@ def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int,
 
 
 def _model_task(builder, backend: str, seed: int, center, test, queue) -> None:
-    limit_keras_threads(1, backend)
+    hold_to_cores(1, backend)
     import keras  # deferred: after the thread settings
 
     keras.utils.set_random_seed(seed)

@@ -3,8 +3,9 @@
 The scaling jobs (``trainer_jobs.support.scaling``) time their plain-Keras
 baseline and the side-by-side limit here, and the benchmarks' worker loop
 (``trainer_benchmarks.support.worker_loop``) builds on the same processes.
-Every set-up trains the same model on the same rows, each process with the
-threads given (one TensorFlow thread pool each, as a Spark task with one core):
+Every set-up trains the same model on the same rows, each process held to
+the cores given as a Spark task with that many cores is (`hold_to_cores`:
+thread pools and CPU affinity; side-by-side copies on different cores):
 
 * ``plain``: ``model.fit`` on numpy arrays, Keras's own input pipeline (the
   baseline of `make bench`);
@@ -24,22 +25,23 @@ No Spark and no pyspark import: it runs wherever Keras and a backend are.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import time
 from typing import Any, Callable
 
 import numpy as np
 
-from trainer.internals import import_keras_quietly, quiet_env
+from trainer.internals import configure_process, import_keras_quietly, quiet_env
 
 _TIMEOUT = 1800.0
 
 
-def limit_keras_threads(threads: int = 1, backend: str = "tensorflow") -> None:
-    """Set this fresh process's TensorFlow thread pools (read once, when it starts) and Keras backend, then
-    start Keras without TensorFlow's import banners (`import_keras_quietly`)."""
-    os.environ.update({"TF_NUM_INTRAOP_THREADS": str(threads), "TF_NUM_INTEROP_THREADS": "1",
-                       "OMP_NUM_THREADS": str(threads), "KERAS_BACKEND": backend, **quiet_env()})
+def hold_to_cores(threads: int = 1, backend: str = "tensorflow", index: int = 0) -> None:
+    """Hold this fresh process to `threads` cores as a Spark task with that many cores is held (thread pools and
+    CPU affinity: ``configure_process``; `index` spreads side-by-side processes over the cores as task indexes
+    do), set the Keras backend, then start Keras without TensorFlow's import banners (`import_keras_quietly`).
+    Plain Keras and the workers it is compared with thus run on the same cores: unpinned, XLA (JAX) spreads
+    one process over every core of the machine."""
+    configure_process(threads, None, backend, quiet_env(), index=index)
     import_keras_quietly()
 
 
@@ -68,8 +70,8 @@ def _noop_batch_callback():
 
 
 def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, seed: int, threads: int,
-            queue, backend: str = "tensorflow", test: tuple | None = None) -> None:
-    limit_keras_threads(threads, backend)
+            queue, backend: str = "tensorflow", test: tuple | None = None, index: int = 0) -> None:
+    hold_to_cores(threads, backend, index)
     import keras  # deferred: after the thread settings
 
     from trainer.internals import ShardFeed  # deferred: after the thread settings
@@ -116,8 +118,8 @@ def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: 
     queue = ctx.Queue()
     bounds = np.linspace(0, len(x), copies + 1).round().astype(int)  # contiguous parts: views, not copies
     procs = [ctx.Process(target=_single, args=(mode, builder, x[a:b], y[a:b], epochs, batch_size, seed, threads,
-                                               queue, backend, test))
-             for a, b in zip(bounds[:-1], bounds[1:])]
+                                               queue, backend, test, i))
+             for i, (a, b) in enumerate(zip(bounds[:-1], bounds[1:]))]
     for proc in procs:
         proc.start()
     return collect(procs, queue, copies)

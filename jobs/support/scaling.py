@@ -24,8 +24,8 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from trainer import LocalCluster, spark_session
-from trainer_jobs.support.plain_keras import epoch_timer, limit_keras_threads, run_single
-from trainer_jobs.support.report import speedup_rows
+from trainer_jobs.support.plain_keras import epoch_timer, hold_to_cores, run_single
+from trainer_jobs.support.report import markdown_table, speedup_rows
 
 
 @contextlib.contextmanager
@@ -57,7 +57,7 @@ def timing_valid(workers: int, cores_per_worker: int, master: str | None) -> boo
 
 
 def _baseline_child(builder, x, y, epochs, batch_size, threads, backend, seed, queue) -> None:
-    limit_keras_threads(threads, backend)  # and Keras started quietly, after the thread settings
+    hold_to_cores(threads, backend)  # and Keras started quietly, after the thread settings
     import keras
 
     keras.utils.set_random_seed(seed)
@@ -129,8 +129,43 @@ def fitted_row(model_name: str, fitted, *, workers: int, rows: int, epochs: int,
         "metric_name": metric, "metric_value": value, "updates": history.num_updates,
         "bytes": history.bytes_moved, "timing_valid": valid, "epochs": epochs,
         "retries": sum(e.get("event") == "attempt_failed" for e in history.events),
-        "resumed": any(e.get("event") == "resumed" for e in history.events), **extra,
+        "resumed": any(e.get("event") == "resumed" for e in history.events),
+        **allreduce_parts(history), **extra,
     }
+
+
+def allreduce_parts(history) -> dict[str, float]:
+    """Per step of an all-reduce fit, from its processes' records (``trainer.runtime.collective.loop``), in ms:
+    ``step_ms`` (the time in ``fit`` over the steps), ``in_allreduce_ms`` (in the step's all-reduce: waiting for
+    the slower process, then reducing; not measured under JAX) and ``allreduce_ms`` (one all-reduce of the
+    gradients alone, after a barrier); ``step_rows`` and ``steps_per_epoch``, a process's. Empty for other
+    rules."""
+    workers = [w for w in history.workers if w.get("fit_s") and w.get("steps")]
+    if not workers:
+        return {}
+    out = {"step_ms": float(np.mean([1000 * w["fit_s"] / w["steps"] for w in workers])),
+           "step_rows": float(np.mean([w["padded_rows"] * len(w["epochs"]) / w["steps"] for w in workers])),
+           "steps_per_epoch": float(np.mean([w["steps"] / len(w["epochs"]) for w in workers]))}
+    if all(w.get("allreduce_ms") is not None for w in workers):
+        out["in_allreduce_ms"] = float(np.mean([1000 * w["collective_s"] / w["steps"] for w in workers]))
+        out["allreduce_ms"] = float(np.mean([w["allreduce_ms"] for w in workers]))
+    return out
+
+
+def step_breakdown(row: dict[str, Any]) -> dict[str, float]:
+    """Where an all-reduce row's step goes, in ms, against `row`'s side-by-side limit: ``compute_ms`` (a step
+    of one of N bare Keras processes side by side), ``wait_ms`` (waiting for the slower process),
+    ``allreduce_ms``, ``framework_ms`` (the rest of the time in ``fit``: the local-gradients step's own work,
+    Keras's loop) and ``epoch_end_ms`` (the epoch's end spread over its steps: validation, the report, the
+    driver)."""
+    if not (row.get("step_ms") and row.get("side_by_side_samples_per_s")):
+        return {}
+    compute = 1000 * row["step_rows"] / row["side_by_side_samples_per_s"]
+    out = {"compute_ms": compute, "epoch_end_ms": 1000 * row["epoch_time_s"] / row["steps_per_epoch"] - row["step_ms"]}
+    if "in_allreduce_ms" in row:
+        out.update(wait_ms=row["in_allreduce_ms"] - row["allreduce_ms"],
+                   framework_ms=row["step_ms"] - row["in_allreduce_ms"] - compute)
+    return out
 
 
 def baseline_row(model_name: str, result: dict[str, Any], *, rows: int, epochs: int, metric: str,
@@ -165,4 +200,18 @@ def with_ratios(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         elif r["workers"] == 1 and plain and any(p.get("side_by_side_samples_per_s") for p in rows
                                                  if p["model"] == r["model"]):
             r["throughput_vs_side_by_side"] = r["throughput_vs_keras"]  # one process: plain Keras alone
+        r.update(step_breakdown(r))
     return rows
+
+
+#: The columns of `step_breakdown_table`.
+BREAKDOWN_COLUMNS = ["model", "workers", "seed", "step_ms", "compute_ms", "wait_ms", "allreduce_ms", "framework_ms",
+                     "epoch_end_ms"]
+
+
+def step_breakdown_table(rows: list[dict[str, Any]]) -> str:
+    """The all-reduce rows' step breakdown (`step_breakdown`) as a Markdown table, or "" when no row has one."""
+    broken_down = [r for r in rows if r.get("compute_ms") is not None]
+    if not broken_down:
+        return ""
+    return "where an all-reduce step goes (ms):\n" + markdown_table(broken_down, BREAKDOWN_COLUMNS)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import shutil
 import socket
 import subprocess
@@ -58,6 +59,21 @@ def docker_problem() -> str | None:
 
 
 def free_port() -> int:
+    """A loopback port free now, below the kernel's ephemeral range. A port from ``bind(0)`` lies in that range,
+    where the Spark daemons, drivers and clients of the main run beside the lab tests draw ports all the time,
+    and one took it in the ten minutes between this choice and `make up` (seen once in `.ci/run`: "bind:
+    address already in use"); below it only an explicit bind can collide."""
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    for port in random.Random().sample(range(20000, max(low, 20200)), 200):
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]

@@ -18,6 +18,11 @@ process's gradients on its own rows, ONE all-reduce of them a step:
 ``local_step`` for TensorFlow and torch, ``jax_group`` for JAX), and the
 loop's once-per-epoch messages: the center broadcast from process 0, the
 validation logs gathered.
+
+One process alone (a 1-worker fit) joins no engine: `Alone` is plain Keras
+with the loop around it. Under JAX a ``DataParallel`` distribution would take
+the step off Keras's own input path (no batch fed one step ahead to a GPU:
+0.93 of plain Keras's speed on an H100, docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -76,12 +81,55 @@ class Group:
         """What the record keeps of the group (devices, the engine)."""
         return {}
 
+    def step_timings(self, elements: int) -> dict[str, Any]:
+        """Where a step's all-reduce went, for the record (``make bench``'s breakdown): ``collective_s``, the
+        seconds the steps spent in their all-reduce (waiting for the slower process, then reducing), and
+        ``allreduce_ms``, one all-reduce alone of `elements` float32 after a barrier (the median of a few);
+        empty where the backend does not measure them (JAX: the all-reduce is inside the compiled step)."""
+        return {}
+
     def leave(self) -> None:
         """Leave the group at the end of the process."""
 
 
+class Alone(Group):
+    """The group of one process: nothing to join, broadcast or gather; the model keeps Keras's own step."""
+
+    @classmethod
+    def join(cls, job) -> "Alone":
+        return cls(0, 1)
+
+    def use_local_gradients(self, model) -> bool:
+        return False
+
+    def broadcast(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        return [np.asarray(a) for a in arrays]
+
+    def allgather(self, array: np.ndarray) -> np.ndarray:
+        return np.asarray(array)[None]
+
+    def describe(self) -> dict[str, Any]:
+        return {"collective": "none (one process)"}
+
+
+def median_ms(all_reduce, elements: int, repeats: int = 9) -> float:
+    """The median milliseconds of ``all_reduce(elements)`` (a blocking all-reduce of that many float32 in every
+    process), each after ``all_reduce(1)``, a barrier: the reduction alone, without waiting for a process."""
+    import time
+
+    times = []
+    for _ in range(repeats):
+        all_reduce(1)
+        start = time.perf_counter()
+        all_reduce(elements)
+        times.append(time.perf_counter() - start)
+    return 1000.0 * float(np.median(times))
+
+
 def join_group(job) -> Group:
-    """This process's `Group` under `job.keras_backend`, joined."""
+    """This process's `Group` under `job.keras_backend`, joined (`Alone` for a group of one)."""
+    if job.num_processes == 1:
+        return Alone.join(job)
     try:
         module = BACKENDS[job.keras_backend]
     except KeyError:

@@ -17,7 +17,8 @@ One process, in order:
 2. joins the group of the N processes on its Keras backend's own collective
    engine (``trainer.runtime.collective.group``: JAX's distributed runtime,
    TensorFlow's collective ops or ``torch.distributed``), with the addresses
-   the tasks shared through Spark's barrier ``allGather``;
+   the tasks shared through Spark's barrier ``allGather`` (a process alone
+   joins none: ``Alone``);
 3. the model, built the same way in every process and given the
    local-gradients step (each process's gradients on its own rows, averaged
    in ONE all-reduce a step: plain Keras on the global batch of the
@@ -59,6 +60,7 @@ from trainer.ps.shard_client import connect_ps
 from trainer.runtime.collective.group import Group, join_group
 from trainer.runtime.collective.rates import ScaledRate
 from trainer.runtime.cores import sharing
+from trainer.runtime.feeding.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
 from trainer.runtime.process import configure_process
 from trainer.runtime.state import load_state, optimizer_of
@@ -114,12 +116,16 @@ def _watch_parent(parent_pid: int | None) -> None:
 
 
 class _Shard:
-    """The shard's minibatches in `epoch_order`, gathered from memory-mapped arrays one batch at a time."""
+    """The shard's minibatches in `epoch_order`. Under TensorFlow a ``tf.data`` pipeline gathers them from
+    the shard held as tensors (``ShardFeed``: a Python dataset goes through ``from_generator``, a millisecond
+    a step); under JAX and torch a ``PyDataset`` gathers each from the memory-mapped arrays (no copy of the
+    shard per epoch)."""
 
     def __init__(self, directory: Path, batch_size: int, seed: int) -> None:
         self.x = np.load(directory / "x.npy", mmap_mode="r")
         self.y = np.load(directory / "y.npy", mmap_mode="r")
         self.batch_size, self.seed = batch_size, seed
+        self._feed: ShardFeed | None = None
 
     @property
     def rows(self) -> int:
@@ -129,10 +135,15 @@ class _Shard:
     def steps(self) -> int:
         return math.ceil(self.rows / self.batch_size)
 
-    def dataset(self, epoch: int):
+    def fit_kwargs(self, epoch: int) -> dict[str, Any]:
+        """``model.fit``'s inputs for `epoch`."""
         import keras
 
         order = epoch_order(self.rows, self.seed, epoch)
+        if keras.backend.backend() == "tensorflow":
+            if self._feed is None:
+                self._feed = ShardFeed(np.asarray(self.x), np.asarray(self.y))
+            return self._feed.fit_kwargs(self.batch_size, order)
         shard, size = self, self.batch_size
 
         class EpochBatches(keras.utils.PyDataset):
@@ -143,7 +154,7 @@ class _Shard:
                 rows = order[index * size:(index + 1) * size]
                 return np.asarray(shard.x[rows]), np.asarray(shard.y[rows])
 
-        return EpochBatches()
+        return {"x": EpochBatches(), "shuffle": False}
 
 
 class _Validation:
@@ -236,11 +247,14 @@ def _train(model, shard: _Shard, validation: _Validation | None, client, job: Co
                   ring_bytes_per_step=2.0 * (job.num_processes - 1) / job.num_processes * gradient)
     callbacks = group.fit_callbacks()
     train_start, cpu_start = time.time(), time.process_time()
+    fit_s = 0.0
     for epoch in range(start_epoch, job.epochs):
         entry = {"epoch": epoch, "start": time.time(), "batches": shard.steps}
         record["epochs"].append(entry)
-        history = model.fit(shard.dataset(epoch), epochs=epoch + 1, initial_epoch=epoch, shuffle=False, verbose=0,
+        fit_start = time.perf_counter()
+        history = model.fit(**shard.fit_kwargs(epoch), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
                             callbacks=callbacks)
+        fit_s += time.perf_counter() - fit_start
         record["steps"] += shard.steps
         logs = {k: float(v[-1]) for k, v in history.history.items()}
         reported = dict(logs, rows=float(record["padded_rows"]) * job.num_processes)
@@ -260,7 +274,9 @@ def _train(model, shard: _Shard, validation: _Validation | None, client, job: Co
             record["stopped_at_epoch"] = epoch
             break
     train_s = time.time() - train_start
-    record.update(train_s=train_s, end=time.time(), cores_used=(time.process_time() - cpu_start) / max(train_s, 1e-9))
+    record.update(train_s=train_s, fit_s=fit_s, end=time.time(),
+                  cores_used=(time.process_time() - cpu_start) / max(train_s, 1e-9))
+    record.update(group.step_timings(gradient // 4))
     if client is not None:
         record.update(bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
 

@@ -31,7 +31,7 @@ import threading
 
 import numpy as np
 
-from trainer.runtime.collective.group import Group
+from trainer.runtime.collective.group import Group, median_ms
 from trainer.runtime.collective.local_step import (
     GRAD, MEAN, SEED_STRIDE, SUM, Collect, HeldApply, apply_summed, has_keras_train_step, is_float,
     is_seed_state,
@@ -82,7 +82,32 @@ class BackendGroup(Group):
         device = f"/job:worker/replica:0/task:{task}/device:{device_type}:0"
         with tf.device(device):
             token = tf.Variable(0.0, trainable=False, name="collective_ordering_token")
-        return cls(task, len(addresses), device, float(job.io_timeout), token)
+        group = cls(task, len(addresses), device, float(job.io_timeout), token)
+        with tf.device(device):
+            group.collective_s = tf.Variable(0.0, trainable=False, dtype=tf.float64, name="collective_seconds")
+        return group
+
+    def _timed_all_reduce_sum(self, flat):
+        """`all_reduce_sum` inside a step, its seconds (waiting for the slower process, then the reduction)
+        added to ``collective_s``: two ``tf.timestamp`` ops around the collective, ordered by control
+        dependencies (microseconds a step)."""
+        import tensorflow as tf
+
+        with tf.control_dependencies([flat]):
+            start = tf.timestamp()
+        with tf.control_dependencies([start]):
+            total = self.all_reduce_sum(tf.identity(flat))
+        with tf.control_dependencies([total]):
+            self.collective_s.assign_add(tf.timestamp() - start)
+            return tf.identity(total)
+
+    def step_timings(self, elements: int) -> dict:
+        import tensorflow as tf
+
+        def one(size: int) -> None:
+            self.all_reduce_sum(tf.zeros([size], tf.float32)).numpy()
+
+        return {"collective_s": float(self.collective_s.numpy()), "allreduce_ms": median_ms(one, elements)}
 
     def all_reduce_sum(self, flat):
         """The element-wise sum of the 1-D tensor `flat` over the group. Traced in a ``tf.function``, the
@@ -133,8 +158,8 @@ class BackendGroup(Group):
                 collect.add(MEAN, i, tf.identity(v.value))
             for i, v in enumerate(metrics):
                 collect.add(SUM, i, tf.identity(v.value) - starts[i])
-            apply_summed(collect.reduce(self.all_reduce_sum), model.optimizer, held, grads, means, metrics, starts,
-                         lambda total: total / tf.cast(n, total.dtype))
+            apply_summed(collect.reduce(self._timed_all_reduce_sum), model.optimizer, held, grads, means, metrics,
+                         starts, lambda total: total / tf.cast(n, total.dtype))
             return model.get_metrics_result()
 
         model.train_step = train_step

@@ -16,10 +16,11 @@ step on a stream of its own (`_ProcessRNG`), as it offsets its seed states.
 from __future__ import annotations
 
 import datetime
+import time
 
 import numpy as np
 
-from trainer.runtime.collective.group import Group
+from trainer.runtime.collective.group import Group, median_ms
 from trainer.runtime.collective.local_step import (
     GRAD, MEAN, SEED_STRIDE, SUM, Collect, HeldApply, apply_summed, has_keras_train_step, is_float,
     is_seed_state,
@@ -30,6 +31,7 @@ class BackendGroup(Group):
     def __init__(self, process_id: int, num_processes: int, engine: str) -> None:
         super().__init__(process_id, num_processes)
         self.engine = engine
+        self.collective_s = 0.0  # the steps' seconds in all_reduce_sum, on the host (gloo) only
 
     @classmethod
     def join(cls, job) -> "BackendGroup":
@@ -50,12 +52,28 @@ class BackendGroup(Group):
         """The element-wise sum of the 1-D tensor `flat` over the group."""
         import torch.distributed as dist
 
-        if self.engine == "gloo" and flat.is_cuda:
-            host = flat.cpu()
-            dist.all_reduce(host, op=dist.ReduceOp.SUM)
-            return host.to(flat.device)
+        if flat.is_cuda:
+            if self.engine == "gloo":
+                host = flat.cpu()
+                dist.all_reduce(host, op=dist.ReduceOp.SUM)
+                return host.to(flat.device)
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM)  # NCCL: queued on the stream, not timed here
+            return flat
+        start = time.perf_counter()
         dist.all_reduce(flat, op=dist.ReduceOp.SUM)
+        self.collective_s += time.perf_counter() - start
         return flat
+
+    def step_timings(self, elements: int) -> dict:
+        if self.engine != "gloo":
+            return {}
+        import torch
+
+        def one(size: int) -> None:
+            self.all_reduce_sum(torch.zeros(size))
+
+        collective_s = self.collective_s
+        return {"collective_s": collective_s, "allreduce_ms": median_ms(one, elements)}
 
     def use_local_gradients(self, model) -> bool:
         if not has_keras_train_step(model):
