@@ -263,10 +263,12 @@ def test_an_allreduce_step_is_broken_down_against_the_side_by_side_limit():
 
     from trainer_jobs.support.scaling import allreduce_parts, step_breakdown_table
 
-    # Two processes, 2 epochs of 10 steps of 32 rows each: 40 ms a step in fit, 12 of them in the all-reduce,
-    # of which 4 reducing alone; bare processes side by side run 1,280 samples/s each (25 ms a step).
-    records = [{"fit_s": 0.8, "steps": 20, "padded_rows": 320, "epochs": [{}, {}], "collective_s": 0.24,
-                "allreduce_ms": 4.0} for _ in range(2)]
+    # Two processes, 2 epochs of 10 steps of 32 rows each; past the first (tracing) epoch, 40 ms a step in fit,
+    # 12 of them in the all-reduce, of which 4 reducing alone; bare processes side by side run 1,280 samples/s
+    # each (25 ms a step).
+    epochs = [{"batches": 10, "fit_s": 3.0, "collective_s": 2.0}, {"batches": 10, "fit_s": 0.4, "collective_s": 0.12}]
+    records = [{"fit_s": 3.4, "steps": 20, "padded_rows": 320, "epochs": epochs, "allreduce_ms": 4.0}
+               for _ in range(2)]
     history = SimpleNamespace(workers=records)
     parts = allreduce_parts(history)
     assert parts == pytest.approx({"step_ms": 40.0, "step_rows": 32.0, "steps_per_epoch": 10.0,

@@ -135,19 +135,25 @@ def fitted_row(model_name: str, fitted, *, workers: int, rows: int, epochs: int,
 
 
 def allreduce_parts(history) -> dict[str, float]:
-    """Per step of an all-reduce fit, from its processes' records (``trainer.runtime.collective.loop``), in ms:
-    ``step_ms`` (the time in ``fit`` over the steps), ``in_allreduce_ms`` (in the step's all-reduce: waiting for
-    the slower process, then reducing; not measured under JAX) and ``allreduce_ms`` (one all-reduce of the
-    gradients alone, after a barrier); ``step_rows`` and ``steps_per_epoch``, a process's. Empty for other
-    rules."""
+    """Per step of an all-reduce fit, from its processes' records (``trainer.runtime.collective.loop``), in ms,
+    the first epoch (tracing) left out as in the epoch times: ``step_ms`` (the time in ``fit``),
+    ``in_allreduce_ms`` (in the step's all-reduce: waiting for the slower process, then reducing; not measured
+    under JAX) and ``allreduce_ms`` (one all-reduce of the gradients alone, after a barrier); ``step_rows`` and
+    ``steps_per_epoch``, a process's. Empty for other rules."""
     workers = [w for w in history.workers if w.get("fit_s") and w.get("steps")]
     if not workers:
         return {}
-    out = {"step_ms": float(np.mean([1000 * w["fit_s"] / w["steps"] for w in workers])),
+
+    def per_step_ms(w: dict, key: str) -> float:  # the first epoch (tracing, compiling) left out if there are more
+        epochs = [e for e in w["epochs"] if key in e]
+        epochs = epochs[1:] if len(epochs) > 1 else epochs
+        return 1000 * sum(e[key] for e in epochs) / max(sum(e["batches"] for e in epochs), 1)
+
+    out = {"step_ms": float(np.mean([per_step_ms(w, "fit_s") for w in workers])),
            "step_rows": float(np.mean([w["padded_rows"] * len(w["epochs"]) / w["steps"] for w in workers])),
            "steps_per_epoch": float(np.mean([w["steps"] / len(w["epochs"]) for w in workers]))}
-    if all(w.get("allreduce_ms") is not None for w in workers):
-        out["in_allreduce_ms"] = float(np.mean([1000 * w["collective_s"] / w["steps"] for w in workers]))
+    if all(w.get("allreduce_ms") is not None and all("collective_s" in e for e in w["epochs"]) for w in workers):
+        out["in_allreduce_ms"] = float(np.mean([per_step_ms(w, "collective_s") for w in workers]))
         out["allreduce_ms"] = float(np.mean([w["allreduce_ms"] for w in workers]))
     return out
 

@@ -81,12 +81,16 @@ class Group:
         """What the record keeps of the group (devices, the engine)."""
         return {}
 
-    def step_timings(self, elements: int) -> dict[str, Any]:
-        """Where a step's all-reduce went, for the record (``make bench``'s breakdown): ``collective_s``, the
-        seconds the steps spent in their all-reduce (waiting for the slower process, then reducing), and
-        ``allreduce_ms``, one all-reduce alone of `elements` float32 after a barrier (the median of a few);
-        empty where the backend does not measure them (JAX: the all-reduce is inside the compiled step)."""
-        return {}
+    def collective_seconds(self) -> float | None:
+        """The seconds this process's steps have spent in their all-reduce so far (waiting for the slower
+        process, then reducing), or None where the backend does not measure it (JAX: the all-reduce is inside
+        the compiled step)."""
+        return None
+
+    def allreduce_ms(self, elements: int) -> float | None:
+        """One all-reduce alone of `elements` float32 after a barrier, in ms (the median of a few; every process
+        calls it at the same point), or None where not measured."""
+        return None
 
     def leave(self) -> None:
         """Leave the group at the end of the process."""

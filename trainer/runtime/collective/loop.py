@@ -247,14 +247,17 @@ def _train(model, shard: _Shard, validation: _Validation | None, client, job: Co
                   ring_bytes_per_step=2.0 * (job.num_processes - 1) / job.num_processes * gradient)
     callbacks = group.fit_callbacks()
     train_start, cpu_start = time.time(), time.process_time()
-    fit_s = 0.0
+    fit_s, collective_before = 0.0, group.collective_seconds() or 0.0
     for epoch in range(start_epoch, job.epochs):
         entry = {"epoch": epoch, "start": time.time(), "batches": shard.steps}
         record["epochs"].append(entry)
         fit_start = time.perf_counter()
         history = model.fit(**shard.fit_kwargs(epoch), epochs=epoch + 1, initial_epoch=epoch, verbose=0,
                             callbacks=callbacks)
-        fit_s += time.perf_counter() - fit_start
+        entry["fit_s"] = time.perf_counter() - fit_start
+        fit_s += entry["fit_s"]
+        if (collective := group.collective_seconds()) is not None:
+            entry["collective_s"], collective_before = collective - collective_before, collective
         record["steps"] += shard.steps
         logs = {k: float(v[-1]) for k, v in history.history.items()}
         reported = dict(logs, rows=float(record["padded_rows"]) * job.num_processes)
@@ -276,7 +279,7 @@ def _train(model, shard: _Shard, validation: _Validation | None, client, job: Co
     train_s = time.time() - train_start
     record.update(train_s=train_s, fit_s=fit_s, end=time.time(),
                   cores_used=(time.process_time() - cpu_start) / max(train_s, 1e-9))
-    record.update(group.step_timings(gradient // 4))
+    record["allreduce_ms"] = group.allreduce_ms(gradient // 4) if group.num_processes > 1 else None
     if client is not None:
         record.update(bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
 

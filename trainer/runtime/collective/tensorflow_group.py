@@ -101,13 +101,16 @@ class BackendGroup(Group):
             self.collective_s.assign_add(tf.timestamp() - start)
             return tf.identity(total)
 
-    def step_timings(self, elements: int) -> dict:
+    def collective_seconds(self) -> float:
+        return float(self.collective_s.numpy())
+
+    def allreduce_ms(self, elements: int) -> float:
         import tensorflow as tf
 
         def one(size: int) -> None:
             self.all_reduce_sum(tf.zeros([size], tf.float32)).numpy()
 
-        return {"collective_s": float(self.collective_s.numpy()), "allreduce_ms": median_ms(one, elements)}
+        return median_ms(one, elements)
 
     def all_reduce_sum(self, flat):
         """The element-wise sum of the 1-D tensor `flat` over the group. Traced in a ``tf.function``, the

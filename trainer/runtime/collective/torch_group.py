@@ -64,16 +64,18 @@ class BackendGroup(Group):
         self.collective_s += time.perf_counter() - start
         return flat
 
-    def step_timings(self, elements: int) -> dict:
+    def collective_seconds(self) -> float | None:
+        return self.collective_s if self.engine == "gloo" else None
+
+    def allreduce_ms(self, elements: int) -> float | None:
         if self.engine != "gloo":
-            return {}
+            return None
         import torch
 
         def one(size: int) -> None:
             self.all_reduce_sum(torch.zeros(size))
 
-        collective_s = self.collective_s
-        return {"collective_s": collective_s, "allreduce_ms": median_ms(one, elements)}
+        return median_ms(one, elements)
 
     def use_local_gradients(self, model) -> bool:
         if not has_keras_train_step(model):
