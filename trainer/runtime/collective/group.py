@@ -131,8 +131,9 @@ def median_ms(all_reduce, elements: int, repeats: int = 9) -> float:
 
 
 def join_group(job) -> Group:
-    """This process's `Group` under `job.keras_backend`, joined (`Alone` for a group of one)."""
-    if job.num_processes == 1:
+    """This process's `Group` under `job.keras_backend`, joined (`Alone` for a group of one process on at most
+    one GPU: one on several keeps its backend's group, whose engine spans them under JAX)."""
+    if job.num_processes == 1 and len(job.gpus or []) <= 1:
         return Alone.join(job)
     try:
         module = BACKENDS[job.keras_backend]
