@@ -156,8 +156,7 @@ from trainer_jobs.support.scaling import (
     cluster_session,
     fitted_row,
     plain_keras_fit,
-    plain_keras_side_by_side,
-    steady_epoch_time,
+    side_by_side_rate,
     step_breakdown_table,
     timing_valid,
     with_ratios,
@@ -414,10 +413,8 @@ def _algorithm(args: argparse.Namespace, workers: int):
 def side_by_side_run(name: str, args: argparse.Namespace, workers: int, x: np.ndarray, y: np.ndarray) -> float:
     """Samples/s of each of `workers` bare Keras processes side by side (no exchange): the limit all-reduce's
     step breakdown is measured against (``trainer_jobs.support.scaling.step_breakdown``)."""
-    side = plain_keras_side_by_side(model_builder(name, args, len(x), workers), x, y, copies=workers,
-                                    epochs=args.epochs, batch_size=args.batch_size, threads=args.cores_per_worker,
-                                    seed=args.seed)
-    rate = float(np.mean([r["rows"] / steady_epoch_time(r["epoch_times"]) for r in side]))
+    rate = side_by_side_rate(model_builder(name, args, len(x), workers), x, y, copies=workers, epochs=args.epochs,
+                             batch_size=args.batch_size, threads=args.cores_per_worker, seed=args.seed)
     print(f"{name}, {workers} Keras processes side by side (no exchange): {rate:.0f} samples/s each", flush=True)
     return rate
 
@@ -481,9 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                 target = args.target_mape
                 for n in args.worker_counts:  # ascending: the 1-worker run sets the target of the others
                     # all-reduce's step breakdown needs the side-by-side limit (the MNIST job measures it always)
-                    side = (side_by_side_run(name, args, n, x_train, y_train)
-                            if args.algorithm == "allreduce" and not args.no_baseline and n > 1
-                            and seed == args.seed and timing_valid(n, args.cores_per_worker, args.master) else None)
+                    breakdown = (args.algorithm == "allreduce" and not args.no_baseline and n > 1
+                                 and seed == args.seed and timing_valid(n, args.cores_per_worker, args.master))
+                    side = side_by_side_run(name, args, n, x_train, y_train) if breakdown else None
                     rows.append(distributed_run(name, args, seed, n, train, test, scaler, len(x_train),
                                                 (x_test, y_test), target, side))
                     target = rows[-1]["target"]

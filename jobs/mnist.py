@@ -58,8 +58,7 @@ from trainer_jobs.support.scaling import (
     cluster_session,
     fitted_row,
     plain_keras_fit,
-    plain_keras_side_by_side,
-    steady_epoch_time,
+    side_by_side_rate,
     step_breakdown_table,
     timing_valid,
     with_ratios,
@@ -190,10 +189,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append(_baseline_run(args, builder, x, y_train, x_scored, y_test, seed))
             for n in args.worker_counts:
                 if n > 1 and timing_valid(n, args.cores_per_worker, args.master):
-                    side = plain_keras_side_by_side(builder(n), x, y_train, copies=n, epochs=args.epochs,
-                                                    batch_size=args.batch_size, threads=args.cores_per_worker,
-                                                    seed=args.seed)
-                    alongside[n] = float(np.mean([r["rows"] / steady_epoch_time(r["epoch_times"]) for r in side]))
+                    alongside[n] = side_by_side_rate(builder(n), x, y_train, copies=n, epochs=args.epochs,
+                                                     batch_size=args.batch_size, threads=args.cores_per_worker,
+                                                     seed=args.seed)
                     print(f"Keras, {n} processes side by side (no exchange): {alongside[n]:.0f} samples/s each "
                           f"({alongside[n] / rows[-1]['samples_per_s_per_worker']:.2f} of plain Keras alone)",
                           flush=True)

@@ -108,6 +108,15 @@ def plain_keras_side_by_side(builder: Callable[[], Any], x: np.ndarray, y: np.nd
                       threads=threads)
 
 
+def side_by_side_rate(builder: Callable[[], Any], x: np.ndarray, y: np.ndarray, *, copies: int, epochs: int,
+                      batch_size: int, threads: int = 1, seed: int = 0) -> float:
+    """Samples/s of each of `copies` bare Keras processes side by side (`plain_keras_side_by_side`), their mean
+    over the processes: the per-worker limit of N workers, and the compute of all-reduce's step breakdown."""
+    side = plain_keras_side_by_side(builder, x, y, copies=copies, epochs=epochs, batch_size=batch_size,
+                                    threads=threads, seed=seed)
+    return float(np.mean([r["rows"] / steady_epoch_time(r["epoch_times"]) for r in side]))
+
+
 def steady_epoch_time(epoch_times: list[float]) -> float:
     """Mean epoch time without the first epoch (graph tracing and warm-up) when there are several."""
     times = list(epoch_times[1:] if len(epoch_times) > 1 else epoch_times)

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import time
 from typing import Any
 
 import numpy as np
@@ -119,8 +120,6 @@ class Alone(Group):
 def median_ms(all_reduce, elements: int, repeats: int = 9) -> float:
     """The median milliseconds of ``all_reduce(elements)`` (a blocking all-reduce of that many float32 in every
     process), each after ``all_reduce(1)``, a barrier: the reduction alone, without waiting for a process."""
-    import time
-
     times = []
     for _ in range(repeats):
         all_reduce(1)
