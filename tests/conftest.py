@@ -172,6 +172,7 @@ def xdist_group(item) -> str:
     return item.nodeid.split("::")[0]
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups (its hook adds them to the node ids)
 def pytest_collection_modifyitems(config, items):
     """Mark ``spark`` every test that uses a Spark fixture, and give every test its xdist group
     (`xdist_group`); run the test that kills a worker of `drivers_cluster` after the others that use it, and
@@ -182,3 +183,22 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(pytest.mark.xdist_group(xdist_group(item)))
     items.sort(key=lambda item: (item.get_closest_marker("docker") is not None,
                                  item.get_closest_marker("kills_a_worker") is not None))
+
+
+# --------------------------------------------------------------------------- where the time goes
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """Append each test's pytest process (xdist worker and backend), xdist group, start and end (setup to teardown) to
+    test-artifacts/timeline.tsv: where each of make test's two workers spends its time, and where one waits."""
+    import time
+
+    start = time.time()
+    yield
+    path = Path(__file__).resolve().parents[1] / "test-artifacts" / "timeline.tsv"
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:  # one short line per append: the processes do not interleave
+        process = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}:{os.environ.get('KERAS_BACKEND', 'tensorflow')}"
+        fh.write(f"{process}\t{xdist_group(item)}\t{start:.1f}\t"
+                 f"{time.time():.1f}\t{item.nodeid}\n")
