@@ -95,7 +95,8 @@ def run_example(block: Block, workdir: Path, timeout: float = EXAMPLE_TIMEOUT_S)
     """Run one block as a script in `workdir`; its exit code and its output (stdout and stderr together)."""
     script = workdir / "example.py"
     script.write_text(block.code, encoding="utf-8")
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    # as on a fresh machine: none of the MLflow settings a test of this session may have exported
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith("MLFLOW_")}, "PYTHONUNBUFFERED": "1"}
     proc = subprocess.Popen([sys.executable, str(script)], cwd=workdir, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, text=True, start_new_session=True)
     try:

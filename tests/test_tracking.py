@@ -3,6 +3,8 @@ per-epoch metrics and the logged model read back with MlflowClient; model select
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -32,12 +34,18 @@ def tracking(tmp_path_factory):
     root = tmp_path_factory.mktemp("mlflow")
     uri = f"sqlite:///{root}/mlflow.db"
     previous = mlflow.get_tracking_uri()
+    # mlflow.set_experiment exports MLFLOW_EXPERIMENT_ID for child processes: a later test's subprocess (a doc
+    # example, in the same xdist worker) then asked its own fresh store for experiment 2 and failed
+    environment = {k: v for k, v in os.environ.items() if k.startswith("MLFLOW_")}
     mlflow.set_tracking_uri(uri)
     client = mlflow.MlflowClient(uri)
     for name in EXPERIMENTS:  # a sqlite store's default artifact root is ./mlruns in the working directory
         client.create_experiment(name, artifact_location=(root / "artifacts" / name).as_uri())
     yield client
     mlflow.set_tracking_uri(previous)
+    for name in [k for k in os.environ if k.startswith("MLFLOW_")]:
+        del os.environ[name]
+    os.environ.update(environment)
 
 
 @pytest.mark.spark
