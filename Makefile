@@ -93,7 +93,7 @@ test test-quick test-matrix: export SPARK_SUBMIT_OPTS = $(TEST_JVM_OPTS)
 test test-quick test-matrix: export PYSPARK_SUBMIT_ARGS = --conf "spark.executor.extraJavaOptions=$(TEST_JVM_OPTS)" pyspark-shell
 
 test: venv ## every test but the containers (real Spark daemons, TensorFlow); beside it, the backend tests under JAX and torch
-	@mkdir -p test-artifacts; \
+	@mkdir -p test-artifacts; rm -f test-artifacts/timeline.tsv; \
 	( for backend in $(TEST_BACKENDS); do \
 	    KERAS_BACKEND=$$backend TMPDIR=$$(mktemp -d) $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) >test-artifacts/backend-$$backend.log 2>&1 \
 	        && echo 0 >test-artifacts/backend-$$backend.rc || echo $$? >test-artifacts/backend-$$backend.rc; done; \
@@ -109,7 +109,7 @@ test: venv ## every test but the containers (real Spark daemons, TensorFlow); be
 	    cat test-artifacts/beside.log; rc=$$(cat test-artifacts/beside.rc); [ "$$rc" = 0 ] || status=$$rc;) exit $$status
 
 test-quick: venv ## the tests that need neither Spark nor Docker, on both cores (pytest-xdist, a file per worker)
-	$(VENV)/bin/pytest -n 2 --dist loadfile -m "not spark and not docker" $(PYTEST_ARGS)
+	rm -f test-artifacts/timeline.tsv; $(VENV)/bin/pytest -n 2 --dist loadfile -m "not spark and not docker" $(PYTEST_ARGS)
 
 test-unit: test-quick # its earlier name
 
