@@ -22,6 +22,7 @@ import errno
 import os
 import shutil
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -188,17 +189,17 @@ def pytest_collection_modifyitems(config, items):
 # --------------------------------------------------------------------------- where the time goes
 
 
+TIMELINE = Path(__file__).resolve().parents[1] / "test-artifacts" / "timeline.tsv"
+
+
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
     """Append each test's pytest process (xdist worker and backend), xdist group, start and end (setup to teardown) to
     test-artifacts/timeline.tsv: where each of make test's two workers spends its time, and where one waits."""
-    import time
-
     start = time.time()
     yield
-    path = Path(__file__).resolve().parents[1] / "test-artifacts" / "timeline.tsv"
-    path.parent.mkdir(exist_ok=True)
-    with open(path, "a", encoding="utf-8") as fh:  # one short line per append: the processes do not interleave
+    TIMELINE.parent.mkdir(exist_ok=True)
+    with open(TIMELINE, "a", encoding="utf-8") as fh:  # one short line per append: the processes do not interleave
         process = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}:{os.environ.get('KERAS_BACKEND', 'tensorflow')}"
         fh.write(f"{process}\t{xdist_group(item)}\t{start:.1f}\t"
                  f"{time.time():.1f}\t{item.nodeid}\n")
