@@ -1,4 +1,4 @@
-"""A Spark Connect client for tests/test_allreduce.py: an all-reduce fit with a GPU per worker.
+"""A Spark Connect client for tests/test_connect.py: an all-reduce fit with a GPU per worker.
 
 Runs in its own process because a Spark Connect session switches pyspark into
 remote mode for the whole interpreter. Usage (under the ``KERAS_BACKEND`` its tasks are to use):

@@ -85,12 +85,15 @@ def test_fit_transform_evaluate_and_selection_through_a_connect_server(connect_s
 
 @pytest.mark.spark
 @pytest.mark.timeout(900)
-@pytest.mark.parametrize("backend", ["tensorflow", "torch"])
+@pytest.mark.parametrize("backend", ["torch"])
 def test_allreduce_through_spark_connect_each_process_sees_its_own_gpu(connect_server, tmp_path, backend):
     """Spark Connect and gpus_per_worker together, on fake-GPU workers: the all-reduce stage is scheduled with
     a GPU per task, each collective process sets its own visible, and the fit trains (on the CPU). The client's
-    Keras backend is the one its tasks use: TensorFlow's collective ops, then torch.distributed (JAX's group
-    trains through a classic session in the JAX run of make test)."""
+    Keras backend is the one its tasks use, here torch.distributed: under a backend other than the session's
+    default, tasks that fell back to TensorFlow would show. The stage, its GPUs and the client's backend reach
+    the tasks through the same code under every backend; each backend's collective ops train through a
+    classic session in test_allreduce.py (TensorFlow in make test's main run, JAX and torch in its backend
+    runs). The TensorFlow client ran here too until 2026-11-28 (81 s; docs/testing.md)."""
     pytest.importorskip(backend)
     seen = _client(ALLREDUCE_CLIENT, connect_server, tmp_path / "allreduce.json", KERAS_BACKEND=backend)
     assert seen["is_connect"] and seen["backend"] == backend and seen["epochs"] == 3

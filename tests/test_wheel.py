@@ -82,7 +82,10 @@ def test_wheel_in_a_fresh_venv_runs_a_2_worker_fit(wheel, drivers_cluster, tmp_p
     venv.create(env_dir, with_pip=True)
     python, command = env_dir / "bin" / "python", env_dir / "bin" / "spark-keras-trainer"
     clean = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV", "SPARK_HOME")}
-    _run([python, "-m", "pip", "install", "--quiet", "-c", REPO / "constraints.txt", f"{wheel}[tf]"],
+    # --no-compile: no bytecode for the thousands of modules of TensorFlow and the rest that the fit never imports
+    # (Python compiles what it imports); what is checked is the wheel, its dependencies and its command
+    _run([python, "-m", "pip", "install", "--quiet", "--no-compile", "-c", REPO / "constraints.txt",
+          f"{wheel}[tf]"],
          tmp_path / "pip.log", env=clean, timeout=900)
 
     rng = np.random.default_rng(0)
