@@ -18,12 +18,16 @@ MSE). A run is within the bounds when its accuracy is at most 0.02 below plain K
 measured here, never speed. `tests/test_defaults.py` runs it at 2 and 8 workers in `make test`.
 
 ``--algorithm allreduce`` holds `AllReduce` with its defaults (the compiled rate scaled to the global batch)
-to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND); ``--algorithm default,allreduce``
-runs both on one cluster (``--allreduce-problems`` narrows the problems of the second), as `make test` does.
+to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND). Several rules run on one
+cluster, one after the other in the order given, each over its problems (``--allreduce-problems`` narrows
+all-reduce's), every problem's plain Keras run trained once: `make test` runs ``--algorithm allreduce,default``
+under TensorFlow. All-reduce goes first: its 8 training processes start beside Python workers that have not
+loaded TensorFlow for the default rule's fits yet (the other order kept 8 such workers alive beside them, and a
+`.ci/run` lost a JVM to the out-of-memory killer).
 
     python benchmarks/bench_defaults.py --workers 1,2,4,8 --out results/defaults
     python benchmarks/bench_defaults.py --workers 1,2,4,8 --algorithm allreduce --backend torch
-    python benchmarks/bench_defaults.py --workers 2,8 --algorithm default,allreduce --allreduce-problems regression
+    python benchmarks/bench_defaults.py --workers 2,8 --algorithm allreduce,default --allreduce-problems regression
 """
 
 from __future__ import annotations
@@ -165,11 +169,15 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     slots = max(counts)
     with cluster_session(None, 2 if slots > 1 else 1, max(1, (slots + 1) // 2), "defaults") as spark:
-        for kind in [k for k in PROBLEMS if any(k in problems[a] for a in algorithms)]:
-            plain = plain_keras(kind, args.epochs, args.batch_size, args.seed)
-            train, test = frames(spark, kind, args.seed)
+        plains: dict[str, dict] = {}
+        data: dict[str, tuple] = {}
+        for algorithm, kind in [(a, k) for a in algorithms for k in PROBLEMS if k in problems[a]]:
+            if kind not in plains:
+                plains[kind] = plain_keras(kind, args.epochs, args.batch_size, args.seed)
+                data[kind] = frames(spark, kind, args.seed)
+            plain, (train, test) = plains[kind], data[kind]
             features = len(train.first()["features"])
-            for algorithm, n in [(a, n) for a in algorithms if kind in problems[a] for n in counts]:
+            for n in counts:
                 started = time.time()
                 keras.utils.set_random_seed(args.seed)  # the driver builds the initial center as plain Keras did
                 rule = {"algorithm": "allreduce"} if algorithm == "allreduce" else {}

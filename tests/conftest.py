@@ -18,6 +18,7 @@ after every other test of the session that uses it.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import shutil
@@ -59,6 +60,24 @@ def drivers_cluster():
         yield cluster
     finally:
         cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def drivers_script(drivers_cluster, tmp_path_factory) -> dict:
+    """What tests/custom_objects_script.py saw: one driver on ``drivers_cluster`` (executors of one GPU each)
+    for the custom-object checks of tests/test_custom_objects.py and, under ``"gpus"``, the GPU checks of
+    tests/test_gpus.py (tests/gpu_client.py), run once for both."""
+    import json
+    import sys
+
+    script = Path(__file__).with_name("custom_objects_script.py")
+    out = tmp_path_factory.mktemp("drivers-script")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.run([sys.executable, str(script), str(out), drivers_cluster.master_url],
+                          capture_output=True, text=True, timeout=560, cwd=out, env=env)
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 @pytest.fixture(scope="session")
@@ -107,7 +126,7 @@ def digits(spark):
 # --------------------------------------------------------------------------- a full disk
 
 
-@pytest.fixture
+@contextlib.contextmanager
 def eight_workers_at_a_time():
     """Held by the tests that train 8 workers at once (the defaults batteries), in every pytest process of this
     checkout: make test's main run and its backend runs take it in turn. Two at once (the TensorFlow and torch

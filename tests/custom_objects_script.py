@@ -1,6 +1,8 @@
 """Run as a script (its classes live in ``__main__``, like a notebook's): custom Keras objects
 through fit, evaluate, transform, save/load and model selection on the Spark master it is given
-(the test session's drivers cluster). Prints one JSON line of results for tests/test_custom_objects.py.
+(the test session's drivers cluster); then, in the same session (executors of one GPU each), the GPU
+checks of tests/test_gpus.py (tests/gpu_client.py's `gpu_runs`): one driver and its executors for
+both. Prints one JSON line of results for tests/conftest.py's ``drivers_script``.
 
     python tests/custom_objects_script.py OUT_DIR spark://127.0.0.1:PORT
 """
@@ -13,6 +15,7 @@ import sys
 import keras
 import numpy as np
 
+from gpu_client import GPU_SESSION, gpu_runs  # this script's folder is on sys.path
 from trainer import Trainer, spark_session
 from trainer.errors import TaskFailedError
 from trainer.fit.fitted import FittedModel
@@ -54,7 +57,7 @@ def failed_task_attempts(spark) -> int:
 
 def main(out_dir: str, master: str) -> None:
     out: dict = {}
-    with spark_session(master, "custom-objects", expected_executors=2, **{"spark.cores.max": "2"}) as spark:
+    with spark_session(master, "custom-objects", expected_executors=2, **GPU_SESSION) as spark:
         rng = np.random.default_rng(0)
         x = rng.normal(size=(600, 4)).astype(np.float32)
         y = x @ np.array([1.0, -1.0, 0.5, 2.0], np.float32)
@@ -88,6 +91,7 @@ def main(out_dir: str, master: str) -> None:
             except TaskFailedError as exc:
                 out[f"{name}_error"] = str(exc)
             out[f"{name}_failed_attempts"] = failed_task_attempts(spark) - before
+        out["gpus"] = gpu_runs(spark)
     print("RESULT " + json.dumps(out, default=float))
 
 

@@ -1,11 +1,12 @@
-"""A driver for tests/test_gpus.py: a fit and a model selection with GPUs per worker on fake-GPU workers.
+"""The GPU checks of tests/test_gpus.py: a fit and a model selection with GPUs per worker on fake-GPU workers.
 
-Runs in its own process because Spark allows one SparkContext per process and
-the test session already holds one. Usage: ``python tests/gpu_client.py OUT.json MASTER``.
-The master is the test session's drivers cluster (3 workers made with
-``LocalCluster(worker_resources={"gpu": 1})``: each announces one address through a
-discovery script, "0", "1" and "2"; no device exists); it trains with
-``gpus_per_worker=1`` and writes what each task was given and what it set as JSON.
+`gpu_runs` runs them in a session on the test session's drivers cluster (3 workers made
+with ``LocalCluster(worker_resources={"gpu": 1})``: each announces one address through a
+discovery script, "0", "1" and "2"; no device exists), with executors of one GPU each: it
+trains with ``gpus_per_worker=1`` and returns what each task was given and what it set.
+tests/custom_objects_script.py calls it in its own driver, so that the two scripts' checks
+pay for one driver and its executors (tests/conftest.py's ``drivers_script``). Run alone,
+``python tests/gpu_client.py OUT.json MASTER`` starts its own session and writes the result as JSON.
 """
 
 from __future__ import annotations
@@ -33,24 +34,33 @@ def devices(records: list[dict]) -> list[dict]:
     return [{k: r.get(k) for k in ("worker", "cpus", "gpus", "visible_devices")} for r in records]
 
 
-def main(out_path: str, master: str) -> None:
+#: The session settings the GPU runs need: 2 executors of one GPU each.
+GPU_SESSION = {"spark.cores.max": "2", "spark.executor.resource.gpu.amount": "1"}
+
+
+def gpu_runs(spark) -> dict:
+    """A fit and a selection with ``gpus_per_worker=1`` on `spark` (executors of one GPU each): what each task
+    was given and what it set visible, as ``{"fit": [...], "select": [...]}``."""
     from sklearn.datasets import load_digits
 
-    from trainer import Trainer, spark_session
+    from trainer import Trainer
     from trainer.selection import GridSearch, ModelSelector, choice
 
     data = load_digits()
     x = (data.data / 16.0).astype(np.float32)
     rows = [(x[i].tolist(), int(data.target[i])) for i in range(600)]
-    out: dict = {}
-    with spark_session(master, "gpu-test", expected_executors=2,
-                       **{"spark.cores.max": "2", "spark.executor.resource.gpu.amount": "1"}) as spark:
-        df = spark.createDataFrame(rows, "features array<float>, label int")
-        fitted = Trainer(digits_model, num_workers=2, epochs=1, gpus_per_worker=1, verbose=False).fit(df)
-        out["fit"] = devices(fitted.history.workers)
-        search = GridSearch({"lr": choice([0.003, 0.01])}, epochs=1, metric="loss")
-        result = ModelSelector(selection_model, search, num_workers=2, gpus_per_worker=1, verbose=False).fit(df)
-        out["select"] = devices(result.tasks)
+    df = spark.createDataFrame(rows, "features array<float>, label int")
+    fitted = Trainer(digits_model, num_workers=2, epochs=1, gpus_per_worker=1, verbose=False).fit(df)
+    search = GridSearch({"lr": choice([0.003, 0.01])}, epochs=1, metric="loss")
+    result = ModelSelector(selection_model, search, num_workers=2, gpus_per_worker=1, verbose=False).fit(df)
+    return {"fit": devices(fitted.history.workers), "select": devices(result.tasks)}
+
+
+def main(out_path: str, master: str) -> None:
+    from trainer import spark_session
+
+    with spark_session(master, "gpu-test", expected_executors=2, **GPU_SESSION) as spark:
+        out = gpu_runs(spark)
     with open(out_path, "w") as fh:
         json.dump(out, fh)
 

@@ -3,29 +3,18 @@ save/load, model selection), and a user error on the executors fails at once."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import keras
 import pytest
 
 from trainer.runtime.shipping import custom_objects_for, model_to_bytes
 
-SCRIPT = Path(__file__).with_name("custom_objects_script.py")
-
 
 @pytest.mark.spark
 @pytest.mark.timeout(600)
-def test_custom_objects_from_main_work_everywhere_and_errors_fail_fast(drivers_cluster, tmp_path):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
-    proc = subprocess.run([sys.executable, str(SCRIPT), str(tmp_path), drivers_cluster.master_url],
-                          capture_output=True, text=True, timeout=560, cwd=tmp_path, env=env)
-    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, proc.stderr[-4000:]
-    out = json.loads(lines[-1].removeprefix("RESULT "))
+def test_custom_objects_from_main_work_everywhere_and_errors_fail_fast(drivers_script):
+    """tests/custom_objects_script.py, run as a script on the drivers cluster (its classes in ``__main__``, like
+    a notebook's), through conftest's ``drivers_script``, which also runs test_gpus.py's GPU checks in it."""
+    out = drivers_script
     for key in ("evaluate", "loaded_evaluate", "builder_evaluate", "selection_evaluate"):
         assert set(out[key]) == {"loss", "mae"}, out
     assert out["loaded_evaluate"]["loss"] == pytest.approx(out["evaluate"]["loss"], rel=1e-4)

@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -21,7 +19,6 @@ from trainer import ClusterCapacityError, Trainer
 from trainer.selection import GridSearch, ModelSelector, choice
 from trainer.spark.resources import check_worker_resources, worker_resource_opts
 
-GPU_CLIENT = Path(__file__).with_name("gpu_client.py")
 
 
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
@@ -62,12 +59,10 @@ def test_fit_with_gpus_fails_before_any_job_when_the_cluster_offers_no_gpu(spark
 @pytest.mark.spark
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_fit_and_selection_gpu_tasks_get_distinct_devices_and_set_them_visible(drivers_cluster, tmp_path):
-    out = tmp_path / "gpus.json"
-    proc = subprocess.run([sys.executable, str(GPU_CLIENT), str(out), drivers_cluster.master_url],
-                          cwd=GPU_CLIENT.parent.parent, capture_output=True, text=True, timeout=540)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    seen = json.loads(out.read_text())
+def test_fit_and_selection_gpu_tasks_get_distinct_devices_and_set_them_visible(drivers_script):
+    """tests/gpu_client.py's fit and selection with ``gpus_per_worker=1`` on the drivers cluster's fake-GPU
+    workers, run in the custom-object script's driver (conftest's ``drivers_script``)."""
+    seen = drivers_script["gpus"]
     for run in ("fit", "select"):
         tasks = seen[run]
         assert len(tasks) == 2, tasks
