@@ -5,14 +5,10 @@ with ``LocalCluster(worker_resources={"gpu": 1})``: each announces one address t
 discovery script, "0", "1" and "2"; no device exists), with executors of one GPU each: it
 trains with ``gpus_per_worker=1`` and returns what each task was given and what it set.
 tests/custom_objects_script.py calls it in its own driver, so that the two scripts' checks
-pay for one driver and its executors (tests/conftest.py's ``drivers_script``). Run alone,
-``python tests/gpu_client.py OUT.json MASTER`` starts its own session and writes the result as JSON.
+pay for one driver and its executors (tests/conftest.py's ``drivers_script``).
 """
 
 from __future__ import annotations
-
-import json
-import sys
 
 import numpy as np
 
@@ -55,15 +51,3 @@ def gpu_runs(spark) -> dict:
     result = ModelSelector(selection_model, search, num_workers=2, gpus_per_worker=1, verbose=False).fit(df)
     return {"fit": devices(fitted.history.workers), "select": devices(result.tasks)}
 
-
-def main(out_path: str, master: str) -> None:
-    from trainer import spark_session
-
-    with spark_session(master, "gpu-test", expected_executors=2, **GPU_SESSION) as spark:
-        out = gpu_runs(spark)
-    with open(out_path, "w") as fh:
-        json.dump(out, fh)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1], sys.argv[2])

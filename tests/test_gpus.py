@@ -20,7 +20,6 @@ from trainer.selection import GridSearch, ModelSelector, choice
 from trainer.spark.resources import check_worker_resources, worker_resource_opts
 
 
-
 @pytest.mark.parametrize("bad", [-1, 1.5, True, "1"])
 def test_gpus_per_worker_must_be_an_int_at_least_0(bad):
     with pytest.raises(ValueError, match=r"gpus_per_worker.*Received: gpus_per_worker="):
