@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import json
 import os
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -67,9 +69,6 @@ def drivers_script(drivers_cluster, tmp_path_factory) -> dict:
     """What tests/custom_objects_script.py saw: one driver on ``drivers_cluster`` (executors of one GPU each)
     for the custom-object checks of tests/test_custom_objects.py and, under ``"gpus"``, the GPU checks of
     tests/test_gpus.py (tests/gpu_client.py), run once for both."""
-    import json
-    import sys
-
     script = Path(__file__).with_name("custom_objects_script.py")
     out = tmp_path_factory.mktemp("drivers-script")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
