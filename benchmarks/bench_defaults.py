@@ -169,14 +169,13 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     slots = max(counts)
     with cluster_session(None, 2 if slots > 1 else 1, max(1, (slots + 1) // 2), "defaults") as spark:
-        plains: dict[str, dict] = {}
-        data: dict[str, tuple] = {}
+        prepared: dict[str, tuple] = {}  # per problem, once for every rule: plain Keras, the frames, the width
         for algorithm, kind in [(a, k) for a in algorithms for k in PROBLEMS if k in problems[a]]:
-            if kind not in plains:
-                plains[kind] = plain_keras(kind, args.epochs, args.batch_size, args.seed)
-                data[kind] = frames(spark, kind, args.seed)
-            plain, (train, test) = plains[kind], data[kind]
-            features = len(train.first()["features"])
+            if kind not in prepared:
+                train, test = frames(spark, kind, args.seed)
+                prepared[kind] = (plain_keras(kind, args.epochs, args.batch_size, args.seed), train, test,
+                                  len(train.first()["features"]))
+            plain, train, test, features = prepared[kind]
             for n in counts:
                 started = time.time()
                 keras.utils.set_random_seed(args.seed)  # the driver builds the initial center as plain Keras did
