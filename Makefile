@@ -13,6 +13,10 @@ TEST_BACKENDS ?= jax torch
 # thread: a short-lived driver JVM then costs 19-20 CPU seconds instead of 34-37 here (the embedded cluster's
 # daemons always do; a user's drivers and executors keep Java's defaults).
 TEST_JVM_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
+# Java's class-data sharing for the tests' driver JVMs: made once per venv by tests/spark_class_archive.py (18 s),
+# mapped by every later driver, whose start then takes about 3 CPU seconds instead of 6-7. A JVM with another
+# class path (the embedded cluster's daemons and executors) ignores it, silently; the matrix cell's venv has none.
+TEST_JVM_ARCHIVE := $(abspath $(VENV))/spark-driver-classes.jsa
 # A command `make test` runs in its background stream after the backend runs (with a TMPDIR of its own), its
 # output printed at the end and its failure counted; .ci/run puts the lowest matrix cell and the containers there.
 TEST_BESIDE ?=
@@ -89,10 +93,16 @@ dist: venv ## build the wheel and the sdist into dist/
 demo: venv ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times
 	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --out $(OUT)/demo
 
-test test-quick test-matrix: export SPARK_SUBMIT_OPTS = $(TEST_JVM_OPTS)
+test-quick test-matrix: export SPARK_SUBMIT_OPTS = $(TEST_JVM_OPTS)
+test: export SPARK_SUBMIT_OPTS = $(TEST_JVM_OPTS) -XX:SharedArchiveFile=$(TEST_JVM_ARCHIVE) -Xlog:cds*=off
 test test-quick test-matrix: export PYSPARK_SUBMIT_ARGS = --conf "spark.executor.extraJavaOptions=$(TEST_JVM_OPTS)" pyspark-shell
 
-test: venv ## every test but the containers (real Spark daemons, TensorFlow); beside it, the backend tests under JAX and torch
+$(TEST_JVM_ARCHIVE): $(VENV)/.installed tests/spark_class_archive.py
+	@rm -f $@; SPARK_SUBMIT_OPTS="$(TEST_JVM_OPTS) -XX:ArchiveClassesAtExit=$@ -Xlog:cds*=off" \
+	    $(PY) tests/spark_class_archive.py >$(VENV)/spark-class-archive.log 2>&1 && [ -s $@ ] \
+	    || echo "no class-data archive of a driver JVM (see $(VENV)/spark-class-archive.log): the tests start without it"
+
+test: venv $(TEST_JVM_ARCHIVE) ## every test but the containers (real Spark daemons, TensorFlow); beside it, the backend tests under JAX and torch
 	@mkdir -p test-artifacts; rm -f test-artifacts/timeline.tsv; \
 	( for backend in $(TEST_BACKENDS); do \
 	    KERAS_BACKEND=$$backend TMPDIR=$$(mktemp -d) $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) >test-artifacts/backend-$$backend.log 2>&1 \
