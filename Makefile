@@ -13,7 +13,7 @@ TEST_BACKENDS ?= jax torch
 # thread: a short-lived driver JVM then costs 19-20 CPU seconds instead of 34-37 here (the embedded cluster's
 # daemons always do; a user's drivers and executors keep Java's defaults).
 TEST_JVM_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
-# Java's class-data sharing for the tests' driver JVMs: made once per venv by tests/spark_class_archive.py (18 s),
+# Java's class-data sharing for the tests' driver JVMs: made once per venv by tests/spark_class_archive.py (30 s),
 # mapped by every later driver, whose start then takes about 3 CPU seconds instead of 6-7. A JVM with another
 # class path (the embedded cluster's daemons and executors) ignores it, silently; the matrix cell's venv has none.
 TEST_JVM_ARCHIVE := $(abspath $(VENV))/spark-driver-classes.jsa
