@@ -433,6 +433,47 @@ def test_session_has_all_executors_and_training_defaults(spark, local_cluster_2)
     assert rows == {(sys.executable, keras_backend, "2", "1", "1")}
 
 
+def _java_cmdlines(pids: list[int]) -> dict[int, list[str]]:
+    cmds = {}
+    for pid in pids:
+        try:
+            if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
+                cmds[pid] = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
+        except OSError:
+            pass
+    return cmds
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_daemons_and_executors_keep_their_settings_with_no_directory_on_their_class_path(spark, local_cluster_2):
+    # Java maps a class-data archive only for a class path without an existing directory (make test gives every
+    # JVM one): the cluster's settings reach its JVMs as options and LOG4J_CONFIGURATION_FILE, not a conf dir.
+    assert spark.sparkContext.parallelize(range(2), 2).count() == 2
+    cmds = _java_cmdlines(local_cluster_2.pids())
+    kinds = sorted(c.rsplit(".", 1)[1] for cmd in cmds.values() for c in cmd if c.startswith("org.apache.spark."))
+    assert kinds == ["CoarseGrainedExecutorBackend"] * 2 + ["Master", "Worker", "Worker"], kinds
+    for pid, cmd in cmds.items():
+        class_path = cmd[cmd.index("-cp") + 1].split(os.pathsep)
+        assert not [entry for entry in class_path if os.path.isdir(entry)], class_path
+        archives = [o.split("=", 1)[1] for o in cmd if o.startswith("-XX:SharedArchiveFile=")]
+        if archives and os.path.exists(archives[-1]):  # under make test: the archive is mapped, not ignored
+            assert archives[-1] in Path(f"/proc/{pid}/maps").read_text(), cmd
+    for cmd in cmds.values():
+        if "org.apache.spark.executor.CoarseGrainedExecutorBackend" not in cmd:
+            assert {"-Dspark.master.rest.enabled=false", "-Dspark.port.maxRetries=0"} <= set(cmd), cmd
+    root = local_cluster_2.log_dir
+    master_log = (root / "master.log").read_text()
+    assert " INFO Master: I have been elected leader" in master_log  # our log4j: the Master's lifecycle lines
+    assert "REST server" not in master_log and " INFO SecurityManager" not in master_log, master_log[-2000:]
+    executor_logs = sorted(root.glob("work/worker-*/app-*/*/stderr"))
+    assert len(executor_logs) >= 2, executor_logs
+    for path in executor_logs:
+        text = path.read_text()
+        assert text.startswith("Spark Executor Command:"), text[:200]
+        assert " INFO " not in text, f"{path}: the executor logs at INFO, not our WARN\n{text[-2000:]}"
+
+
 @pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_small_jobs_run_on_the_cluster(spark):

@@ -78,13 +78,16 @@ logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader
 logger.hadoop.level = error
 """
 
-_SPARK_DEFAULTS = """\
-# Written by trainer.spark.local_cluster.LocalCluster; read by the master and worker daemons.
-# Several clusters may run on one machine: no fixed-port REST server, and a
-# port that is taken is an error (not a silent move to port+1).
-spark.master.rest.enabled   false
-spark.port.maxRetries       0
-"""
+# The daemons' settings, as Java options rather than a spark-defaults.conf: several clusters may run on one
+# machine, so no fixed-port REST server, and a port that is taken is an error (not a silent move to port+1).
+_DAEMON_PROPERTIES = "-Dspark.master.rest.enabled=false -Dspark.port.maxRetries=0"
+# SPARK_CONF_DIR of the daemons (and so of the executors the workers launch): a path under the cluster's
+# directory that is never created. Spark puts the conf directory first on a JVM's class path; an absent one
+# keeps a Spark configuration of the machine (SPARK_HOME/conf) out of our daemons, and lets their JVMs map a
+# class-data archive made with the same class path (Java refuses an archive for a class path that holds a
+# directory that exists: `make test` gives every JVM one, docs/testing.md). The log4j configuration goes by
+# LOG4J_CONFIGURATION_FILE instead, which executors inherit from their worker.
+_ABSENT_CONF_DIR = "no-conf-dir"
 
 
 class LocalCluster:
@@ -283,7 +286,7 @@ class LocalCluster:
         # Master and worker only do bookkeeping: a small heap, one GC thread and
         # the quick JIT tier start faster and leave the cores to the executors.
         env["SPARK_DAEMON_JAVA_OPTS"] = (
-            env.get("SPARK_DAEMON_JAVA_OPTS", "") + " -XX:+UseSerialGC -XX:TieredStopAtLevel=1"
+            f"{env.get('SPARK_DAEMON_JAVA_OPTS', '')} -XX:+UseSerialGC -XX:TieredStopAtLevel=1 {_DAEMON_PROPERTIES}"
         ).strip()
         # A driver-side SPARK_CONF_DIR / spark-env.sh must not leak into our daemons.
         env.pop("SPARK_ENV_LOADED", None)
@@ -298,15 +301,16 @@ class LocalCluster:
         else:
             self._root = Path(tempfile.mkdtemp(prefix="trainer-cluster-"))
             self._owns_root = True
-        conf = self._root / "conf"
-        conf.mkdir(exist_ok=True)
-        (conf / "log4j2.properties").write_text(_LOG4J2)
-        (conf / "spark-defaults.conf").write_text(_SPARK_DEFAULTS)
+        (self._root / "log4j2.properties").write_text(_LOG4J2)
+        (self._root / "resources").mkdir(exist_ok=True)
         (self._root / "work").mkdir(exist_ok=True)
 
     def _launch(self, name: str, args: list[str], spark_home: str, env: dict[str, str]) -> Daemon:
         assert self._root is not None
-        env = dict(env, SPARK_HOME=spark_home, SPARK_CONF_DIR=str(self._root / "conf"))
+        env = dict(
+            env, SPARK_HOME=spark_home, SPARK_CONF_DIR=str(self._root / _ABSENT_CONF_DIR),
+            LOG4J_CONFIGURATION_FILE=str(self._root / "log4j2.properties"),
+        )
         log_path = self._root / f"{name}.log"
         cmd = pdeathsig_prefix() + [os.path.join(spark_home, "bin", "spark-class"), *args]
         log.debug("starting %s: %s", name, " ".join(cmd))
@@ -386,7 +390,7 @@ class LocalCluster:
         for i in range(self.workers):
             work_dir = self._root / "work" / f"worker-{i}"
             work_dir.mkdir(parents=True, exist_ok=True)
-            opts = worker_resource_opts(self.worker_resources, i, self._root / "conf")
+            opts = worker_resource_opts(self.worker_resources, i, self._root / "resources")
             worker_env = dict(env, SPARK_WORKER_OPTS=f"{env.get('SPARK_WORKER_OPTS', '')} {opts}".strip())
             self._worker_daemons.append(
                 self._launch(
