@@ -3,9 +3,10 @@
 `make test` runs this once per venv in a driver JVM started with `-XX:ArchiveClassesAtExit`: Java 17 then writes
 every class the JVM loaded (Spark's, Scala's, Arrow's, Py4J's) into an archive that each later JVM of the tests
 (drivers, the embedded clusters' daemons and executors: the same class path) maps instead of loading and verifying
-those classes again (a driver's start-up here: about 3 CPU seconds instead of 6-7). The workload does what a fit does on the JVM side, in local mode so that the task-side classes
-(barrier tasks, the Arrow Python runner) load in the same JVM: a pandas DataFrame in, a repartition, a barrier
-mapInArrow, a Parquet round trip, an aggregate, a random split and collects. A class it misses is loaded as usual.
+those classes again (a driver's start-up here: about 3 CPU seconds instead of 6-7). The workload does what a fit
+does on the JVM side, in local mode so that the task-side classes (barrier tasks, the Arrow Python runner) load in
+the same JVM: a pandas DataFrame in, a repartition, a barrier mapInArrow, a Parquet round trip, an aggregate, a
+random split and collects. A class it misses is loaded as usual.
 """
 
 from __future__ import annotations
