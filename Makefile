@@ -16,7 +16,8 @@ TEST_JVM_OPTS ?= -XX:TieredStopAtLevel=1 -XX:+UseSerialGC
 # Java's class-data sharing for the tests' JVMs: made once per venv by tests/spark_class_archive.py (30 s), mapped
 # by every later driver (SPARK_SUBMIT_OPTS), embedded-cluster daemon (SPARK_DAEMON_JAVA_OPTS) and executor
 # (PYSPARK_SUBMIT_ARGS): a driver starts in about 3 CPU seconds instead of 6-7, a daemon in 1.5 instead of 2.3, an
-# executor in 2.1 instead of 3.4. A JVM with another class path (the matrix cell's venv) ignores it, silently.
+# executor in 2.1 instead of 3.4. A JVM with another class path ignores it, silently; test-quick and test-matrix
+# (another venv) do without it.
 TEST_JVM_ARCHIVE := $(abspath $(VENV))/spark-driver-classes.jsa
 TEST_JVM_SHARED = -XX:SharedArchiveFile=$(TEST_JVM_ARCHIVE) -Xlog:cds*=off
 # A command `make test` runs in its background stream after the backend runs (with a TMPDIR of its own), its
