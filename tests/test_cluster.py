@@ -28,6 +28,7 @@ from trainer.spark.java import check_java, parse_memory_mb
 from trainer.spark.local_cluster import LocalCluster
 from trainer.errors import MasterUnreachableError
 from trainer.spark.session import _default_conf, executor_env_defaults, spark_session
+from spark_processes import java_cmdlines
 
 HOST = "127.0.0.1"
 
@@ -433,24 +434,13 @@ def test_session_has_all_executors_and_training_defaults(spark, local_cluster_2)
     assert rows == {(sys.executable, keras_backend, "2", "1", "1")}
 
 
-def _java_cmdlines(pids: list[int]) -> dict[int, list[str]]:
-    cmds = {}
-    for pid in pids:
-        try:
-            if Path(f"/proc/{pid}/comm").read_text().strip() == "java":
-                cmds[pid] = Path(f"/proc/{pid}/cmdline").read_text().split("\0")
-        except OSError:
-            pass
-    return cmds
-
-
 @pytest.mark.spark
 @pytest.mark.timeout(300)
 def test_daemons_and_executors_keep_their_settings_with_no_directory_on_their_class_path(spark, local_cluster_2):
     # Java maps a class-data archive only for a class path without an existing directory (make test gives every
     # JVM one): the cluster's settings reach its JVMs as options and LOG4J_CONFIGURATION_FILE, not a conf dir.
     assert spark.sparkContext.parallelize(range(2), 2).count() == 2
-    cmds = _java_cmdlines(local_cluster_2.pids())
+    cmds = java_cmdlines(local_cluster_2.pids())
     kinds = sorted(c.rsplit(".", 1)[1] for cmd in cmds.values() for c in cmd if c.startswith("org.apache.spark."))
     assert kinds == ["CoarseGrainedExecutorBackend"] * 2 + ["Master", "Worker", "Worker"], kinds
     for pid, cmd in cmds.items():
