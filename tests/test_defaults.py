@@ -42,10 +42,10 @@ def battery_workers(backend: str) -> list[int]:
 @pytest.fixture(scope="module")
 def batteries(request, tmp_path_factory):
     """``rows(algorithm)``: the rows of benchmarks/bench_defaults.py at `battery_workers`, under this process's
-    Keras backend. Under TensorFlow with both tests selected (make test's
-    main run), ONE run of the benchmark serves both, all-reduce first (``--algorithm allreduce,default``: the
-    benchmark's docstring says why that order): one embedded cluster, one driver and one plain-Keras regression
-    instead of two of each. The backend runs select the all-reduce test only."""
+    Keras backend. Under TensorFlow with both tests selected (make test's main run), ONE run of the benchmark
+    serves both, all-reduce first (``--algorithm allreduce,default``: the benchmark's docstring says why that
+    order): one embedded cluster, one driver and one plain-Keras regression instead of two of each. The backend
+    runs select the all-reduce test only."""
     import keras
 
     backend = keras.backend.backend()
