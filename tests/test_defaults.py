@@ -9,7 +9,7 @@ to that bound (the mechanism).
 Bounds (issue 29): accuracy at most 0.02 below plain Keras's, loss at most 1.2x. Measured on this machine
 (docs/algorithms.md has the table): at 2 and 8 workers within 0.0005 and 0.99-1.00x, at 4 within 0.003 and
 1.02x; plain Keras alone moves by 0.004 and 1.06x from seed to seed on these problems, so the bounds leave a
-margin of five times that. The old default (ADAG, window 12) missed them by 0.2-0.5 accuracy (REFERENCE.md).
+margin of five times that. The old default (ADAG, window 12) missed them by 0.2-0.5 accuracy.
 """
 
 from __future__ import annotations

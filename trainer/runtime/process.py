@@ -1,6 +1,6 @@
 """Set up a task's Python process before its Keras backend starts: cores, GPUs, memory, backend, logs.
 
-One place for what differs between backends (DESIGN.md, third stage):
+One place for what differs between backends:
 
 * **Cores.** TensorFlow and OpenMP (torch) read thread-count variables;
   XLA (JAX) ignores them, so every task is also pinned to as many cores as
