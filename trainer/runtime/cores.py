@@ -3,8 +3,9 @@
 Thread-count variables are not enough: TensorFlow and OpenMP read theirs,
 but XLA (the JAX backend) ignores them, and a JAX process meant to use one
 core was measured at 1.6 cores on a 2-core machine and 3.5 on 16 cores.
-Only CPU affinity holds every backend to its share, so a task with ``c`` cores pins its process (every thread of it, also those a
-reused Python worker started for an earlier task) to ``c`` cores.
+Only CPU affinity holds every backend to its share, so a task with ``c``
+cores pins its process (every thread of it, also those a reused Python
+worker started for an earlier task) to ``c`` cores.
 
 Which cores. Tasks of several executors may share a machine and none knows
 the others, so a task *claims* cores: one lock file per core in a directory
