@@ -2,10 +2,12 @@
 # `make help` lists the targets.
 
 ##@ Variables (override on the command line: make up WORKERS=3)
+# `make help` prints each `#> NAME description` line under this heading.
 PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 PIP         := $(VENV)/bin/pip
+#> EXTRAS  the extras `make venv` installs (default tf,jax,torch,test,data,connect)
 EXTRAS      ?= tf,jax,torch,test,data,connect
 # Keras backends whose `-m backend` tests `make test` runs beside the main run (under TensorFlow).
 TEST_BACKENDS ?= jax torch
@@ -33,14 +35,19 @@ CONSTRAINTS ?= constraints.txt
 # Cells of the compatibility matrix (requirements/matrix-CELL.txt) and where their venvs are cached.
 MATRIX_CELLS ?= low
 MATRIX_DIR  ?= $(HOME)/.cache/spark-keras-trainer/matrix
+#> WORKERS  Spark workers `make up` starts in the lab (default 2)
 WORKERS     ?= 2
+#> OUT  where the demo and benchmarks write their results (default results)
 OUT         ?= results
+#> PYTEST_ARGS  extra pytest arguments of the test targets (PYTEST_ARGS="-k defaults -x")
 PYTEST_ARGS ?=
 BENCH_PS_ARGS ?=
 BENCH_GPU_ARGS ?=
 # Fits of every calibrated case for bench-quality.
+#> RUNS  fits of every calibrated case for `make bench-quality` (default 20)
 RUNS        ?= 20
 # Keras backend(s) for bench-gpu (jax, torch, tensorflow; comma-separated); empty: the first installed.
+#> BACKEND  Keras backend(s) of `make bench-gpu` (jax, torch, tensorflow; comma-separated)
 BACKEND     ?=
 
 SHELL       := /usr/bin/env bash -o pipefail
@@ -49,8 +56,9 @@ SHELL       := /usr/bin/env bash -o pipefail
 
 .PHONY: help venv demo test test-quick test-unit test-spark test-lab test-matrix matrix-venv bench bench-quality bench-select bench-out-of-core bench-ps bench-gpu clean lock lock-mlflow-server dist
 
-help: ## show this help
-	@awk 'BEGIN {FS = ":.*## "} /^##@/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+help: ## show this help: the variables, then the targets by section
+	@awk '/^##@ Variables/ {printf "%s\n", substr($$0, 5)} /^#> / {name = $$2; $$1 = $$2 = ""; sub(/^ +/, ""); printf "  %-16s %s\n", name, $$0}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "} /^##@/ && !/^##@ Variables/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 ##@ Python environment, demo and tests
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
@@ -158,24 +166,43 @@ bench-gpu: venv ## the worker loop and parameter server vs plain Keras on this m
 clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./data)
 	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info dist build .matrix
 
-##@ Lab (containers) -- owned by the lab section below
+##@ Lab (containers)
 # One image (images/Dockerfile) runs every role: master, worker, jupyter, submit, mlflow.
 # Compose v1 (docker-compose 1.29) and v2 (docker compose) both work; no registry
 # is needed: `base-image` builds Debian bookworm locally with debootstrap.
 DOCKER        ?= docker
 COMPOSE       ?= $(shell command -v docker-compose >/dev/null 2>&1 && echo docker-compose || echo docker compose)
 LAB_PROJECT   ?= trainer-lab
+#> BASE_IMAGE  the lab image's base (default trainer-base:bookworm, made by `make base-image` as root with debootstrap); an image already there skips that step: docker pull debian:bookworm-slim, then make build BASE_IMAGE=debian:bookworm-slim
 BASE_IMAGE    ?= trainer-base:bookworm
 DEBIAN_MIRROR ?= http://deb.debian.org/debian
+#> GPU  GPU=1: the CUDA variant of the lab (`make build up GPU=1`)
 GPU           ?=
 VARIANT       ?= $(if $(GPU),gpu,cpu)
 LAB_IMAGE     ?= trainer-lab:$(if $(filter gpu,$(VARIANT)),gpu,latest)
 # CA bundle trusted by apt/pip inside the build (TLS-intercepting proxies); empty disables.
 EXTRA_CA      ?= $(wildcard /etc/ssl/certs/ca-certificates.crt)
 UP_MAX_TRIES  ?= 300
+#> JOB  the job `make submit` runs: mnist, forecast, select_mnist, select_forecast (default mnist)
 JOB           ?= mnist
+#> ARGS  the job's arguments for `make submit` (ARGS="--workers 3 --epochs 1")
+#> VERBOSE  VERBOSE=1: `make submit` also shows Spark's and the JVM's start-up lines
+#> PURGE  PURGE=1: `make down` also deletes the data, checkpoints, results and MLflow volumes
 ARGS          ?=
 BENCH_ARGS    ?= --limit 6000 --epochs 2 --no-baseline
+# Every lab container's link, shaped from the host (compose/shape-links.sh, as root; docs/lab.md).
+#> LINK  `make up`: shape every lab container's link to this tc rate (LINK=1gbit, 100mbit); empty: unshaped
+LINK          ?=
+#> LINK_DELAY  `make up`: add this delay to every lab container's sends (LINK_DELAY=1ms), with LINK or alone
+LINK_DELAY    ?=
+#> LINKS  the links `make bench-lab` runs at, unshaped or tc rates (default "unshaped 1gbit 100mbit")
+LINKS         ?= unshaped 1gbit 100mbit
+#> RULES  the rules `make bench-lab` runs once each beside the defaults (default "allreduce localsgd downpour")
+RULES         ?= allreduce localsgd downpour
+SHAPE_LINKS   := compose/shape-links.sh
+# bench-lab's own defaults where the user left the shared WORKERS (make up's 2) and RUNS (bench-quality's 20) alone.
+BENCH_LAB_WORKERS = $(if $(filter file,$(origin WORKERS)),1 2 3,$(WORKERS))
+BENCH_LAB_RUNS    = $(if $(filter file,$(origin RUNS)),3,$(RUNS))
 K8S_DIRS      ?= k8s k8s/overlays/workers-3 k8s/overlays/gpu
 K8S_VERSION   ?= 1.32.0
 BUILD_LOCK    ?= /tmp/trainer-lab-build.lock
@@ -194,7 +221,7 @@ LAB_COMPOSE   := compose/lab-secrets.sh with $(LAB_SECRETS) env LAB_IMAGE=$(LAB_
                  $(COMPOSE) -p $(LAB_PROJECT) -f compose/compose.yaml \
                  $(if $(GPU),-f compose/gpu.yaml) $(if $(LAB_ENV_FILE),--env-file $(LAB_ENV_FILE))
 
-.PHONY: base-image build build-image up down ps logs submit bench-cluster k8s-secrets k8s-render k8s-validate
+.PHONY: base-image build build-image up down ps logs submit bench-cluster bench-lab k8s-secrets k8s-render k8s-validate
 
 base-image: ## create the local Debian bookworm base image (debootstrap + docker import) unless it exists
 	@if $(DOCKER) image inspect $(BASE_IMAGE) >/dev/null 2>&1; then \
@@ -227,8 +254,11 @@ up: ## start master, WORKERS workers, Jupyter and MLflow; returns when WORKERS w
 	    echo "generated a Jupyter token and a Spark secret in $(LAB_SECRETS) (mode 0600, git-ignored); later \`make up\`s reuse them"; fi; \
 	if grep -qsE '^(JUPYTER_TOKEN|SPARK_AUTH_SECRET)=' compose/.env; then \
 	    echo "note: JUPYTER_TOKEN/SPARK_AUTH_SECRET in compose/.env are ignored: $(LAB_SECRETS) or your environment set them"; fi; \
+	$(if $(LINK)$(LINK_DELAY),$(SHAPE_LINKS) check '$(LINK)' '$(LINK_DELAY)';) \
 	SECONDS=0; \
 	$(LAB_COMPOSE) up -d --remove-orphans --scale worker=$(WORKERS); \
+	$(if $(LINK)$(LINK_DELAY),$(SHAPE_LINKS) apply $(LAB_PROJECT) '$(LINK)' '$(LINK_DELAY)';,\
+	    if [ "$$(id -u)" -eq 0 ]; then $(SHAPE_LINKS) clear $(LAB_PROJECT); fi;) \
 	if ! $(LAB_COMPOSE) exec -T master entrypoint.sh wait-workers $(WORKERS) $(UP_MAX_TRIES); then \
 	    $(LAB_COMPOSE) ps; $(LAB_COMPOSE) logs --tail=20 master worker; \
 	    echo "make up: $(WORKERS) worker(s) did not become ALIVE within $(UP_MAX_TRIES) tries; see the logs above (make logs)"; exit 1; fi; \
@@ -247,6 +277,7 @@ up: ## start master, WORKERS workers, Jupyter and MLflow; returns when WORKERS w
 	    echo "  (the new token is shown this once; it stays in $(LAB_SECRETS))"; \
 	else echo "  Jupyter:  http://$$nb/lab  (token: JUPYTER_TOKEN in $(LAB_SECRETS))"; fi; \
 	echo "  MLflow:   http://$$ml  (no login; notebooks and jobs log to it)"; \
+	echo "  links:    $(if $(LINK)$(LINK_DELAY),rate $(or $(LINK),unlimited) and delay $(or $(LINK_DELAY),none) for every container's sends (compose/shape-links.sh show $(LAB_PROJECT)),unshaped (the Docker bridge; LINK=1gbit shapes them)")"; \
 	case "$$nb" in 127.*|localhost:*) ;; *) echo "  Jupyter answers only to loopback addresses, localhost and" \
 	    "the names in JUPYTER_LOCAL_HOSTNAMES ($${JUPYTER_LOCAL_HOSTNAMES:-none}): browse via one of them (docs/lab.md)";; esac; \
 	case "$$ml" in 127.*|localhost:*) ;; *) echo "  MLflow answers only to loopback addresses, localhost and" \
@@ -263,10 +294,19 @@ logs: ## follow the lab's logs (SERVICE=worker for one service)
 
 submit: ## run jobs/JOB.py on the lab (JOB=mnist ARGS="--epochs 1"); results in the results volume and OUT/lab/JOB
 	@compose/lab-secrets.sh ensure $(LAB_SECRETS) >/dev/null
-	$(LAB_COMPOSE) run --rm submit submit $(JOB) $(if $(findstring --out,$(ARGS)),,--out /results/$(JOB)) $(ARGS)
-	@mkdir -p $(OUT)/lab; jup=$$($(LAB_COMPOSE) ps -q jupyter); \
-	if [ -n "$$jup" ]; then $(DOCKER) cp "$$jup:/results/$(JOB)" $(OUT)/lab/ && echo "results copied to $(OUT)/lab/$(JOB)"; \
-	else echo "results are in the volume $(LAB_PROJECT)_results (start the lab to copy them out)"; fi
+	@# As root, the driver's container is shaped like the lab's links (make up LINK=...) right after it starts.
+	@out=/results/$(JOB); set -- $(ARGS); while [ $$# -gt 0 ]; do case "$$1" in \
+	    --out) out=$${2:-$$out}; shift;; --out=*) out=$${1#--out=};; esac; shift; done; \
+	follow=; if [ "$$(id -u)" -eq 0 ]; then $(SHAPE_LINKS) follow $(LAB_PROJECT) submit $$$$ & follow=$$!; fi; \
+	echo "$(COMPOSE) -p $(LAB_PROJECT) run --rm submit submit $(JOB) $(ARGS)"; status=0; \
+	$(LAB_COMPOSE) run --rm $(if $(VERBOSE),-e VERBOSE=1) submit submit $(JOB) $(if $(findstring --out,$(ARGS)),,--out /results/$(JOB)) $(ARGS) \
+	    || status=$$?; \
+	if [ -n "$$follow" ]; then kill $$follow 2>/dev/null || true; fi; \
+	mkdir -p $(OUT)/lab; jup=$$($(LAB_COMPOSE) ps -q jupyter); \
+	if [ -z "$$jup" ]; then echo "results are in the volume $(LAB_PROJECT)_results (start the lab to copy them out)"; \
+	elif $(DOCKER) cp "$$jup:$$out" $(OUT)/lab/ 2>/dev/null; then echo "results copied to $(OUT)/lab/$$(basename "$$out")"; \
+	else echo "no results in $$out to copy"; fi; \
+	exit $$status
 
 bench-cluster: ## for each N in WORKERS="1 2 3": lab with N workers, mnist on N workers; prints the speed-up table
 	@mkdir -p $(OUT)/lab; rm -rf $(OUT)/lab/bench-cluster; csv=$(OUT)/lab/bench-cluster.csv; echo "workers,seconds" >$$csv; \

@@ -73,6 +73,26 @@ spark_security_conf() {
     echo "spark.network.crypto.saslFallback false"
 }
 
+# The submit role's driver prints only the job's output: Spark's "Using Spark's default log4j profile" line and
+# the NativeCodeLoader WARN come from the log4j defaults Spark uses when $SPARK_CONF_DIR has no log4j2.properties.
+# VERBOSE=1 (`make submit VERBOSE=1`) or TRAINER_LOG=info|debug keep Spark's defaults; a file of the user's wins.
+write_quiet_log4j() {
+    local file="${SPARK_CONF_DIR:?SPARK_CONF_DIR must be set}/log4j2.properties"
+    if [ -n "${VERBOSE:-}" ] || [ -n "${TRAINER_LOG:-}" ] || [ -f "$file" ]; then return 0; fi
+    cat >"$file" <<'LOG4J'
+# Written by entrypoint.sh (submit): errors only; VERBOSE=1 shows Spark's own start-up lines.
+rootLogger.level = error
+rootLogger.appenderRef.stderr.ref = console
+appender.console.type = Console
+appender.console.name = console
+appender.console.target = SYSTEM_ERR
+appender.console.layout.type = PatternLayout
+appender.console.layout.pattern = %d{yy/MM/dd HH:mm:ss} %p %c{1}: %m%n%ex
+logger.hadoop.name = org.apache.hadoop.util.NativeCodeLoader
+logger.hadoop.level = off
+LOG4J
+}
+
 write_spark_defaults() {
     local conf_dir="${SPARK_CONF_DIR:?SPARK_CONF_DIR must be set}"
     local file="$conf_dir/spark-defaults.conf"
@@ -176,6 +196,7 @@ case "$role" in
         export TRAINER_PS_HOST="${TRAINER_PS_HOST:-$SPARK_DRIVER_HOST}"
         export TRAINER_PS_BIND="${TRAINER_PS_BIND:-0.0.0.0}"
         write_spark_defaults
+        write_quiet_log4j
         args=("$@")
         [[ " ${args[*]} " == *" --master "* || " ${args[*]} " == *" --master="* ]] || args=(--master "$SPARK_MASTER_URL" "${args[@]}")
         run python "$script" "${args[@]}"
