@@ -85,3 +85,11 @@ def lab(lab_image: Lab):
     finally:
         lab.save_logs()
         lab.make("down", "PURGE=1", timeout=300, check=False)
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config, items):
+    """The session lab's teardown test (`make down PURGE=1`) after every other test, whichever file they are
+    in, so that the shaped-link tests (test_lab_link.py) share the lab instead of starting a second one."""
+    last = [item for item in items if item.name == "test_make_down_leaves_no_containers_or_networks"]
+    items[:] = [item for item in items if item not in last] + last
