@@ -3,7 +3,8 @@
 Public API (imported lazily, so ``python -m trainer`` and the executors stay light):
     Trainer                                   -- trainer.fit.trainer
     FittedModel, TrainingHistory              -- trainer.fit.fitted
-    SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, AllReduce, Algorithm, get_algorithm
+    SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, AllReduce, LocalSGD, Algorithm,
+    get_algorithm
                                               -- trainer.algorithms
     LocalCluster                              -- trainer.spark.local_cluster
     spark_session                             -- trainer.spark.session
@@ -27,7 +28,7 @@ versions.check_installed()
 
 _EXPORTS = {
     "trainer.algorithms": [
-        "ADAG", "AEASGD", "AllReduce", "DOWNPOUR", "EASGD", "Algorithm", "DynSGD", "SingleWorker", "SyncAveraging",
+        "ADAG", "AEASGD", "AllReduce", "DOWNPOUR", "EASGD", "Algorithm", "DynSGD", "LocalSGD", "SingleWorker", "SyncAveraging",
         "get_algorithm",
     ],
     "trainer.errors": [

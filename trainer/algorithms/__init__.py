@@ -16,11 +16,12 @@ from trainer.algorithms.compression import BFloat16, Codec, Float16, TopK, parse
 from trainer.algorithms.downpour import DOWNPOUR
 from trainer.algorithms.dynsgd import DynSGD
 from trainer.algorithms.easgd import AEASGD, EASGD
+from trainer.algorithms.local_sgd import LocalSGD
 from trainer.algorithms.single import SingleWorker
 from trainer.algorithms.sync import SyncAveraging
 
 ALGORITHMS: dict[str, type[Algorithm]] = {
-    cls.name: cls for cls in (SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, AllReduce)
+    cls.name: cls for cls in (SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, AllReduce, LocalSGD)
 }
 
 
@@ -47,6 +48,6 @@ def get_algorithm(name: str | Algorithm, **kwargs) -> Algorithm:
 
 __all__ = [
     "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmConfigError", "AllReduce", "BFloat16", "Codec",
-    "Compressed", "DOWNPOUR", "DynSGD", "EASGD", "Float16", "SingleWorker", "SyncAveraging", "TopK", "get_algorithm",
+    "Compressed", "DOWNPOUR", "DynSGD", "EASGD", "Float16", "LocalSGD", "SingleWorker", "SyncAveraging", "TopK", "get_algorithm",
     "parse_compression", "with_compression",
 ]

@@ -109,7 +109,8 @@ class CollectiveFit:
             num_workers=workers, batch_size=o.batch_size, epochs=o.epochs, input_shape=plan.spec.input_shape,
             label_size=plan.spec.label_size, attempt=attempt, seed=o.seed, io_timeout=o.io_timeout,
             keras_backend=backend, feed=o.feed, shard_budget=shard_budget, task_memory=task_memory,
-            lr_scaling=o.algorithm.lr_scaling,
+            lr_scaling=o.algorithm.lr_scaling, period=o.algorithm.period, max_period=o.algorithm.max_period,
+            wire=o.algorithm.wire,
         ))
 
     def retry_policy(self) -> RetryPolicy:

@@ -54,6 +54,15 @@ class Group:
         ``train_step`` (it then trains with its own step, whatever that all-reduces)."""
         raise NotImplementedError
 
+    def train_alone(self) -> None:
+        """Let this process train its own replica with Keras's own step (periodic averaging, before the model is
+        built): the backend's distribution, if any, is left for good."""
+
+    def all_reduce_host(self, array: np.ndarray) -> np.ndarray:
+        """The element-wise sum over the group of the 1-D host array `array` (float32 or bfloat16), outside any
+        step: periodic averaging's one all-reduce."""
+        raise NotImplementedError
+
     def broadcast(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         """Process 0's `arrays` in every process (the others pass arrays of the same shapes and dtypes)."""
         raise NotImplementedError
@@ -106,6 +115,9 @@ class Alone(Group):
 
     def use_local_gradients(self, model) -> bool:
         return False
+
+    def all_reduce_host(self, array: np.ndarray) -> np.ndarray:
+        return np.asarray(array)
 
     def broadcast(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         return [np.asarray(a) for a in arrays]

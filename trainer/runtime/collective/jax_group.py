@@ -55,6 +55,8 @@ class BackendGroup(Group):
     def __init__(self, process_id: int, num_processes: int, distribution) -> None:
         super().__init__(process_id, num_processes)
         self.distribution = distribution
+        self.alone = False  # train_alone: each process trains its replica outside the distribution
+        self.host_sum = None
 
     @classmethod
     def join(cls, job) -> "BackendGroup":
@@ -69,6 +71,28 @@ class BackendGroup(Group):
 
     def use_local_gradients(self, model) -> bool:
         return use_local_gradients(model, self.distribution)
+
+    def train_alone(self) -> None:
+        import keras
+
+        self.alone = True
+        keras.distribution.set_distribution(None)
+
+    def all_reduce_host(self, array: np.ndarray) -> np.ndarray:
+        """A ``psum`` over the distribution's mesh of every device's copy of its process's `array`."""
+        import jax
+        from jax.sharding import NamedSharding, PartitionSpec
+
+        mesh, axis = self.distribution.device_mesh.backend_mesh, self.distribution.batch_dim_name
+        if self.host_sum is None:
+            self.host_sum = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, axis), mesh=mesh,
+                                                  in_specs=PartitionSpec(axis), out_specs=PartitionSpec(),
+                                                  check_vma=False))
+        copies = len(jax.local_devices())
+        local = np.tile(np.asarray(array), copies)
+        total = self.host_sum(jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec(axis)), local))
+        summed = np.asarray(total.addressable_data(0))
+        return summed if copies == 1 else (summed.astype(np.float32) / copies).astype(summed.dtype)
 
     def broadcast(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         from jax.experimental import multihost_utils
@@ -95,6 +119,9 @@ class BackendGroup(Group):
     def outside(self):
         import keras
 
+        if self.alone:  # already outside, for good
+            yield
+            return
         keras.distribution.set_distribution(None)
         try:
             yield

@@ -22,15 +22,18 @@ One process, in order:
 3. the model, built the same way in every process and given the
    local-gradients step (each process's gradients on its own rows, averaged
    in ONE all-reduce a step: plain Keras on the global batch of the
-   processes' batches in process order), its learning rate scaled for the
-   global batch (`scaled_optimizer`); process 0 says HELLO to the driver's
+   processes' batches in process order), or, with a period other than 1,
+   Keras's own step and the periodic average of the replicas
+   (``trainer.runtime.collective.averaging``); its learning rate scaled for the
+   global batch (`ScaledRate`); process 0 says HELLO to the driver's
    parameter server (one client) and broadcasts the center and the epoch to
    start at to the others: a retried or resumed fit goes on from task 0's
    last epoch end;
 4. per epoch, one ``model.fit`` pass over the shard in the order
    `epoch_order` (the same permutation of positions in every process, so that
    a test can rebuild each global batch), in minibatches of ``batch_size``;
-5. at every epoch end: the training logs (already over the global batches),
+5. at every epoch end: the training logs (over the global batches; with
+   periodic averaging, each process's own, averaged over the processes),
    validation of each process's own validation rows on a copy of the model
    outside the group, gathered and weighted by rows; process 0 commits the
    state (weights and optimizer variables) and reports the epoch's logs; the
@@ -57,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from trainer.ps.shard_client import connect_ps
+from trainer.runtime.collective.averaging import periodic_averaging
 from trainer.runtime.collective.group import Group, join_group
 from trainer.runtime.collective.rates import ScaledRate
 from trainer.runtime.cores import sharing
@@ -90,6 +94,9 @@ class CollectiveJob:
     env: dict[str, str] = field(default_factory=dict)
     validation_batch_size: int = 256
     lr_factor: float = 1.0  # the compiled learning rate times this, for the global batch (the rule's lr_scaling)
+    period: int | str = 1  # 1: the gradients all-reduced every step; else local steps, averaged (averaging.py)
+    max_period: int = 16
+    wire: str = "fp32"
     parent_pid: int | None = None  # the task's process: this one ends when it is gone
     record: dict[str, Any] = field(default_factory=dict)  # the task's part of the record
 
@@ -201,14 +208,19 @@ def run(directory: Path) -> tuple[dict[str, Any], Group]:
     keras.utils.set_random_seed(job.seed + 1000 * job.attempt)  # the same in every process: replicated state
     group = join_group(job)
     record.update(group.describe())
+    periodic = job.period != 1 and group.num_processes > 1
+    if periodic:
+        group.train_alone()
     shard = _Shard(directory, job.batch_size, job.seed)
     model = job.model.build()
     optimizer_of(model)
     rate = ScaledRate(model, job.lr_factor)
     record["learning_rate_factor"] = job.lr_factor
     # One process has nothing to all-reduce: Keras's own step is the whole step.
-    local = group.num_processes > 1 and group.use_local_gradients(model)
-    record["train_step"] = "local gradients" if local else "the model's own"
+    local = not periodic and group.num_processes > 1 and group.use_local_gradients(model)
+    record["train_step"] = ("the model's own, replicas averaged periodically" if periodic
+                            else "local gradients" if local else "the model's own")
+    averaging = periodic_averaging(group, job.period, job.max_period, job.wire, record) if periodic else None
     validation = _Validation(directory, job, group, (shard.x, shard.y)) if record.get("validation") else None
     record["model_built"] = time.time()
     client = None
@@ -217,7 +229,7 @@ def run(directory: Path) -> tuple[dict[str, Any], Group]:
     try:
         start_epoch = _start(model, client, record, group)
         rate.apply()  # the center carries the user's rate
-        _train(model, shard, validation, client, job, record, start_epoch, group, rate)
+        _train(model, shard, validation, client, job, record, start_epoch, group, rate, averaging)
     finally:
         if client is not None:
             client.close()
@@ -241,11 +253,11 @@ def _start(model, client, record: dict, group: Group) -> int:
 
 
 def _train(model, shard: _Shard, validation: _Validation | None, client, job: CollectiveJob, record: dict,
-           start_epoch: int, group: Group, rate: ScaledRate) -> None:
+           start_epoch: int, group: Group, rate: ScaledRate, averaging=None) -> None:
     gradient = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.trainable_variables)
     record.update(epochs=[], commits=0, comm_s=0.0, steps=0, bytes_sent=0, bytes_received=0,
                   ring_bytes_per_step=2.0 * (job.num_processes - 1) / job.num_processes * gradient)
-    callbacks = group.fit_callbacks()
+    callbacks = group.fit_callbacks() + ([averaging] if averaging is not None else [])
     train_start, cpu_start = time.time(), time.process_time()
     fit_s, collective_before = 0.0, group.collective_seconds() or 0.0
     for epoch in range(start_epoch, job.epochs):
@@ -260,6 +272,8 @@ def _train(model, shard: _Shard, validation: _Validation | None, client, job: Co
             entry["collective_s"], collective_before = collective - collective_before, collective
         record["steps"] += shard.steps
         logs = {k: float(v[-1]) for k, v in history.history.items()}
+        if averaging is not None:  # each process's own steps: the logs of all of them, averaged
+            logs = _mean_logs(logs, group)
         reported = dict(logs, rows=float(record["padded_rows"]) * job.num_processes)
         talk = time.perf_counter()
         if validation is not None:
@@ -282,6 +296,13 @@ def _train(model, shard: _Shard, validation: _Validation | None, client, job: Co
     record["allreduce_ms"] = group.allreduce_ms(gradient // 4) if group.num_processes > 1 else None
     if client is not None:
         record.update(bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
+
+
+def _mean_logs(logs: dict[str, float], group: Group) -> dict[str, float]:
+    """`logs` averaged over the processes (each trained its equal share of the batches)."""
+    names = sorted(logs)
+    gathered = group.allgather(np.array([logs[k] for k in names], np.float64))
+    return {k: float(gathered[:, i].mean()) for i, k in enumerate(names)}
 
 
 def _report(model, client, epoch: int, step: int, logs: dict[str, float], group: Group,

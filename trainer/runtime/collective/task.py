@@ -68,6 +68,9 @@ class CollectiveConfig(TaskConfig):
     ps_port: int
     keras_backend: str = "jax"
     lr_scaling: str = "linear"  # the rule's: the compiled rate times LR_SCALING[lr_scaling](workers)
+    period: int | str = 1  # the rule's cadence: 1 all-reduces every step's gradients, else periodic averaging
+    max_period: int = 16
+    wire: str = "fp32"
 
 
 class CollectiveProcessError(RuntimeError):
@@ -187,7 +190,8 @@ def train_collective_partition(config: CollectiveConfig,
             batch_size=config.batch_size, epochs=config.epochs, attempt=config.attempt, seed=config.seed,
             io_timeout=config.io_timeout, keras_backend=config.keras_backend, cpus=cpus, gpus=gpus,
             env=config.env, validation_batch_size=config.validation_batch_size, parent_pid=os.getpid(),
-            lr_factor=float(LR_SCALING[config.lr_scaling](len(shared))), record=record,
+            lr_factor=float(LR_SCALING[config.lr_scaling](len(shared))), period=config.period,
+            max_period=config.max_period, wire=config.wire, record=record,
         )
         process = start_process(directory, job)
         try:

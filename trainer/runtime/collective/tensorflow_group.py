@@ -48,6 +48,7 @@ class BackendGroup(Group):
         super().__init__(process_id, num_processes)
         self.device, self.timeout_s, self.token = device, timeout_s, token
         self.next_key = 1
+        self.host_sums: dict = {}  # (elements, dtype) -> a tf.function of all_reduce_sum: one instance key each
 
     @classmethod
     def join(cls, job) -> "BackendGroup":
@@ -123,6 +124,16 @@ class BackendGroup(Group):
             return collective_ops.all_reduce_v2(flat, group_size=self.num_processes, group_key=GROUP_KEY,
                                                 instance_key=key, merge_op="Add", final_op="Id",
                                                 timeout=self.timeout_s, ordering_token=self.token.handle)
+
+    def all_reduce_host(self, array: np.ndarray) -> np.ndarray:
+        import tensorflow as tf
+
+        array = np.asarray(array)
+        key = (array.size, array.dtype.name)
+        if key not in self.host_sums:  # traced once: every later call reuses the key (no resolution per call)
+            self.host_sums[key] = tf.function(self.all_reduce_sum)
+        with tf.device(self.device):
+            return self.host_sums[key](tf.constant(array)).numpy()
 
     def use_local_gradients(self, model) -> bool:
         if not has_keras_train_step(model):

@@ -64,6 +64,16 @@ class BackendGroup(Group):
         self.collective_s += time.perf_counter() - start
         return flat
 
+    def all_reduce_host(self, array: np.ndarray) -> np.ndarray:
+        import torch
+        import torch.distributed as dist
+
+        array = np.ascontiguousarray(array)
+        bf16 = array.dtype.name == "bfloat16"  # numpy knows ml_dtypes' bfloat16, torch.from_numpy does not
+        tensor = torch.from_numpy(array.view(np.int16)).view(torch.bfloat16) if bf16 else torch.from_numpy(array)
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)  # a host tensor: gloo, also in a "cpu:gloo,cuda:nccl" group
+        return tensor.view(torch.int16).numpy().view(array.dtype) if bf16 else tensor.numpy()
+
     def collective_seconds(self) -> float | None:
         return self.collective_s if self.engine == "gloo" else None
 

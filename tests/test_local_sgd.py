@@ -1,0 +1,206 @@
+"""Periodic averaging over the all-reduce group (``AllReduce(period=H)``, ``LocalSGD``): the rule, the average,
+the period sized by time, and the collective loop under each Keras backend.
+
+The pure parts run without Spark or a backend. The loop runs as two real collective processes on the backend's
+own engine with a real parameter server (no Spark), in `make test`'s backend runs (TensorFlow in the main run,
+JAX and torch beside it): the state process 0 reports equals two plain Keras replicas that take the same local
+steps and average their deltas, in bfloat16 with the rounding carried, every 2 steps and at every epoch end.
+A fit on Spark with ``algorithm="localsgd"`` (the time-sized period) is in tests/test_defaults.py's battery.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from conftest import digits_model
+from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, LocalSGD, get_algorithm
+from trainer.runtime.collective.averaging import Averager, choose_period
+from trainer.runtime.collective.loop import CollectiveJob, epoch_order
+from trainer.runtime.collective.task import reserve_port, start_process, wait_process
+
+
+# --------------------------------------------------------------------------- the rule and the average, pure
+
+
+def test_localsgd_is_allreduce_with_a_time_sized_period_and_bfloat16_on_the_wire():
+    rule = get_algorithm("localsgd")
+    assert ALGORITHMS["localsgd"] is LocalSGD and isinstance(rule, AllReduce) and rule.collective
+    assert (rule.period, rule.max_period, rule.wire, rule.lr_scaling) == ("auto", 16, "bf16", "linear")
+    assert rule.periodic and not AllReduce().periodic
+    assert rule.describe() == "localsgd(averaged every auto <= 16 steps, bf16)"
+    assert AllReduce(period=8).describe() == "allreduce(averaged every 8 steps)"
+    assert get_algorithm("localsgd", period=4, wire="fp32").describe() == "localsgd(averaged every 4 steps)"
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"period": 0}, "period is an integer >= 1 or 'auto'. Received: period=0"),
+    ({"period": "8"}, "Received: period='8'"),
+    ({"max_period": 0}, "max_period is an integer >= 1. Received: max_period=0"),
+    ({"wire": "fp16"}, "wire is one of 'fp32', 'bf16'. Received: wire='fp16'"),
+    ({"period": 1, "wire": "bf16"}, "wire='bf16' applies to periodic averaging"),
+])
+def test_a_cadence_that_cannot_work_is_refused_with_the_fix(kwargs, message):
+    with pytest.raises(AlgorithmConfigError, match=message):
+        AllReduce(**kwargs)
+
+
+def test_the_average_of_float32_deltas_is_the_mean_of_the_weights():
+    anchor = np.array([1.0, -2.0, 0.5], np.float32)
+    weights = [anchor + np.array([0.1, 0.2, -0.3], np.float32), anchor + np.array([0.3, -0.2, 0.1], np.float32)]
+    averagers = [Averager(anchor, 2, "fp32") for _ in weights]
+    sent = [w - anchor for w in weights]
+    out = [a.average(w, lambda _: sent[0] + sent[1]) for a, w in zip(averagers, weights)]
+    np.testing.assert_allclose(out[0], (weights[0] + weights[1]) / 2, rtol=1e-6)
+    np.testing.assert_array_equal(out[0], out[1])
+    assert averagers[0].bytes_per_average == 12 and Averager(anchor, 2, "bf16").bytes_per_average == 6
+
+
+def test_bfloat16_deltas_carry_their_rounding_into_the_next_average():
+    """One process alone (the sum is its own delta): in bfloat16 each average rounds the delta, and what was
+    dropped goes with the next one, so after many averages the weights are where float32 ones are."""
+    rng = np.random.default_rng(0)
+    anchor = rng.normal(size=1000).astype(np.float32)
+    steps = [rng.normal(scale=1e-3, size=1000).astype(np.float32) for _ in range(50)]
+    bf16, fp32 = Averager(anchor, 1, "bf16"), Averager(anchor, 1, "fp32")
+    sent_dtypes = set()
+
+    def sums(sent):
+        sent_dtypes.add(sent.dtype)
+        return sent
+
+    for step in steps:
+        bf16.average(bf16.anchor + step, sums)
+        fp32.average(fp32.anchor + step, lambda sent: sent)
+    assert sent_dtypes == {np.dtype(ml_dtypes.bfloat16)}
+    drift = np.abs(bf16.anchor - fp32.anchor).max()
+    assert drift < 1e-4  # within one delta's rounding: 50 rounded deltas without the carry would drift further
+    assert np.abs(bf16.residual).max() < 1e-5
+
+
+@pytest.mark.parametrize("step_ms, average_ms, expected", [
+    (30.0, 1.0, 1),      # an average under 5 % of one step: every step
+    (30.0, 6.0, 4),      # 6 ms against 5 % of 30 ms = 1.5 ms: every 4 steps
+    (1.5, 40.0, 16),     # a GPU step on a slow link: the bound
+    (0.0, 5.0, 16),      # no step time measured: the bound
+])
+def test_the_period_is_the_smallest_that_keeps_the_average_under_five_percent(step_ms, average_ms, expected):
+    assert choose_period(step_ms / 1000, average_ms / 1000, max_period=16) == expected
+    assert choose_period(step_ms / 1000, average_ms / 1000, max_period=3) == min(expected, 3)
+
+
+# --------------------------------------------------------------------------- the loop, per backend, no Spark
+
+
+def _reference(start, shards, rate: float, batch_size: int, epochs: int, seed: int, period: int):
+    """Two plain Keras replicas at `rate`, each taking its shard's batches in `epoch_order`, their float32 weights
+    averaged every `period` steps and at every epoch end through bfloat16 deltas with the rounding carried (the
+    sum of two bfloat16 deltas rounded once, as the engines add them)."""
+    import keras
+
+    replicas = []
+    for _ in shards:
+        model = digits_model(rate)
+        model.set_weights(start)
+        replicas.append(model)
+    sizes = [w.size for w in start]
+    flat = lambda model: np.concatenate([w.reshape(-1) for w in model.get_weights()]).astype(np.float32)
+    anchor = flat(replicas[0])
+    residuals = [np.zeros_like(anchor) for _ in shards]
+
+    def average():
+        nonlocal anchor
+        sent = []
+        for i, model in enumerate(replicas):
+            delta = flat(model) - anchor + residuals[i]
+            rounded = delta.astype(ml_dtypes.bfloat16)
+            residuals[i] = delta - rounded.astype(np.float32)
+            sent.append(rounded)
+        total = (sent[0].astype(np.float32) + sent[1].astype(np.float32)).astype(ml_dtypes.bfloat16)
+        anchor = anchor + total.astype(np.float32) / len(shards)
+        pieces = np.split(anchor, np.cumsum(sizes)[:-1])
+        for model in replicas:
+            model.set_weights([p.reshape(w.shape) for p, w in zip(pieces, start)])
+
+    rows = len(shards[0][0])
+    since = 0
+    for epoch in range(epochs):
+        order = epoch_order(rows, seed, epoch)
+        for begin in range(0, rows, batch_size):
+            for model, (x, y) in zip(replicas, shards):
+                batch = order[begin:begin + batch_size]
+                model.train_on_batch(x[batch], y[batch])
+            since += 1
+            if since == period:
+                average()
+                since = 0
+        if since:
+            average()
+            since = 0
+    return replicas[0], keras
+
+
+@pytest.mark.backend
+@pytest.mark.timeout(600)
+def test_two_collective_processes_average_their_replicas_every_period_in_bfloat16():
+    """Two collective processes, ``AllReduce(period=2, wire="bf16")``, 2 epochs of 3 steps: process 0's reported
+    weights equal the two-replica reference's (``_reference``) after 6 local steps and 4 averages (every 2 steps
+    and at each epoch end), at twice the compiled rate (linear scaling for 2 workers); its optimizer counted its
+    own 6 steps."""
+    import keras
+
+    from trainer.ps.server import ParameterServer
+    from trainer.runtime.shipping import ModelSource, pack_model
+    from trainer.transport.wire import new_secret
+
+    rule = AllReduce(period=2, wire="bf16")
+    backend = keras.backend.backend()
+    rng = np.random.default_rng(1)
+    x = rng.random((96, 64), dtype=np.float32)
+    y = rng.integers(0, 10, 96).astype(np.int32)
+    shards = [(x[i::2], y[i::2]) for i in range(2)]  # 2 x 48 rows: 3 steps of 16 an epoch
+    rows = len(shards[0][0])
+    model = digits_model(0.005)
+    model.optimizer.build(model.trainable_variables)
+    start = [w.copy() for w in model.get_weights()]
+    server = ParameterServer(rule, start, 1, new_secret())
+    server.start()
+    ports, processes = [reserve_port() for _ in shards], []
+    addresses = [f"127.0.0.1:{port.getsockname()[1]}" for port in ports]
+    try:
+        for pid, (sx, sy) in enumerate(shards):
+            directory = Path(tempfile.mkdtemp(prefix="local-sgd-test-"))
+            for name, array in (("x", sx), ("y", sy), ("vx", sx[:0]), ("vy", sy[:0])):
+                np.save(directory / f"{name}.npy", array)
+            job = CollectiveJob(model=ModelSource(keras_bytes=pack_model(model, None).data),
+                                ps_address=server.address, secret=server.credentials, addresses=addresses,
+                                process_id=pid, num_processes=2, batch_size=16, epochs=2, seed=5,
+                                keras_backend=backend, lr_factor=rule.learning_rate_factor(2), period=rule.period,
+                                max_period=rule.max_period, wire=rule.wire, parent_pid=os.getpid(),
+                                record={"worker": pid, "attempt": 0, "rows": rows, "padded_rows": rows})
+            processes.append((start_process(directory, job), directory))
+        records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]
+        center = server.center()
+    finally:
+        server.stop()
+        for port in ports:
+            port.close()
+    reference, _ = _reference(start, shards, 0.005 * 2, 16, 2, seed=5, period=2)
+    weights = len(reference.weights)
+    for got, want in zip(center[:weights], reference.get_weights()):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    state = dict(zip([v.path for v in model.optimizer.variables], center[weights:]))
+    steps = 2 * math.ceil(rows / 16)
+    assert int(state[model.optimizer.iterations.path]) == steps
+    assert float(state[model.optimizer._learning_rate.path]) == pytest.approx(0.005)  # the compiled rate kept
+    assert {r["train_step"] for r in records} == {"the model's own, replicas averaged periodically"}
+    assert [r["averages"] for r in records] == [4, 4]
+    assert {(r["period"], r["wire"], r["average_bytes"]) for r in records} == {(2, "bf16", 2 * model.count_params())}
+    # the logs reported are both processes' own, averaged: a finite loss for each epoch
+    assert all(math.isfinite(e["logs"]["loss"]) for e in records[0]["epochs"])

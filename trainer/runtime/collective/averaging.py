@@ -1,0 +1,168 @@
+"""Periodic averaging over the group (local SGD): the average, its cadence, and the callback that runs them.
+
+Under ``AllReduce(period=H)`` / ``LocalSGD`` each process of the collective
+loop trains with Keras's own step on its own rows. Every ``H`` steps, and at
+every epoch end, `PeriodicAveraging` averages the replicas' float weights in
+ONE all-reduce (the group's ``all_reduce_host``: TensorFlow's collective ops,
+``torch.distributed`` or a JAX ``psum`` on the backend's own engine):
+
+* `Averager` (numpy in, numpy out) sends each process's delta since the last
+  average, not its weights: the deltas are small, so bfloat16 on the wire
+  (``wire="bf16"``) rounds them, not the weights, and what bfloat16 dropped is
+  added to the next delta (error feedback, as the parameter server's
+  compressed commits do);
+* `choose_period` sizes ``H`` from measured times (``period="auto"``): the
+  smallest period that keeps one average under `OVERHEAD` of the time of the
+  steps between two, at most ``max_period``.
+
+The optimizer's variables stay each process's own (local SGD's usual choice:
+Adam's moments follow the process's own gradients); process 0's are the ones
+the driver checkpoints.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Callable
+
+import numpy as np
+
+#: Share of the time one average may take of the local steps between two (``period="auto"``).
+OVERHEAD = 0.05
+#: Steps averaged every step at the start of a fit while the step and the average are timed; the first
+#: `PROBE_SKIP` of them (compilation, first transfers) are not timed.
+PROBE_STEPS, PROBE_SKIP = 12, 3
+
+
+def choose_period(step_s: float, average_s: float, max_period: int, overhead: float = OVERHEAD) -> int:
+    """The smallest period whose average costs at most `overhead` of its steps' time, within [1, max_period]."""
+    if not (step_s > 0 and math.isfinite(step_s)) or not math.isfinite(average_s):
+        return int(max_period)
+    return int(min(max_period, max(1, math.ceil(average_s / (overhead * step_s)))))
+
+
+def to_bfloat16(values: np.ndarray) -> np.ndarray:
+    """`values` (float32) rounded to bfloat16 (ml_dtypes, which Keras and every backend install)."""
+    import ml_dtypes
+
+    return values.astype(ml_dtypes.bfloat16)
+
+
+class Averager:
+    """The mean of the processes' flat float32 weights, from their deltas since the last average.
+
+    Args:
+        anchor: 1-D float32 array. The weights every process held after the last average (the same everywhere).
+        processes: Integer. The processes averaging.
+        wire: String. ``"fp32"`` or ``"bf16"`` (how the deltas travel).
+    """
+
+    def __init__(self, anchor: np.ndarray, processes: int, wire: str = "fp32") -> None:
+        self.anchor = np.array(anchor, dtype=np.float32, copy=True)
+        self.processes, self.wire = int(processes), wire
+        self.residual = np.zeros_like(self.anchor) if wire == "bf16" else None
+
+    @property
+    def bytes_per_average(self) -> int:
+        """The bytes of one process's delta on the wire."""
+        return self.anchor.size * (2 if self.wire == "bf16" else 4)
+
+    def average(self, weights: np.ndarray, all_reduce_sum: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """The averaged weights (also the new anchor), given this process's `weights` and a sum over the group
+        (`all_reduce_sum`: an array in, the element-wise sum of every process's array out, same dtype)."""
+        delta = np.asarray(weights, dtype=np.float32) - self.anchor
+        if self.residual is not None:
+            delta += self.residual
+            sent = to_bfloat16(delta)
+            self.residual = delta - sent.astype(np.float32)
+        else:
+            sent = delta
+        total = np.asarray(all_reduce_sum(sent), dtype=np.float32)
+        self.anchor += total / self.processes
+        return self.anchor
+
+
+class FlatWeights:
+    """A model's float weights (trainable and not: BatchNormalization's statistics too) as one float32 vector."""
+
+    def __init__(self, model) -> None:
+        self.variables = [v for v in model.weights if "float" in str(v.dtype)]
+        self.shapes = [tuple(v.shape) for v in self.variables]
+        self.sizes = [int(np.prod(s)) for s in self.shapes]
+
+    def read(self) -> np.ndarray:
+        import keras
+
+        return np.concatenate([np.asarray(keras.ops.convert_to_numpy(v.value), dtype=np.float32).reshape(-1)
+                               for v in self.variables]) if self.variables else np.zeros(0, np.float32)
+
+    def write(self, flat: np.ndarray) -> None:
+        start = 0
+        for variable, shape, size in zip(self.variables, self.shapes, self.sizes):
+            variable.assign(flat[start:start + size].reshape(shape).astype(variable.dtype))
+            start += size
+
+
+def periodic_averaging(group, period: int | str, max_period: int, wire: str, record: dict):
+    """The Keras callback that averages `group`'s replicas every `period` steps and at every epoch end, sizing an
+    automatic period first (the module docstring); what it chose and measured goes into `record`."""
+    import keras
+
+    from trainer.runtime.backends import wait_for_steps
+
+    class PeriodicAveraging(keras.callbacks.Callback):
+        def __init__(self) -> None:
+            super().__init__()
+            self.period = 1 if period == "auto" else int(period)
+            self.probing = period == "auto"
+            self.since, self.seen = 0, 0
+            self.step_times: list[float] = []
+            self.average_times: list[float] = []
+            self.flat: FlatWeights | None = None
+            self.averager: Averager | None = None
+            self.last = time.perf_counter()
+            record.update(averages=0, average_s=0.0, period=None if self.probing else self.period, wire=wire)
+
+        def on_train_begin(self, logs=None):
+            if self.flat is None:  # the weights every process loaded from the center: the first anchor
+                self.flat = FlatWeights(self.model)
+                self.averager = Averager(self.flat.read(), group.num_processes, wire)
+                record["average_bytes"] = self.averager.bytes_per_average
+            self.last = time.perf_counter()
+
+        def on_train_batch_end(self, batch, logs=None):
+            self.since += 1
+            if self.since >= self.period:
+                self._average()
+
+        def on_epoch_end(self, epoch, logs=None):
+            if self.since:
+                self._average()
+
+        def _average(self) -> None:
+            wait_for_steps(self.model)  # the steps queued on the device (JAX) are the steps' time, not the average's
+            done = time.perf_counter()
+            self.flat.write(self.averager.average(self.flat.read(), group.all_reduce_host))
+            end = time.perf_counter()
+            record["averages"] += 1
+            record["average_s"] += end - done
+            if self.probing:
+                self._probe((done - self.last) / self.since, end - done)
+            self.since, self.last = 0, end
+
+        def _probe(self, step_s: float, average_s: float) -> None:
+            self.seen += 1
+            if self.seen > PROBE_SKIP:
+                self.step_times.append(step_s)
+                self.average_times.append(average_s)
+            if self.seen < PROBE_STEPS:
+                return
+            # Every process takes the same period: from the times of all of them.
+            mine = np.array([np.median(self.step_times), np.median(self.average_times)], np.float64)
+            times = group.allgather(mine)
+            step_s, average_s = float(times[:, 0].max()), float(times[:, 1].max())
+            self.period, self.probing = choose_period(step_s, average_s, max_period), False
+            record.update(period=self.period, probe_step_ms=1000 * step_s, probe_average_ms=1000 * average_s)
+
+    return PeriodicAveraging()
