@@ -11,6 +11,13 @@ same run. Reports wall time, time relative to ideal task parallelism, data
 bytes held by the tasks, final validation loss per configuration and the test
 MAPE (in GW, original units) of each strategy's best model.
 
+``--search`` picks the search (``grid``, the default, is the 8 configurations
+above; the others sample ``SEARCH_SPACE``: the cell, an int number of units and
+a log-uniform learning rate); several searches or ``--seeds`` compare the
+searches at an equal budget of epochs (Hyperband's), as in select_mnist.py:
+
+    python jobs/select_forecast.py --limit 3000 --search hyperband,random,tpe,tpe-asha --seeds 0,1,2
+
     python jobs/select_forecast.py --epochs 2 --limit 3000
     python jobs/select_forecast.py --master spark://master:7077 --workers 3
 """
@@ -24,14 +31,15 @@ from pathlib import Path
 import numpy as np
 
 from trainer.data.prep import MinMax, make_windows, train_test_split_last
-from trainer.selection import GridSearch, choice
+from trainer.selection import choice, loguniform, randint
 from trainer.internals import Search
 from trainer_jobs.support.cli import positive_int
 from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
 from trainer_jobs.support.report import mape
 from trainer_jobs.support.scaling import cluster_session, timing_valid
 from trainer_jobs.support.selection import (
-    compare_strategies, comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
+    compare_searches, compare_strategies, comparison_parser, first_configs, make_search, parse_comparison_args,
+    score_best_models, write_comparison, write_search_comparison,
 )
 
 N_IN = 24
@@ -40,6 +48,12 @@ SPACE = {
     "cell": choice(["lstm", "gru"]),
     "units": choice([16, 32]),
     "lr": choice([1e-3, 3e-3]),
+}
+#: What the sampling searches draw from.
+SEARCH_SPACE = {
+    "cell": choice(["lstm", "gru"]),
+    "units": randint(8, 48, log=True),
+    "lr": loguniform(3e-4, 3e-2),
 }
 
 
@@ -78,9 +92,11 @@ def main(argv: list[str] | None = None) -> int:
     workers = 1 if args.strategy_list == ["sequential"] else args.workers
     out = Path(args.out)
 
-    def make_search() -> Search:
-        grid = GridSearch(SPACE, epochs=args.epochs, batch_size=args.batch_size, metric="val_loss")
-        return first_configs(grid, args.max_configs)
+    def make(name: str, seed: int) -> Search:
+        search = make_search(name, grid=SPACE, space=SEARCH_SPACE, epochs=args.epochs, max_epochs=args.max_epochs,
+                             eta=args.eta, seed=seed, metric="val_loss", batch_size=args.batch_size,
+                             max_concurrent=args.max_concurrent)
+        return first_configs(search, args.max_configs) if name == "grid" else search
 
     with cluster_session(args.master, workers, args.cores_per_worker, "select-forecast") as spark:
         series = parquet_frame(spark, data_dir(args.data_dir), "elecdemand", series_pd)
@@ -91,7 +107,15 @@ def main(argv: list[str] | None = None) -> int:
         train, val = train_test_split_last(rest, "time", hours=args.val_hours)
         train, val, test = (d.drop("time").cache() for d in (train, val, test))
         print(f"windows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
-        results = compare_strategies(model_fn, make_search, train, val, strategies=args.strategy_list,
+        if args.compare_searches:
+            searches = compare_searches(model_fn, make, train, val, searches=args.search_list, seeds=args.seed_list,
+                                        strategy=args.strategy_list[0], num_workers=args.workers, out_dir=out,
+                                        verbose=False, tls=args.tls)
+            write_search_comparison(searches, out, "select_forecast", title="Energy forecasting model selection",
+                                    metadata={"job": "select_forecast", "hours": len(series_pd), **vars(args)})
+            return 0
+        results = compare_strategies(model_fn, lambda: make(args.search_list[0], args.seed), train, val,
+                                     strategies=args.strategy_list,
                                      num_workers=args.workers, seed=args.seed, out_dir=out, verbose=False,
                                      tls=args.tls)
 

@@ -8,6 +8,15 @@ same run on the same data:
 * ``task_parallel``: N workers, each holding a full copy and training whole configurations;
 * ``sequential``: one worker, the configurations one after the other.
 
+``--search`` picks the search (``grid``, the default, is the 8 configurations
+above; ``random``, ``halving``, ``hyperband``, ``tpe``, ``asha`` and
+``tpe-asha`` sample ``SEARCH_SPACE``: the architecture, a log-uniform learning
+rate, the batch size and, for the MLP, an int width). Several searches, or
+several ``--seeds``, compare the searches at an equal budget of epochs instead
+(Hyperband's for ``--max-epochs``/``--eta``), with the first strategy:
+
+    python jobs/select_mnist.py --limit 6000 --search hyperband,random,tpe,tpe-asha --seeds 0,1,2
+
 It reports the wall time of each, the time relative to ideal task parallelism
 (sequential time / N) and to the measured task parallelism, the bytes of data
 the tasks hold, every configuration's final validation accuracy and the largest
@@ -28,13 +37,14 @@ from pathlib import Path
 import numpy as np
 
 from trainer.data.prep import scale_pixels
-from trainer.selection import GridSearch, choice
+from trainer.selection import choice, loguniform, randint, when
 from trainer.internals import Search
 from trainer_jobs.support.cli import positive_float
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.scaling import cluster_session, timing_valid
 from trainer_jobs.support.selection import (
-    compare_strategies, comparison_parser, first_configs, parse_comparison_args, score_best_models, write_comparison,
+    compare_searches, compare_strategies, comparison_parser, first_configs, make_search, parse_comparison_args,
+    score_best_models, write_comparison, write_search_comparison,
 )
 
 SPACE = {
@@ -42,10 +52,18 @@ SPACE = {
     "lr": choice([1e-3, 3e-3]),
     "batch_size": choice([32, 128]),
 }
+#: What the sampling searches draw from: a log-uniform learning rate, and an MLP width only for the MLP.
+SEARCH_SPACE = {
+    "arch": choice(["cnn", "mlp"]),
+    "lr": loguniform(1e-4, 3e-2),
+    "batch_size": choice([32, 64, 128]),
+    "units": when("arch", "mlp", randint(32, 256, log=True)),
+}
 
 
 def model_fn(params: dict):
-    """A small CNN on 28x28x1 images or an MLP on the 784 flat pixels, compiled with Adam(lr)."""
+    """A small CNN on 28x28x1 images or an MLP (``units`` wide, default 128) on the 784 flat pixels, compiled
+    with Adam(lr)."""
     import keras  # deferred: trainer's quiet settings must be in place when TensorFlow starts
 
     if params["arch"] == "cnn":
@@ -59,7 +77,7 @@ def model_fn(params: dict):
             keras.layers.Dense(64, activation="relu"),
         ]
     else:
-        layers = [keras.Input((784,)), keras.layers.Dense(128, activation="relu")]
+        layers = [keras.Input((784,)), keras.layers.Dense(params.get("units", 128), activation="relu")]
     model = keras.Sequential([*layers, keras.layers.Dense(10, activation="softmax")], name=params["arch"])
     model.compile(optimizer=keras.optimizers.Adam(params["lr"]), loss="sparse_categorical_crossentropy",
                   metrics=["accuracy"])
@@ -90,8 +108,10 @@ def main(argv: list[str] | None = None) -> int:
     n_val = max(1, round(len(x_train) * args.val_fraction))
     val_idx, train_idx = np.sort(order[:n_val]), np.sort(order[n_val:])
 
-    def make_search() -> Search:
-        return first_configs(GridSearch(SPACE, epochs=args.epochs, metric="val_accuracy"), args.max_configs)
+    def make(name: str, seed: int) -> Search:
+        search = make_search(name, grid=SPACE, space=SEARCH_SPACE, epochs=args.epochs, max_epochs=args.max_epochs,
+                             eta=args.eta, seed=seed, metric="val_accuracy", max_concurrent=args.max_concurrent)
+        return first_configs(search, args.max_configs) if name == "grid" else search
 
     with cluster_session(args.master, workers, args.cores_per_worker, "select-mnist") as spark:
         folder = data_dir(args.data_dir)
@@ -100,7 +120,14 @@ def main(argv: list[str] | None = None) -> int:
         test = scale_pixels(parquet_images(spark, folder, "mnist-test", x_test, y_test))
         train, val, test = train.cache(), val.cache(), test.cache()
         print(f"rows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
-        results = compare_strategies(model_fn, make_search, train, val,
+        if args.compare_searches:
+            searches = compare_searches(model_fn, make, train, val, searches=args.search_list, seeds=args.seed_list,
+                                        strategy=args.strategy_list[0], num_workers=args.workers, out_dir=out,
+                                        verbose=False, tls=args.tls)
+            write_search_comparison(searches, out, "select_mnist", title="MNIST model selection",
+                                    metadata={"job": "select_mnist", "train_rows": len(x_train), **vars(args)})
+            return 0
+        results = compare_strategies(model_fn, lambda: make(args.search_list[0], args.seed), train, val,
                                      strategies=args.strategy_list, num_workers=args.workers, seed=args.seed,
                                      out_dir=out, verbose=False, tls=args.tls)
         extra = score_best_models(results, "test_accuracy", lambda model: model.evaluate(test)["accuracy"])

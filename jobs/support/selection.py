@@ -7,6 +7,15 @@ takes (cluster, workers, epochs, strategies, seed, data, output);
 strategy's best model; ``write_comparison`` writes the strategy and
 configuration tables and the Gantt chart, and prints the console table.
 
+Searches (``--search``): ``make_search`` builds any of ``SEARCHES`` at an equal
+budget of epochs (Hyperband's total for ``--max-epochs``/``--eta``: random
+search trains ``budget // max_epochs`` configurations fully, successive halving
+as many as fit, TPE and ASHA stop asking once the budget is granted; the grid
+keeps ``--epochs``). With several searches or seeds, ``compare_searches`` runs
+each search per seed with one strategy and ``write_search_comparison`` writes
+the table (best validation metric, time to reach Hyperband's best of the same
+seed) and the searches' Gantt charts on one time axis.
+
 The comparison: ``compare_strategies`` runs the same search with every strategy of
 ``trainer.selection.STRATEGIES`` (a fresh search object each time,
 the sequential baseline on one worker) and ``comparison_rows`` /
@@ -39,14 +48,24 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 import pyarrow as pa
 from pyspark import BarrierTaskContext
 
-from trainer.selection import STRATEGIES, ModelSelector, SelectionResult
+from trainer.selection import (
+    ASHA, STRATEGIES, GridSearch, Hyperband, ModelSelector, RandomSearch, SelectionResult, SuccessiveHalving,
+    TPESearch,
+)
 from trainer.internals import Search, configure_process, plot_gantt_comparison, task_resources
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.report import markdown_table, write_results
 
 __all__ = ["comparison_parser", "parse_comparison_args", "first_configs", "score_best_models", "write_comparison",
            "warm_up_executors", "compare_strategies", "comparison_rows", "config_rows", "plot_comparison",
-           "TABLE_COLUMNS"]
+           "TABLE_COLUMNS", "SEARCHES", "make_search", "hyperband_epochs", "compare_searches", "search_rows",
+           "write_search_comparison"]
+
+#: Every search a selection job takes (``--search``).
+SEARCHES = ("grid", "random", "halving", "hyperband", "tpe", "asha", "tpe-asha")
+#: Columns of the console table of a comparison of searches.
+SEARCH_COLUMNS = ["search", "seed", "epochs", "configs", "stopped_early", "time_s", "train_s", "metric_value",
+                  "best_config", "reach_hyperband_s", "vs_hyperband"]
 
 #: Columns of the jobs' console table (the files have every column).
 TABLE_COLUMNS = ["mode", "workers", "time_s", "ideal_s", "vs_ideal", "vs_task_parallel", "speedup", "data_bytes",
@@ -174,6 +193,17 @@ def comparison_parser(description: str | None, *, default_out: str, limit_help: 
     parser.add_argument("--strategies", default=",".join(STRATEGIES),
                         help=f"comma-separated subset of {','.join(STRATEGIES)} (default: all)")
     parser.add_argument("--seed", type=int, default=0, help=seed_help)
+    parser.add_argument("--search", default="grid",
+                        help=f"comma-separated searches, of {','.join(SEARCHES)} (default grid); several, or "
+                             "several --seeds, compare the searches at equal budget with the first strategy")
+    parser.add_argument("--seeds", default=None,
+                        help="comma-separated seeds of a comparison of searches (default: --seed)")
+    parser.add_argument("--max-epochs", type=positive_int, default=4,
+                        help="most epochs of a configuration in the adaptive searches (default 4)")
+    parser.add_argument("--eta", type=positive_int, default=2,
+                        help="halving rate of successive halving, Hyperband and ASHA (default 2)")
+    parser.add_argument("--max-concurrent", type=positive_int, default=None,
+                        help="trials TPE and ASHA train at once (default: workers + 1)")
     parser.add_argument("--data", default=None, help=data_help)
     parser.add_argument("--data-dir", default=None,
                         help="where the data is written once as Parquet for Spark to read: a folder the executors "
@@ -193,6 +223,19 @@ def parse_comparison_args(parser: argparse.ArgumentParser, argv: Sequence[str] |
     unknown = [s for s in args.strategy_list if s not in STRATEGIES]
     if unknown or not args.strategy_list:
         parser.error(f"--strategies: unknown {unknown}; expected a comma-separated subset of {','.join(STRATEGIES)}")
+    args.search_list = [s.strip() for s in args.search.split(",") if s.strip()]
+    unknown = [s for s in args.search_list if s not in SEARCHES]
+    if unknown or not args.search_list:
+        parser.error(f"--search: unknown {unknown}; expected a comma-separated subset of {','.join(SEARCHES)}")
+    try:
+        args.seed_list = [int(s) for s in args.seeds.split(",") if s.strip()] if args.seeds else [args.seed]
+    except ValueError:
+        parser.error(f"--seeds: expected comma-separated ints. Received {args.seeds!r}")
+    if args.eta < 2:
+        parser.error("--eta must be at least 2")
+    args.compare_searches = len(args.search_list) > 1 or len(args.seed_list) > 1
+    if args.max_concurrent is None:
+        args.max_concurrent = args.workers + 1
     start_logging(args)
     return args
 
@@ -229,4 +272,113 @@ def write_comparison(results: Mapping[str, SelectionResult], out: Path, name: st
     gantt = plot_comparison(results, out / f"{name}_gantt.png", title=title)
     extra_columns = list(dict.fromkeys(key for values in extra.values() for key in values))
     print(markdown_table(rows, [*TABLE_COLUMNS, *extra_columns]))
+    print(f"results: {', '.join(str(p) for p in paths.values())}, {gantt}")
+
+
+# --------------------------------------------------------------------------- searches at equal budget
+def _halving_epochs(n: int, rungs: Sequence[int], eta: int) -> int:
+    """Epochs successive halving trains: ``n`` configurations to the first rung, then the best ``1/eta``."""
+    total, alive, previous = 0, n, 0
+    for i, rung in enumerate(rungs):
+        total += alive * (rung - previous)
+        previous = rung
+        if i < len(rungs) - 1:
+            alive = max(1, alive // eta)
+    return total
+
+
+def hyperband_epochs(max_epochs: int, eta: int, min_epochs: int = 1) -> int:
+    """Total epochs of ``Hyperband(space, max_epochs, eta, min_epochs=min_epochs)``: the budget of the others."""
+    search = Hyperband({}, max_epochs, eta=eta, min_epochs=min_epochs)
+    return sum(_halving_epochs(len(b.configs()), b.rungs, eta) for b in search.brackets)
+
+
+def make_search(name: str, *, grid: Mapping[str, Any], space: Mapping[str, Any], epochs: int, max_epochs: int,
+                eta: int, seed: int, metric: str, batch_size: int = 32, max_concurrent: int = 3) -> Search:
+    """The search ``name`` (one of ``SEARCHES``) at Hyperband's budget of epochs (see the module docstring)."""
+    budget = hyperband_epochs(max_epochs, eta)
+    common = {"batch_size": batch_size, "metric": metric}
+    if name == "grid":
+        return GridSearch(grid, epochs=epochs, **common)
+    if name == "hyperband":
+        return Hyperband(space, max_epochs, eta=eta, seed=seed, **common)
+    if name == "random":
+        return RandomSearch(space, n=max(1, budget // max_epochs), seed=seed, epochs=max_epochs, **common)
+    if name == "halving":
+        rungs = Hyperband({}, max_epochs, eta=eta).brackets[0].rungs
+        n = max([k for k in range(1, budget + 1) if _halving_epochs(k, rungs, eta) <= budget], default=1)
+        return SuccessiveHalving(RandomSearch(space, n=n, seed=seed, epochs=max_epochs, **common), 1, max_epochs, eta,
+                                 metric=metric)
+    asked = {"max_total_epochs": budget, "max_concurrent": max_concurrent, "seed": seed, **common}
+    if name == "tpe":
+        return TPESearch(space, max_epochs, **asked)
+    if name == "asha":
+        return ASHA(space, max_epochs, eta=eta, **asked)
+    if name == "tpe-asha":
+        return TPESearch(space, max_epochs, pruner="asha", eta=eta, **asked)
+    raise ValueError(f"Unknown search {name!r}. Expected one of {', '.join(SEARCHES)}.")
+
+
+def compare_searches(model_fn: Callable[[dict[str, Any]], Any], make: Callable[[str, int], Search], train, validation,
+                     *, searches: Sequence[str], seeds: Sequence[int], strategy: str = "mop", num_workers: int = 2,
+                     out_dir: str | Path | None = None,
+                     **selector_kwargs: Any) -> dict[tuple[str, int], SelectionResult]:  # fmt: skip
+    """Run ``make(search, seed)`` for every seed and search with one strategy; ``{(search, seed): result}``.
+
+    The selector's seed is the search's seed; with ``out_dir`` each result is
+    saved under ``out_dir/<search>-<seed>/``.
+    """
+    workers = 1 if strategy == "sequential" else num_workers
+    warm_up_executors(train.sparkSession, workers)
+    results: dict[tuple[str, int], SelectionResult] = {}
+    for seed in seeds:
+        for name in searches:
+            selector = ModelSelector(model_fn, make(name, seed), strategy=strategy, num_workers=workers, seed=seed,
+                                     **selector_kwargs)
+            result = results[(name, seed)] = selector.fit(train, validation)
+            print(f"{name} seed {seed}: {result.timings['wall_s']:.1f} s, best {result.metric.name} "
+                  f"{_number(result.best_value)} ({result.best_config.id if result.best_config else '-'})", flush=True)
+            if out_dir is not None:
+                result.save(Path(out_dir) / f"{name}-{seed}")
+    return results
+
+
+def _time_to_reach(result: SelectionResult, target: float | None) -> float | None:
+    """Seconds from the start of training until some configuration's epoch value was as good as ``target``."""
+    if target is None:
+        return None
+    ends = sorted((r["end"], r["value"]) for records in result.history.values() for r in records)
+    return next((end for end, value in ends if not result.metric.better(target, value)), None)
+
+
+def search_rows(results: Mapping[tuple[str, int], SelectionResult], name: str) -> list[dict[str, Any]]:
+    """One row per (search, seed): epochs trained, configurations, wall and training time, the best metric,
+    and the seconds to reach Hyperband's best of the same seed (``vs_hyperband``: over Hyperband's own)."""
+    rows = []
+    for (search, seed), r in results.items():
+        hyperband = results.get(("hyperband", seed))
+        target = hyperband.best_value if hyperband is not None else None
+        reach = _time_to_reach(r, target)
+        own = _time_to_reach(hyperband, target) if hyperband is not None else None
+        rows.append({
+            "run": name, "model": search, "mode": r.strategy, "search": search, "seed": seed,
+            "workers": r.num_workers, "epochs": sum(len(h) for h in r.history.values()), "configs": len(r.configs),
+            "stopped_early": int(r.leaderboard["stopped"].sum()), "time_s": r.timings["wall_s"],
+            "train_s": r.timings["train_wall_s"], "metric_name": r.metric.name, "metric_value": r.best_value,
+            "best_config": r.best_config.id if r.best_config else None, "reach_hyperband_s": reach,
+            "vs_hyperband": reach / own if reach is not None and own else None,
+        })
+    return rows
+
+
+def write_search_comparison(results: Mapping[tuple[str, int], SelectionResult], out: Path, name: str, *,
+                            metadata: Mapping[str, Any], title: str) -> None:  # fmt: skip
+    """Write ``{name}_searches`` (JSON, CSV, markdown) and ``{name}_searches_gantt.png`` (the first seed's
+    searches on one time axis); print the table."""
+    rows = search_rows(results, name)
+    paths = write_results(rows, out, f"{name}_searches", metadata=metadata)
+    first = next(iter(results))[1]
+    gantt = plot_gantt_comparison({s: (r.units, r.num_workers) for (s, seed), r in results.items() if seed == first},
+                                  out / f"{name}_searches_gantt.png", title=f"{title} (seed {first})")
+    print(markdown_table(rows, SEARCH_COLUMNS))
     print(f"results: {', '.join(str(p) for p in paths.values())}, {gantt}")

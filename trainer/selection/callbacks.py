@@ -41,5 +41,9 @@ class MlflowSelectionCallback(SelectionCallback):
 
     def on_epoch_end(self, config_id: str, epoch: int, logs: dict[str, float]) -> None:
         if config_id not in self.runs.children:
-            self.runs.child(config_id, self.params.get(config_id, {}))
+            params = self.params.get(config_id)
+            if params is None and self.selector is not None:  # added by a model-based search during the run
+                config = self.selector.search.config(config_id)
+                params = {**config.params, "batch_size": config.batch_size}
+            self.runs.child(config_id, params or {})
         self.runs.epoch(config_id, epoch, logs)

@@ -17,7 +17,7 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import numpy as np
 
@@ -27,9 +27,9 @@ from trainer.selection.baseline import TaskParallelScheduler
 from trainer.selection.callbacks import SelectionCallback
 from trainer.selection.search_checkpoints import CheckpointStore
 from trainer.selection.hopper import HopperRejected
-from trainer.selection.result import load_schedule
+from trainer.selection.result import load_schedule, load_search_log
 from trainer.selection.scheduler import EpochDone, MopScheduler, ScheduledTask
-from trainer.selection.search import Search
+from trainer.selection.search import Config, Decision, Search
 
 log = logging.getLogger("trainer.selection")
 
@@ -62,7 +62,8 @@ class SearchDriver:
     def __init__(self, *, selector: Any, search: Search, scheduler: Any, layouts: dict[str, list],
                  states: dict[str, list[np.ndarray]], history: dict[str, list[dict]], resumed: dict[str, int],
                  callbacks: Sequence[SelectionCallback], store: CheckpointStore | None,
-                 seed: int) -> None:  # fmt: skip
+                 seed: int, admit: Callable[[Config], tuple] | None = None,
+                 payloads: dict[str, dict[str, Any]] | None = None) -> None:  # fmt: skip
         self.selector = selector
         self.search = search
         self.metric = search.metric
@@ -75,6 +76,8 @@ class SearchDriver:
         self.callbacks = list(callbacks)
         self.store = store
         self.seed = seed
+        self.admit = admit
+        self.payloads = payloads if payloads is not None else {}  # configurations a search added after the start
         self.cond = threading.Condition()
         self.ckpt_lock = threading.Lock()
         self.attempt = 0
@@ -154,6 +157,8 @@ class SearchDriver:
                     unit.keep = self.holder.get(cid) == (worker, attempt)
                     meta = {"op": "train", "model": cid, "epoch": unit.entry.epoch, "seq": unit.entry.seq,
                             "keep": unit.keep, "seed": unit.seed}
+                    if cid in self.payloads:  # a configuration the task spec does not carry: how to build it
+                        meta["config"] = self.payloads[cid]
                     return meta, () if unit.keep else self.states[cid]
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -259,11 +264,20 @@ class SearchDriver:
                   "units": len(parts), "train_s": sum(p["train_s"] + p["val_s"] for p in parts)}
         self.history.setdefault(cid, []).append(record)
         self.epoch_states[cid] = self.states[cid]
-        decision = self.search.report(cid, epoch, value)
+        if len(self.search.history(cid)) > epoch:
+            # A resumed search's log is ahead of this model's checkpoint (its newest file was damaged): the epoch
+            # was retrained, and the search keeps the decision it took the first time.
+            decision = Decision()
+        else:
+            decision = self.search.report(cid, epoch, value)
         for stopped in decision.stopped:
             self.sched.drop(stopped)
         for model, budget in decision.budgets.items():
             self.sched.extend(model, budget)
+        for config in decision.added:  # a model-based search asked for a new configuration: a freed slot takes it
+            _admit(self.admit, config, self.layouts, self.states, self.payloads)
+            self.history.setdefault(config.id, [])
+            self.sched.add(config.id, max(1, self.search.budget(config.id)))
         if self.store is not None:
             self.pending_ckpt.append((cid, self.states[cid], [dict(r) for r in self.history[cid]]))
         log.log(logging.INFO if self.selector.verbose else logging.DEBUG,
@@ -274,8 +288,11 @@ class SearchDriver:
 
     # -- checkpoints ----------------------------------------------------------------
     def progress(self) -> dict[str, Any]:
-        return {"schedule": [list(s) for s in self.sched.schedule], "units": list(self.units),
-                "epochs": {cid: len(h) for cid, h in self.history.items()}}
+        progress = {"schedule": [list(s) for s in self.sched.schedule], "units": list(self.units),
+                    "epochs": {cid: len(h) for cid, h in self.history.items()}}
+        if hasattr(self.search, "state"):  # a model-based search: its trials and decisions (resume re-tells them)
+            progress["search"] = self.search.state()
+        return progress
 
     def flush_checkpoints(self, force: bool = False) -> None:
         """Write pending model checkpoints, then the progress file (serialized, in order); what could not be
@@ -335,19 +352,51 @@ class SearchDriver:
         return self._flush_reporting(force=True) if self.store is not None else None
 
 
+def _admit(admit: Callable[[Config], tuple] | None, config: Config, layouts: dict, states: dict,
+           payloads: dict) -> None:
+    """Build what the run needs of a configuration a model-based search added: its state layout, initial state
+    and the payload that tells the tasks how to build it."""
+    if admit is None:
+        raise SelectionError(
+            f"The search added configuration {config.id!r} during the run, but this driver cannot build new "
+            "configurations (no `admit`). Fix: run model-based searches through ModelSelector."
+        )
+    layouts[config.id], states[config.id], payloads[config.id] = admit(config)
+
+
 def make_driver(selector: Any, search: Search, layouts: dict[str, list], states: dict[str, list[np.ndarray]], *,
-              store: CheckpointStore | None, resume: bool, replay: Any, callbacks: Sequence[SelectionCallback],
-              description: dict[str, Any]) -> SearchDriver:  # fmt: skip
+                store: CheckpointStore | None, resume: bool, replay: Any, callbacks: Sequence[SelectionCallback],
+                description: dict[str, Any], admit: Callable[[Config], tuple] | None = None) -> SearchDriver:
     """The driver-side run: checkpoints restored (resume), the search's state rebuilt, the scheduler made.
 
     ``selector`` needs ``strategy``, ``num_workers``, ``seed``, ``verbose`` and
     ``stop_search``; ``states`` holds the initial state of every configuration.
+    ``admit(config) -> (layout, initial state, payload)`` builds a configuration
+    that a model-based search adds later (the payload travels to the tasks).
     """
-    ids = [c.id for c in search.configs()]
-    history: dict[str, list[dict]] = {cid: [] for cid in ids}
-    resumed: dict[str, int] = {}
+    payloads: dict[str, dict[str, Any]] = {}
     previous_schedule: list | None = None
-    if store is not None and store.open(description, resume):
+    opened = store is not None and store.open(description, resume)
+    if opened and hasattr(search, "restore"):
+        log_ = store.load_progress().get("search")
+        if log_:
+            search.restore(log_)  # the study's trials and decisions, in their order
+    elif replay is not None and hasattr(search, "follow"):
+        log_ = load_search_log(replay)
+        if log_:
+            search.follow(log_)
+    history: dict[str, list[dict]] = {}
+
+    def admit_new() -> list[str]:
+        for config in search.configs():
+            if config.id not in layouts:  # added by the search before this run (resume) or by a re-told report
+                _admit(admit, config, layouts, states, payloads)
+            history.setdefault(config.id, [])
+        return [c.id for c in search.configs()]
+
+    ids = admit_new()
+    resumed: dict[str, int] = {}
+    if opened:
         for cid, (state, hist) in store.load_models(ids).items():
             if [tuple(a.shape) for a in state] != [tuple(s) for _, s in layouts[cid]]:
                 raise SelectionError(
@@ -357,18 +406,21 @@ def make_driver(selector: Any, search: Search, layouts: dict[str, list], states:
             states[cid], history[cid], resumed[cid] = state, list(hist), len(hist)
         for epoch in range(max(resumed.values(), default=0)):  # rebuild the search's state in epoch order
             for cid in ids:
-                if resumed.get(cid, 0) > epoch:
+                # (a restored model-based search already has the epochs of its log)
+                if resumed.get(cid, 0) > epoch and len(search.history(cid)) <= epoch:
                     search.report(cid, epoch, float(history[cid][epoch]["value"]))
         previous_schedule = store.load_progress().get("schedule")
         log.info("model selection: resuming from %s with %d completed epochs", store.root, sum(resumed.values()))
+    ids = admit_new()
     budgets = {cid: max(1, search.budget(cid)) for cid in ids}
     if selector.strategy == "mop":
         scheduler: Any = MopScheduler(ids, selector.num_workers, budgets, seed=selector.seed)
         recording = load_schedule(replay) if replay is not None else previous_schedule
         if recording:
-            scheduler.replay(recording)
+            scheduler.replay(recording, late_models=hasattr(search, "follow"))
     else:
         scheduler = TaskParallelScheduler(ids, selector.num_workers, budgets, seed=selector.seed)
     return SearchDriver(selector=selector, search=search, scheduler=scheduler, layouts=layouts, states=states,
-                history=history, resumed=resumed, callbacks=callbacks, store=store, seed=selector.seed)
+                        history=history, resumed=resumed, callbacks=callbacks, store=store, seed=selector.seed,
+                        admit=admit, payloads=payloads)
 

@@ -28,7 +28,7 @@ from trainer.selection.plots import plot_config_curve, plot_gantt, plot_learning
 from trainer.selection.scheduler import ScheduledTask
 from trainer.selection.search import Config, Metric
 
-__all__ = ["SelectionResult", "build_result", "epoch_logs", "load_schedule"]
+__all__ = ["SelectionResult", "build_result", "epoch_logs", "load_schedule", "load_search_log"]
 
 
 @dataclass
@@ -61,6 +61,8 @@ class SelectionResult:
         bytes_moved: bytes through the driver's hopper server, both ways.
         interrupted: True when the search was stopped before its end.
         resumed_epochs: epochs per configuration taken from checkpoints.
+        search_log: a model-based search's trials and decisions (``TPESearch``,
+            ``ASHA``: their ``state()``), which ``fit(replay=...)`` follows; else None.
     """
 
     strategy: str
@@ -79,6 +81,7 @@ class SelectionResult:
     bytes_moved: int
     interrupted: bool
     resumed_epochs: dict[str, int] = field(default_factory=dict)
+    search_log: dict[str, Any] | None = None
     _factory: Callable[[str], Any] | None = field(default=None, repr=False)
     _best_model: Any = field(default=None, repr=False)
 
@@ -148,7 +151,7 @@ class SelectionResult:
             "summary": self.summary(), "metric": {"name": self.metric.name, "mode": self.metric.mode},
             "configs": [dataclasses.asdict(c) for c in self.configs], "history": self.history,
             "units": self.units, "schedule": [list(s) for s in self.schedule], "tasks": self.tasks,
-            "timings": self.timings, "resumed_epochs": self.resumed_epochs,
+            "timings": self.timings, "resumed_epochs": self.resumed_epochs, "search_log": self.search_log,
         })
         title = (f"{self.strategy}: {len(self.configs)} configs on {self.num_workers} worker(s), "
                  f"{self.timings.get('train_wall_s', 0.0):.1f} s")
@@ -190,6 +193,23 @@ def load_schedule(source: Any) -> list[ScheduledTask]:
         seq, model, worker, epoch = item
         entries.append(ScheduledTask(int(seq), model, int(worker), int(epoch)))
     return entries
+
+
+def load_search_log(source: Any) -> dict[str, Any] | None:
+    """A model-based search's log from a result or a ``selection.json``/``progress.json`` (None when it has none)."""
+    if isinstance(source, SelectionResult):
+        return source.search_log
+    if isinstance(source, (str, os.PathLike)):
+        path = Path(source)
+        if path.is_dir():
+            path = next((p for p in (path / "selection.json", path / "progress.json") if p.is_file()), path)
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise SelectionError(f"replay: cannot read {source}: {exc}. Fix: pass a SelectionResult or its "
+                                 "selection.json.") from exc
+        return data.get("search_log") or data.get("search")
+    return None
 
 
 def build_result(selector, run, configs: list[Config], spec: DataSpec, input_shapes, task_records, bytes_moved: int,
@@ -250,7 +270,8 @@ def build_result(selector, run, configs: list[Config], spec: DataSpec, input_sha
         units=list(run.units), schedule=list(run.sched.schedule), tasks=tasks, timings=timings,
         data_bytes=int(sum(r.get("data_bytes", 0) for r in tasks)),
         bytes_moved=bytes_moved,
-        interrupted=not run.finished, resumed_epochs=dict(run.resumed), _factory=factory,
+        interrupted=not run.finished, resumed_epochs=dict(run.resumed),
+        search_log=selector.search.state() if hasattr(selector.search, "state") else None, _factory=factory,
     )
 
 

@@ -17,8 +17,9 @@ The scheduler does no I/O and never looks at a clock. It reacts to events::
     launch(sched.complete(w, m))           # the Assignments that event frees up
     ...                                    # until sched.done
 
-``drop(model)`` (a search stopped it) and ``extend(model, epochs)`` (a search
-promoted it to a larger budget) are events too and return Assignments.
+``drop(model)`` (a search stopped it), ``extend(model, epochs)`` (a search
+promoted it to a larger budget) and ``add(model, epochs)`` (a model-based
+search asked for a new configuration) are events too and return Assignments.
 
 Assignment policy (documented, deterministic, no random draws at run time):
 whenever workers and models are free, the scheduler computes a maximum
@@ -290,6 +291,22 @@ class EpochScheduler:
         self._dropped.add(model)
         return [] if self._in_hook or not self._started else self._fill()
 
+    def add(self, model: Hashable, epochs: int) -> list[Assignment]:
+        """Event: a new model joins the run with a budget of ``epochs``; returns new assignments.
+
+        It is scheduled by the same policy as the others (a model-based search
+        asks for configurations as earlier ones stop). Like :meth:`drop` and
+        :meth:`extend` it returns ``[]`` inside :attr:`on_epoch_done`.
+        """
+        if model in self._budget:
+            raise ScheduleError(f"add({model!r}, {epochs!r}): the model is already in the run. Fix: add new ids only.")
+        epochs = _check_pos_int(type(self).__name__, "epochs", epochs, "pass the model's number of epochs.")
+        self.models.append(model)
+        self._budget[model] = epochs
+        self._epoch[model] = 0
+        self._added(model)
+        return [] if self._in_hook or not self._started else self._fill()
+
     def extend(self, model: Hashable, epochs: int) -> list[Assignment]:
         """Event: raise ``model``'s total epoch budget to ``epochs``; returns new assignments."""
         self._check_model(model)
@@ -322,6 +339,9 @@ class EpochScheduler:
 
     def _next_epoch(self, model: Hashable) -> None:
         """``model`` entered a new epoch (after one ended, or after an extend unparked it)."""
+
+    def _added(self, model: Hashable) -> None:
+        """``model`` joined the run (:meth:`add`): set up its per-model state."""
 
     def _assign(self, model: Hashable, worker: int) -> Assignment:
         self._busy[worker] = model
@@ -366,7 +386,7 @@ class MopScheduler(EpochScheduler):
         return len(self._pending[model]) + left_epochs * self.num_workers
 
     # -- replay ------------------------------------------------------------
-    def replay(self, schedule: Iterable[ScheduledTask | Sequence[Any]]) -> None:
+    def replay(self, schedule: Iterable[ScheduledTask | Sequence[Any]], late_models: bool = False) -> None:
         """Issue exactly ``schedule`` (a recorded :attr:`schedule`) instead of choosing.
 
         Call before :meth:`start`. Entries are ``(seq, model, worker, epoch)``
@@ -376,6 +396,9 @@ class MopScheduler(EpochScheduler):
         finish in. An entry that breaks the MOP rules raises
         :class:`ScheduleError`. Once the recording is used up, any work left
         is scheduled by the normal policy (so a recorded prefix can be resumed).
+        With ``late_models=True`` an entry may name a model that is not in the
+        run yet: the replay waits for its :meth:`add` (a model-based search adds
+        configurations as it goes).
         """
         if self._started:
             raise ScheduleError("replay() must be called before start(). Fix: create a fresh MopScheduler.")
@@ -396,7 +419,7 @@ class MopScheduler(EpochScheduler):
                 "Fix: pass the whole recorded schedule, sorted by seq."
             )
         for e in entries:
-            if e.model not in self._budget:
+            if e.model not in self._budget and not late_models:
                 raise ValueError(
                     f"replay: entry {e} names model {e.model!r}, which this scheduler does not have."
                 )
@@ -472,6 +495,11 @@ class MopScheduler(EpochScheduler):
         if self._epoch[model] < self._budget[model]:
             self._pending[model] = set(range(self.num_workers))
 
+    def _added(self, model: Hashable) -> None:
+        self._pending[model] = set(range(self.num_workers))
+        self._on[model] = None
+        self._model_rank[model] = _rank(self.seed, "model", model)
+
     def _issue(self, model: Hashable, worker: int) -> Assignment:
         self._pending[model].discard(worker)
         self._on[model] = worker
@@ -482,6 +510,8 @@ class MopScheduler(EpochScheduler):
         if self._replay is not None:
             while self._replay:
                 e = self._replay[0]
+                if e.model not in self._budget:
+                    return out  # a model the search has not added yet
                 if self._busy[e.worker] is not None or self._on[e.model] is not None:
                     return out  # wait for the recorded worker and model to be free
                 if e.model in self._dropped:

@@ -182,13 +182,16 @@ class Decision:
 
     ``stopped``: configurations stopped for good (drop them from the scheduler).
     ``budgets``: configurations promoted, with their new epoch budget (extend them).
+    ``added``: new configurations a model-based search asked for (add them, with
+    their ``budget``); the other searches know all theirs from the start.
     """
 
     stopped: tuple[str, ...] = ()
     budgets: dict[str, int] = field(default_factory=dict)
+    added: tuple[Config, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.stopped or self.budgets)
+        return bool(self.stopped or self.budgets or self.added)
 
 
 def _positive_int(owner: str, name: str, value: Any) -> int:

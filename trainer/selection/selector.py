@@ -76,7 +76,9 @@ class ModelSelector(OptionAttributes):
             and task on the executors; shipped by value when it lives outside
             site-packages.
         search: a :class:`~trainer.selection.search.Search` (GridSearch,
-            RandomSearch, SuccessiveHalving, Hyperband). Its metric selects.
+            RandomSearch, SuccessiveHalving, Hyperband, or the model-based
+            TPESearch and ASHA, which add configurations as trials end). Its
+            metric selects.
         strategy: ``"mop"`` (default), ``"task_parallel"`` or ``"sequential"``.
         num_workers: Integer. Barrier tasks, one per data shard (``sequential``: 1).
         features_col: String or list of strings. Array/Vector column or numeric columns.
@@ -129,6 +131,11 @@ class ModelSelector(OptionAttributes):
                 f"strategy='sequential' trains on one worker. Received num_workers={self.options.num_workers}. "
                 "Fix: pass num_workers=1, or strategy='task_parallel' for several workers."
             )
+        concurrent = getattr(search, "max_concurrent", None)
+        if concurrent is not None and strategy != "sequential" and concurrent < self.options.num_workers:
+            log.warning("model selection: %s trains at most %d trials at once but num_workers=%d: some workers "
+                        "will idle (pass max_concurrent >= num_workers)", type(search).__name__, concurrent,
+                        self.options.num_workers)
         self.model_fn = model_fn
         self.search = search
         self.strategy = strategy
@@ -148,6 +155,20 @@ class ModelSelector(OptionAttributes):
                 "Fix: return the model from model_fn."
             )
         return model
+
+    def _admit(self, config: Config, *, spec, input_shapes: dict) -> tuple[list, list[np.ndarray], dict[str, Any]]:
+        """(state layout, initial state, task payload) of a configuration a model-based search added.
+
+        Runs on a server thread while the run's lock is held: the model is built
+        once here (its initial weights, seeded as at the start), and the tasks
+        get its point and build settings with their first unit of it.
+        """
+        model = self._build(config)
+        shape = resolve_input_shape(model_io(model)[0], spec.feature_size)
+        input_shapes[config.id] = shape
+        payload = {"point": self.search.point(config.id), "batch_size": config.batch_size,
+                   "input_shape": list(shape), "build_seed": derive_seed(self.seed, "build", config.id)}
+        return state_layout(model), model_state(model), payload
 
     def _run_description(self, configs: list[Config]) -> dict[str, Any]:
         return {"strategy": self.strategy, "num_workers": self.num_workers, "seed": self.seed,
@@ -222,8 +243,9 @@ class ModelSelector(OptionAttributes):
         del built, first
         store = CheckpointStore(self.checkpoint_dir) if self.checkpoint_dir is not None else None
         self._used = True  # from here on the search object receives reports
+        admit = functools.partial(self._admit, spec=spec, input_shapes=input_shapes)
         run = make_driver(self, self.search, layouts, states, store=store, resume=resume, replay=replay,
-                          callbacks=callbacks, description=self._run_description(configs))
+                          callbacks=callbacks, description=self._run_description(configs), admit=admit)
         stage_frame, broadcast = self._stage_data(spark, frame, spec, vframe, vrows)
         task_configs = {c.id: TaskConfig(dict(c.params), c.batch_size, tuple(input_shapes[c.id]),
                                          derive_seed(self.seed, "build", c.id)) for c in configs}
@@ -242,7 +264,7 @@ class ModelSelector(OptionAttributes):
                 attempt=attempt, feature_size=spec.feature_size, label_size=spec.label_size,
                 full_copy=broadcast, task_seed=derive_seed(self.seed, "task"),
                 eval_batch_size=self.eval_batch_size, io_timeout=self.io_timeout,
-                keras_backend=keras.backend.backend(),
+                keras_backend=keras.backend.backend(), space=getattr(self.search, "space", None),
             ))
 
         task_records: list[dict] = []
@@ -270,7 +292,7 @@ class ModelSelector(OptionAttributes):
             if broadcast is not None:
                 broadcast.destroy()
 
-        result = build_result(self, run, configs, spec, input_shapes, task_records,
+        result = build_result(self, run, self.search.configs(), spec, input_shapes, task_records,
                               server.bytes_sent + server.bytes_received, fit_start, job_start, job_end)
         for cb in callbacks:
             cb.on_search_end(result)

@@ -8,6 +8,8 @@ A *space* is a plain ``dict`` from parameter name to either a :class:`Param`
         "units": choice([32, 64, 128]),
         "dropout": quniform(0.0, 0.5, 0.1),
         "optimizer": "adam",                 # a constant
+        "layers": randint(1, 4),             # an int, both bounds included
+        "filters": when("arch", "cnn", choice([16, 32])),   # only when arch == "cnn"
     }
     sample(space, rng=7)   # one configuration
     grid({"units": choice([32, 64]), "lr": choice([1e-3, 1e-2])})   # 4 configurations
@@ -21,8 +23,17 @@ one parameter does not change what the others draw, and the same seed always
 reproduces the same configuration.
 
 Values come back as plain Python objects: ``float`` for the continuous
-distributions, ``int`` for :func:`quniform` when its bounds and step are all
-integers, and the option object itself for :func:`choice`.
+distributions, ``int`` for :func:`randint` and for :func:`quniform` when its
+bounds and step are all integers, and the option object itself for
+:func:`choice`. A :func:`when` parameter is left out of a configuration whose
+parent parameter has another value.
+
+Model-based searches (``trainer.selection.model_based``) draw through Optuna
+instead: :func:`suggest` maps each parameter onto an Optuna distribution on a
+trial (define-by-run, so a :func:`when` parameter is only suggested when its
+parent allows it) and returns the point Optuna stores, plain values only;
+:func:`decode` turns such a point back into the configuration, on the driver and
+in the tasks alike.
 """
 
 from __future__ import annotations
@@ -43,14 +54,20 @@ __all__ = [
     "Uniform",
     "LogUniform",
     "QUniform",
+    "IntUniform",
+    "Conditional",
     "choice",
     "uniform",
     "loguniform",
     "quniform",
+    "randint",
+    "when",
     "param_rng",
     "sample",
     "grid",
     "grid_size",
+    "suggest",
+    "decode",
 ]
 
 
@@ -141,6 +158,38 @@ class QUniform(Param):
         """Every value this parameter can take, in increasing order."""
         k_lo, k_hi = self._k_range
         return [self._value(k) for k in range(k_lo, k_hi + 1)]
+
+
+@dataclass(frozen=True)
+class IntUniform(Param):
+    """An int in ``[low, high]`` (both included), uniform or, with ``log``, log-uniform."""
+
+    low: int
+    high: int
+    log: bool = False
+
+    def draw(self, rng: np.random.Generator) -> int:
+        if not self.log:
+            return int(rng.integers(self.low, self.high + 1))
+        # log-uniform over [low - 0.5, high + 0.5) rounded: every int keeps the share of its own interval
+        value = math.exp(rng.uniform(math.log(self.low - 0.5), math.log(self.high + 0.5)))
+        return int(min(max(round(value), self.low), self.high))
+
+
+@dataclass(frozen=True)
+class Conditional(Param):
+    """``param``, present only in configurations whose ``parent`` took one of ``values``."""
+
+    parent: str
+    values: tuple
+    param: Param
+
+    def active(self, point: Mapping[str, Any]) -> bool:
+        """True when the configuration so far (``point``) has the parent at one of :attr:`values`."""
+        return self.parent in point and point[self.parent] in self.values
+
+    def draw(self, rng: np.random.Generator) -> Any:
+        return self.param.draw(rng)
 
 
 # ---------------------------------------------------------------------------
@@ -236,6 +285,64 @@ def quniform(low: float, high: float, q: float) -> QUniform:
     return param
 
 
+def randint(low: int, high: int, log: bool = False) -> IntUniform:
+    """An int in ``[low, high]``, both bounds included; ``log=True`` draws it log-uniformly (needs ``low >= 1``).
+
+    Example:
+
+    ```python
+    space = {"layers": randint(1, 4), "units": randint(16, 256, log=True)}
+    ```
+    """
+    for name, value in (("low", low), ("high", high)):
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise SearchSpaceError(
+                f"randint: `{name}` must be an int. Received {name}={value!r} ({type(value).__name__}). "
+                "Fix: pass int bounds, or quniform()/uniform() for floats."
+            )
+    if not low <= high:
+        raise SearchSpaceError(f"randint: expected low <= high. Received low={low!r}, high={high!r}. Fix: swap them.")
+    if log and low < 1:
+        raise SearchSpaceError(
+            f"randint: log=True needs low >= 1 (a logarithm is taken). Received low={low!r}. "
+            "Fix: raise low to 1, or drop log=True."
+        )
+    return IntUniform(int(low), int(high), bool(log))
+
+
+def when(parent: str, values: Any, param: Param) -> Conditional:
+    """``param`` only in the configurations where parameter ``parent`` is one of ``values``.
+
+    ``parent`` must come earlier in the space (a dict keeps its order); in the
+    other configurations the key is left out, so ``model_fn`` reads it with
+    ``params.get(...)`` or only where it applies.
+
+    Example:
+
+    ```python
+    space = {"arch": choice(["cnn", "mlp"]),
+             "filters": when("arch", "cnn", choice([16, 32])),
+             "units": when("arch", "mlp", randint(64, 256, log=True))}
+    ```
+
+    Args:
+        parent: String. The name of an earlier parameter of the space.
+        values: one value, or a list or tuple of values, of ``parent``.
+        param: the distribution (any of this module's) drawn when active.
+    """
+    if not isinstance(parent, str) or not parent:
+        raise SearchSpaceError(f"when: `parent` must be a parameter's name. Received {parent!r}.")
+    if not isinstance(param, Param) or isinstance(param, Conditional):
+        raise SearchSpaceError(
+            f"when: `param` must be a distribution such as choice([...]) or uniform(a, b). Received {param!r}. "
+            "Fix: nest conditions with one when() per parameter, each naming its own parent."
+        )
+    options = tuple(values) if isinstance(values, (list, tuple)) else (values,)
+    if not options:
+        raise SearchSpaceError(f"when({parent!r}, ...): expected at least one value of the parent. Received none.")
+    return Conditional(parent, options, param)
+
+
 # ---------------------------------------------------------------------------
 # Spaces
 # ---------------------------------------------------------------------------
@@ -246,12 +353,19 @@ def _check_space(space: Any) -> Mapping[str, Any]:
             f"Received {type(space).__name__}: {space!r}. "
             "Fix: e.g. {'lr': loguniform(1e-4, 1e-1), 'units': choice([32, 64])}."
         )
-    for name in space:
+    seen: list[str] = []
+    for name, value in space.items():
         if not isinstance(name, str):
             raise SearchSpaceError(
                 f"Search-space keys must be parameter names (str). Received key {name!r} "
                 f"({type(name).__name__}). Fix: use string keys."
             )
+        if isinstance(value, Conditional) and value.parent not in seen:
+            raise SearchSpaceError(
+                f"Parameter {name!r} depends on {value.parent!r}, which does not come before it in the space. "
+                f"Fix: put {value.parent!r} earlier in the dict (parameters are drawn in the dict's order)."
+            )
+        seen.append(name)
     return space
 
 
@@ -293,11 +407,18 @@ def sample(space: Mapping[str, Any], rng: int | np.random.Generator) -> dict[str
     base = _base_seed(rng)
     out: dict[str, Any] = {}
     for name, value in space.items():
+        if isinstance(value, Conditional) and not value.active(out):
+            continue
         out[name] = value.draw(param_rng(base, name)) if isinstance(value, Param) else value
     return out
 
 
 def _grid_axis(name: str, value: Any) -> tuple:
+    if isinstance(value, Conditional):
+        raise SearchSpaceError(
+            f"grid: parameter {name!r} is conditional (when({value.parent!r}, ...)); a grid takes only choice([...]) "
+            "parameters and constants. Fix: RandomSearch, Hyperband or TPESearch sample conditional spaces."
+        )
     if isinstance(value, Choice):
         return value.options
     if isinstance(value, Param):
@@ -327,3 +448,87 @@ def grid_size(space: Mapping[str, Any]) -> int:
     """How many configurations :func:`grid` would return, without building them."""
     space = _check_space(space)
     return math.prod(len(_grid_axis(name, value)) for name, value in space.items())
+
+
+# ---------------------------------------------------------------------------
+# Optuna (model-based searches)
+# ---------------------------------------------------------------------------
+_OPTUNA_PLAIN = (type(None), bool, int, float, str)
+
+
+def _plain_options(options: tuple) -> bool:
+    return all(type(o) in _OPTUNA_PLAIN for o in options)
+
+
+def suggest(space: Mapping[str, Any], trial: Any) -> dict[str, Any]:
+    """Suggest every active parameter of ``space`` on an Optuna ``trial``; returns the point (``trial.params``).
+
+    The mapping: :func:`uniform` and :func:`loguniform` -> a float (``log=True``);
+    :func:`randint` -> an int (``log`` kept); :func:`quniform` -> an int ``k``
+    (the value is ``k * q``, so the grid of multiples is exact); :func:`choice`
+    -> a categorical of the options when they are all None, bool, int, float or
+    str, else of their indices; :func:`when` -> suggested only when its parent
+    allows it. Constants are not suggested. Only ``trial.suggest_*`` is called,
+    so this module does not import Optuna.
+    """
+    space = _check_space(space)
+    values: dict[str, Any] = {}
+    point: dict[str, Any] = {}
+    for name, param in space.items():
+        if not isinstance(param, Param):
+            values[name] = param
+            continue
+        if isinstance(param, Conditional):
+            if not param.active(values):
+                continue
+            param = param.param
+        if isinstance(param, Choice):
+            plain = _plain_options(param.options)
+            raw = trial.suggest_categorical(name, list(param.options) if plain else list(range(len(param.options))))
+        elif isinstance(param, LogUniform):
+            raw = trial.suggest_float(name, float(param.low), float(param.high), log=True)
+        elif isinstance(param, Uniform):
+            raw = trial.suggest_float(name, float(param.low), float(param.high))
+        elif isinstance(param, IntUniform):
+            raw = trial.suggest_int(name, param.low, param.high, log=param.log)
+        elif isinstance(param, QUniform):
+            raw = trial.suggest_int(name, *param._k_range)
+        else:
+            raise SearchSpaceError(
+                f"Parameter {name!r} is a {type(param).__name__}, which has no Optuna distribution. "
+                "Fix: use choice, uniform, loguniform, quniform, randint or when."
+            )
+        point[name] = raw
+        values[name] = _decode_one(param, raw)
+    return point
+
+
+def _decode_one(param: Param, raw: Any) -> Any:
+    if isinstance(param, Choice):
+        return raw if _plain_options(param.options) else param.options[int(raw)]
+    if isinstance(param, QUniform):
+        return param._value(int(raw))
+    if isinstance(param, IntUniform):
+        return int(raw)
+    return float(raw)
+
+
+def decode(space: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration of ``point`` (what :func:`suggest` returned): constants, then values in the space's order."""
+    space = _check_space(space)
+    out: dict[str, Any] = {}
+    for name, param in space.items():
+        if not isinstance(param, Param):
+            out[name] = param
+            continue
+        if isinstance(param, Conditional):
+            if not param.active(out):
+                continue
+            param = param.param
+        if name not in point:
+            raise SearchSpaceError(
+                f"decode: the point has no value for parameter {name!r}; it has {sorted(point)}. "
+                "Fix: decode a point with the space that suggested it."
+            )
+        out[name] = _decode_one(param, point[name])
+    return out

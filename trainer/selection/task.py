@@ -6,8 +6,9 @@ training and validation rows told apart by a flag column) or a full copy
 (task-parallel and sequential baselines: a Spark broadcast) -- connects to the
 driver's :class:`~trainer.selection.hopper.HopperServer` and then loops:
 
-1. ask for work; the driver answers with a configuration id, the epoch, and
-   the model state (weights and optimizer variables as raw arrays), or tells
+1. ask for work; the driver answers with a configuration id, the epoch (and,
+   for a configuration a model-based search added during the run, its point
+   and build settings), and the model state (weights and optimizer variables as raw arrays), or tells
    the task that it still holds that state (``keep``), or says stop;
 2. take the configuration's Keras model from the task's cache (built once per
    task with ``model_fn(params)``, never rebuilt on later visits; configurations
@@ -52,6 +53,7 @@ from trainer.runtime.inference import validation_logs
 from trainer.runtime.process import setup_barrier_task
 from trainer.runtime.state import load_state, model_state, optimizer_of
 from trainer.selection.hopper import HopperClient
+from trainer.selection.space import decode
 
 __all__ = ["TaskConfig", "TaskSpec", "ModelCache", "compiled_signature", "canonical_order", "selection_task",
            "RESULT_DDL", "SPLIT_COL"]
@@ -90,6 +92,7 @@ class TaskSpec:
     io_timeout: float = 600.0
     keras_backend: str = "tensorflow"
     env: dict[str, str] = field(default_factory=dict)
+    space: Any = None  # a model-based search's space: decodes the points of configurations it adds later
 
 
 # ----------------------------------------------------------------------------- models
@@ -245,6 +248,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     keras.backend.clear_session()
     keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here
     cache = ModelCache()
+    late: dict[str, TaskConfig] = {}
     feeds: dict[tuple[int, ...], ShardFeed] = {}
     record: dict[str, Any] = {
         "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
@@ -259,7 +263,11 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
             if work.get("op") != "train":
                 break
             cid = work["model"]
-            cfg = spec.configs[cid]
+            cfg = spec.configs.get(cid) or late.get(cid)
+            if cfg is None:  # added by a model-based search during the run: the driver sent how to build it
+                payload = work["config"]
+                cfg = late[cid] = TaskConfig(decode(spec.space, payload["point"]), int(payload["batch_size"]),
+                                             tuple(payload["input_shape"]), int(payload["build_seed"]))
             if cid not in cache.models:
                 started = time.time()
                 keras.utils.set_random_seed(cfg.build_seed)

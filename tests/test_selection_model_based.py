@@ -1,0 +1,300 @@
+"""Searches that learn (TPESearch, ASHA): the space on Optuna, ask-and-tell, stops without a barrier, seeds,
+resume and replay of the study; the driver adding configurations (fake tasks, real sockets); one real search.
+
+The first part is pure (Optuna, no Spark, no Keras). The fake-task tests drive the real driver-side run over
+real sockets, as tests/test_selection_runner.py does; the last test runs TPE with ASHA through ModelSelector on
+the shared 2-worker cluster.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+optuna = pytest.importorskip("optuna")
+
+from trainer.selection import ASHA, ModelSelector, TPESearch, choice, loguniform, quniform, randint, when  # noqa: E402
+from trainer.selection.driver import make_driver  # noqa: E402
+from trainer.selection.hopper import HopperClient, HopperServer  # noqa: E402
+from trainer.selection.scheduler import MopScheduler  # noqa: E402
+from trainer.selection.search import SearchError  # noqa: E402
+from trainer.selection.search_checkpoints import CheckpointStore  # noqa: E402
+from trainer.selection.space import SearchSpaceError, decode, grid, sample, suggest  # noqa: E402
+from trainer.transport.wire import new_secret  # noqa: E402
+
+SPACE = {"lr": loguniform(1e-4, 1e-1), "arch": choice(["a", "b"]), "units": when("arch", "b", randint(8, 64))}
+
+
+def loss(params: dict, epoch: int) -> float:
+    """A made-up validation loss: best near lr = 1e-2, falling with epochs."""
+    return abs(np.log10(params["lr"]) + 2) + 1.0 / (1 + epoch)
+
+
+def run_to_end(search, order=None) -> list:
+    """Report every epoch of every trial, trials taken round-robin (or in ``order``'s rotation); the decisions."""
+    queue = collections.deque(search.active())
+    decisions = []
+    while queue:
+        cid = queue.popleft() if order is None else order(queue)
+        epoch = len(search.history(cid))
+        decision = search.report(cid, epoch, loss(search.config(cid).params, epoch))
+        decisions.append((cid, epoch, decision))
+        queue.extend(c.id for c in decision.added)
+        if search.should_continue(cid):  # at its rung a trial is promoted or stopped in the same report
+            queue.append(cid)
+    return decisions
+
+
+# ============================================================ the space on Optuna
+def test_space_maps_onto_optuna_distributions_and_back():
+    space = {"lr": loguniform(1e-4, 1e-1), "drop": quniform(0.0, 0.5, 0.1), "layers": randint(1, 4),
+             "width": randint(16, 256, log=True), "shape": choice([(8,), (16, 8)]), "act": choice(["relu", "tanh"]),
+             "filters": when("act", "relu", choice([8, 16])), "opt": "adam"}
+    study = optuna.create_study(sampler=optuna.samplers.RandomSampler(seed=0))
+    for _ in range(20):
+        trial = study.ask()
+        point = suggest(space, trial)
+        params = decode(space, json.loads(json.dumps(point)))  # the point travels as JSON to the tasks
+        d = trial.distributions
+        assert d["lr"].log and isinstance(d["layers"], optuna.distributions.IntDistribution) and d["width"].log
+        assert params["shape"] in [(8,), (16, 8)] and params["opt"] == "adam"
+        assert params["drop"] in [0.0, 0.1, 0.2, 0.3, 0.4, 0.5] and 1 <= params["layers"] <= 4
+        assert ("filters" in params) == (params["act"] == "relu") == ("filters" in d)
+        study.tell(trial, 0.0)
+
+
+def test_randint_and_when_in_the_plain_samplers():
+    space = {"arch": choice(["cnn", "mlp"]), "units": when("arch", "mlp", randint(32, 256, log=True))}
+    draws = [sample(space, seed) for seed in range(40)]
+    assert all(("units" in d) == (d["arch"] == "mlp") for d in draws)
+    assert all(32 <= d["units"] <= 256 and isinstance(d["units"], int) for d in draws if "units" in d)
+    with pytest.raises(SearchSpaceError, match="conditional"):
+        grid({"arch": choice(["cnn"]), "units": when("arch", "mlp", choice([1]))})
+    with pytest.raises(SearchSpaceError, match="does not come before it"):
+        sample({"units": when("arch", "mlp", choice([1])), "arch": choice(["mlp"])}, 0)
+
+
+# ============================================================ ask and tell
+def test_a_seed_reproduces_the_suggestions():
+    def configs(seed):
+        search = TPESearch(SPACE, max_epochs=2, n_trials=12, max_concurrent=2, n_startup_trials=3, seed=seed)
+        run_to_end(search)
+        return [c.params for c in search.configs()]
+
+    first = configs(5)
+    assert len(first) == 12 and configs(5) == first
+    assert configs(6) != first
+
+
+def test_asha_stops_a_trial_below_its_rung_at_once_and_promotes_without_a_barrier():
+    search = ASHA(SPACE, max_epochs=4, min_epochs=1, eta=2, n_trials=6, max_concurrent=3, seed=0)
+    assert [c.id for c in search.configs()] == ["c000", "c001", "c002"] and search.budget("c000") == 1
+    # The first trial at rung 1 goes on at once, while the others have not reported yet.
+    assert search.report("c000", 0, 0.5).budgets == {"c000": 2}
+    # A worse one stops at once, and its place goes to a new configuration in the same decision.
+    decision = search.report("c001", 0, 0.9)
+    assert decision.stopped == ("c001",) and [c.id for c in decision.added] == ["c003"]
+    assert search.stopped("c001") and search.budget("c001") == 1 and search.budget("c003") == 1
+    assert search.study.trials[1].state == optuna.trial.TrialState.PRUNED
+    assert search.report("c002", 0, 0.1).budgets == {"c002": 2}  # better than the rung so far: promoted
+
+
+def test_budget_of_epochs_is_granted_rung_by_rung_and_never_exceeded():
+    search = TPESearch(SPACE, max_epochs=4, pruner="asha", eta=2, max_total_epochs=25, max_concurrent=3, seed=1)
+    run_to_end(search)
+    trained = sum(len(search.history(c.id)) for c in search.configs())
+    assert trained <= 25 and trained >= 25 - search.rungs[0]
+    assert search.finished and any(search.stopped(c.id) for c in search.configs())
+    assert {len(search.history(c.id)) for c in search.configs()} <= {1, 2, 4}
+
+
+def test_resume_retells_the_study_into_a_fresh_search():
+    def make():
+        return TPESearch(SPACE, max_epochs=4, pruner="asha", eta=2, n_trials=10, max_concurrent=3, seed=2,
+                         n_startup_trials=3)
+
+    first = make()
+    done = run_to_end(first)
+    log = json.loads(json.dumps(first.state()))  # as progress.json keeps it
+    again = make()
+    again.restore(log)
+    assert again.state() == first.state()
+    assert [(t.params, t.state, t.intermediate_values) for t in again.study.trials] == \
+        [(t.params, t.state, t.intermediate_values) for t in first.study.trials]
+    # Interrupted half-way: the restored search goes on from there.
+    half = {"version": log["version"], "search": log["search"], "trials": log["trials"],
+            "events": log["events"][:len(done) // 2]}
+    resumed = make()
+    resumed.restore(half)
+    assert resumed.active() and len(resumed.configs()) <= len(first.configs())
+    run_to_end(resumed)
+    assert resumed.finished and len(resumed.configs()) == 10
+
+
+def test_replay_follows_the_logged_decisions_whatever_the_order_of_reports():
+    def make():
+        return ASHA(SPACE, max_epochs=4, eta=2, n_trials=8, max_concurrent=3, seed=3, sampler="tpe",
+                    n_startup_trials=3)
+
+    first = make()
+    run_to_end(first)
+    replayed = make()
+    replayed.follow(first.state())
+    run_to_end(replayed, order=lambda queue: queue.pop())  # newest first: another order of reports
+    assert {c.id: c.params for c in replayed.configs()} == {c.id: c.params for c in first.configs()}
+    assert {c.id for c in replayed.configs() if replayed.stopped(c.id)} == \
+        {c.id for c in first.configs() if first.stopped(c.id)}
+
+
+def test_arguments_are_checked_and_optuna_is_named_when_missing(monkeypatch):
+    with pytest.raises(SearchError, match="give a budget"):
+        TPESearch(SPACE, max_epochs=2)
+    with pytest.raises(SearchError, match="unknown pruner"):
+        TPESearch(SPACE, max_epochs=2, n_trials=2, pruner="hyperband")
+    with pytest.raises(SearchError, match="smaller than one trial's first rung"):
+        TPESearch(SPACE, max_epochs=4, max_total_epochs=3)
+    monkeypatch.setitem(sys.modules, "optuna", None)
+    with pytest.raises(SearchError, match=r"spark-keras-trainer\[search\]"):
+        ASHA(SPACE, max_epochs=2, n_trials=2)
+
+
+def test_mop_scheduler_adds_a_model_during_the_run():
+    sched = MopScheduler(["a", "b"], 2, 1, seed=0)
+    started = sched.start()
+    assert {a.model for a in started} == {"a", "b"}
+    assert sched.add("c", 1) == []  # both workers busy
+    freed = started[0]
+    assert [a.model for a in sched.complete(freed.worker, freed.model)] == ["c"]
+
+
+# ============================================================ the driver, fake tasks over real sockets
+LAYOUT = [("float32", (3,)), ("int64", ())]
+
+
+class FakeSelector:
+    strategy, num_workers, seed, verbose, stop_search = "mop", 2, 0, False, False
+
+
+def _admit(config):
+    return LAYOUT, [np.zeros(3, np.float32), np.zeros((), np.int64)], {"point": {}, "batch_size": 1,
+                                                                      "input_shape": [3], "build_seed": 0}
+
+
+def _fake_task(host, port, secret, worker, errors, seen):
+    try:
+        with HopperClient(host, port, secret, worker, timeout=30) as client:
+            client.hello({"rows": 100, "val_rows": 10})
+            cache = {}
+            while True:
+                work, arrays = client.next_work()
+                if work["op"] != "train":
+                    return
+                cid = work["model"]
+                seen.append((cid, worker, work["epoch"], "config" in work))
+                state = cache[cid] if work["keep"] else [np.array(a) for a in arrays]
+                cache[cid] = [state[0] + 1, state[1] + 1]
+                v = (int(cid[1:]) % 5) / 5 + 1.0 / (2 + work["epoch"])
+                client.send_result({"model": cid, "epoch": work["epoch"], "seq": work["seq"], "train": {"loss": v},
+                                    "val": {"val_loss": v}, "rows": 100, "val_rows": 10, "train_s": 0.0,
+                                    "val_s": 0.0}, cache[cid])
+    except Exception as exc:  # surfaced by the caller
+        errors.append(exc)
+
+
+def _drive(search, store=None, resume=False, stop_after=None):
+    ids = [c.id for c in search.configs()]
+    selector = FakeSelector()
+    states = {cid: [np.zeros(3, np.float32), np.zeros((), np.int64)] for cid in ids}
+    run = make_driver(selector, search, {cid: LAYOUT for cid in ids}, states, store=store, resume=resume,
+                      replay=None, callbacks=(), description={"ids": ids}, admit=_admit)
+    if stop_after is not None:
+        hook = run.sched.on_epoch_done
+
+        def stop(event):
+            hook(event)
+            if sum(len(h) for h in run.history.values()) >= stop_after:
+                selector.stop_search = True
+
+        run.sched.on_epoch_done = stop
+    secret = new_secret()
+    server = HopperServer(run, 2, secret, wait_s=0.5)
+    host, port = server.start()
+    errors, seen = [], []
+    try:
+        run.start()
+        run.begin_attempt(0)
+        threads = [threading.Thread(target=_fake_task, args=(host, port, secret, w, errors, seen)) for w in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+    finally:
+        run.close()
+        server.stop()
+        run.flush_checkpoints(force=True)
+    assert run.error is None and not errors, (run.error, errors)
+    return run, seen
+
+
+def _asha():
+    return ASHA(SPACE, max_epochs=4, eta=2, max_total_epochs=20, max_concurrent=3, seed=1, sampler="tpe")
+
+
+def test_driver_adds_the_configurations_the_search_asks_for_and_resumes(tmp_path):
+    search = _asha()
+    run, seen = _drive(search)
+    ids = [c.id for c in search.configs()]
+    assert len(ids) > 3 and run.sched.done
+    assert sum(len(h) for h in run.history.values()) == 20  # the budget, exactly
+    per_epoch = collections.Counter((cid, epoch) for cid, _, epoch, _ in seen)
+    assert set(per_epoch.values()) == {2}  # every added model visits both shards every epoch
+    assert {cid for cid, _, _, sent in seen if sent} == set(ids[3:])  # how to build it: to the tasks
+    # Interrupted after 8 epochs, then resumed: no epoch trained twice, the same budget in all.
+    first = _asha()
+    _drive(first, store=CheckpointStore(tmp_path), stop_after=8)
+    resumed = _asha()
+    run2, seen2 = _drive(resumed, store=CheckpointStore(tmp_path), resume=True)
+    assert sum(run2.resumed.values()) >= 8
+    assert sum(len(h) for h in run2.history.values()) == 20
+    assert not {(cid, e) for cid, _, e, _ in seen2} & {(cid, e) for cid, n in run2.resumed.items() for e in range(n)}
+
+
+# ============================================================ Spark + TensorFlow: TPE with ASHA on the shared cluster
+def _digits_mlp(params: dict):
+    import keras
+
+    model = keras.Sequential([keras.Input((64,)), keras.layers.Dense(params["units"], activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.Adam(params["lr"]), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
+    return model
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_tpe_with_asha_stops_a_trial_early_and_its_slot_takes_a_new_one(digits, tmp_path):
+    train, val = digits
+    # Seed 0's first three (random start-up) suggestions are a useless, a good and a useless learning rate: whatever
+    # the order of the reports, one useless trial is below its rung.
+    search = TPESearch({"lr": choice([3e-2, 1e-7]), "units": randint(8, 32)}, max_epochs=2, pruner="asha", eta=2,
+                       n_trials=5, max_concurrent=2, n_startup_trials=5, seed=0, batch_size=64,
+                       metric="val_accuracy")
+    result = ModelSelector(_digits_mlp, search, num_workers=2, seed=0, verbose=False).fit(train, validation=val)
+    board = result.leaderboard.set_index("config_id")
+    assert len(result.configs) == 5 and board["stopped"].any()
+    assert board.loc[result.best_config.id, "param_lr"] == 3e-2 and result.best_value > 0.8
+    stops = [e for e in result.search_log["events"] if e[3]]
+    stopped, added = stops[0][0], stops[0][5]
+    assert added, "the stopped trial's place went to a new configuration in the same decision"
+    end = max(u["end"] for u in result.units if u["model"] == stopped)
+    firsts = [u for u in result.units if u["model"] == added[0] and u["epoch"] == 0]
+    assert len(firsts) == 2 and min(u["start"] for u in firsts) >= end - 1e-6
+    assert board.loc[stopped, "epochs_done"] == 1
+    # the same result files as the other searches, with the search's log
+    paths = result.save(tmp_path)
+    assert json.loads(paths["json"].read_text())["search_log"]["search"] == "TPESearch"
