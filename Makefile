@@ -8,7 +8,7 @@ VENV        ?= .venv
 PY          := $(VENV)/bin/python
 PIP         := $(VENV)/bin/pip
 #> EXTRAS  the extras `make venv` installs (default tf,jax,torch,test,data,connect)
-EXTRAS      ?= tf,jax,torch,test,data,connect
+EXTRAS      ?= tf,jax,torch,test,data,connect,search
 # Keras backends whose `-m backend` tests `make test` runs beside the main run (under TensorFlow).
 TEST_BACKENDS ?= jax torch
 # The JVMs the tests start (drivers through spark-submit, their executors) take the quick JIT tier and one GC
@@ -43,6 +43,9 @@ OUT         ?= results
 PYTEST_ARGS ?=
 BENCH_PS_ARGS ?=
 BENCH_GPU_ARGS ?=
+# Searches bench-select compares at an equal budget of epochs (Hyperband's), and their seeds.
+SEARCHES    ?= hyperband,random,tpe,asha,tpe-asha
+SELECT_SEEDS ?= 0,1,2
 # Fits of every calibrated case for bench-quality.
 #> RUNS  fits of every calibrated case for `make bench-quality` (default 20)
 RUNS        ?= 20
@@ -153,9 +156,13 @@ bench-quality: venv ## recompute the spread behind the tests' quality floors (RU
 bench-out-of-core: venv ## MNIST on one worker, shard in memory vs streamed from a spill file, up to 16x MNIST; results under $(OUT)/out_of_core
 	$(PY) benchmarks/bench_out_of_core.py --out $(OUT)/out_of_core
 
-bench-select: venv ## model selection: MOP vs task parallelism vs sequential on MNIST and forecasting; results under $(OUT)/
+bench-select: venv ## model selection on MNIST and forecasting: MOP vs task parallelism vs sequential, then the searches (SEARCHES) at equal budget over SELECT_SEEDS; results under $(OUT)/
 	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist
 	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
+	$(PY) jobs/select_mnist.py --limit 3000 --search $(SEARCHES) --seeds $(SELECT_SEEDS) --max-epochs 4 --eta 2 \
+	    --out $(OUT)/select_mnist_searches
+	$(PY) jobs/select_forecast.py --limit 3000 --search $(SEARCHES) --seeds $(SELECT_SEEDS) --max-epochs 4 --eta 2 \
+	    --out $(OUT)/select_forecast_searches
 
 bench-ps: venv ## parameter server vs raw loopback and an authenticated echo: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps
 	$(PY) benchmarks/bench_ps.py --out $(OUT)/bench_ps $(BENCH_PS_ARGS)
