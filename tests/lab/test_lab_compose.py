@@ -140,7 +140,10 @@ def test_jupyter_is_a_driver_the_executors_reach(spec):
 
 
 def test_shared_volumes_for_data_checkpoints_results(spec):
-    assert set(spec["volumes"]) == {"data", "checkpoints", "results", "mlflow"}
+    assert set(spec["volumes"]) == {"data", "checkpoints", "results", "mlflow", "notebooks"}
+    assert "notebooks:/home/spark/work" in spec["services"]["jupyter"]["volumes"], "a user's notebooks outlive Jupyter"
+    assert spec["services"]["jupyter"]["environment"]["TRAINER_WORKERS"] == "${TRAINER_WORKERS:-2}", (
+        "the notebooks read the lab's worker count from TRAINER_WORKERS (make up passes WORKERS)")
     for name in ("worker", "jupyter", "submit"):
         mounts = spec["services"][name]["volumes"]
         assert {"data:/data", "checkpoints:/checkpoints", "results:/results"} <= set(mounts), name
