@@ -194,7 +194,7 @@ UP_MAX_TRIES  ?= 300
 JOB           ?= mnist
 #> ARGS  the job's arguments for `make submit` (ARGS="--workers 3 --epochs 1")
 #> VERBOSE  VERBOSE=1: `make submit` also shows Spark's and the JVM's start-up lines
-#> PURGE  PURGE=1: `make down` also deletes the data, checkpoints, results and MLflow volumes
+#> PURGE  PURGE=1: `make down` also deletes the data, checkpoints, results, notebooks and MLflow volumes
 ARGS          ?=
 BENCH_ARGS    ?= --limit 6000 --epochs 2 --no-baseline
 # Every lab container's link, shaped from the host (compose/shape-links.sh, as root; docs/lab.md).
@@ -224,7 +224,7 @@ K8S_SECRETS   := $(K8S_OWN_SECRETS)/lab-secrets.env
 
 LAB_ENV_FILE  := $(wildcard compose/.env)
 # Every compose call sees the secrets in its environment (never in argv).
-LAB_COMPOSE   := compose/lab-secrets.sh with $(LAB_SECRETS) env LAB_IMAGE=$(LAB_IMAGE) \
+LAB_COMPOSE   := compose/lab-secrets.sh with $(LAB_SECRETS) env LAB_IMAGE=$(LAB_IMAGE) TRAINER_WORKERS=$(WORKERS) \
                  $(COMPOSE) -p $(LAB_PROJECT) -f compose/compose.yaml \
                  $(if $(GPU),-f compose/gpu.yaml) $(if $(LAB_ENV_FILE),--env-file $(LAB_ENV_FILE))
 
