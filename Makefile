@@ -224,7 +224,7 @@ K8S_SECRETS   := $(K8S_OWN_SECRETS)/lab-secrets.env
 
 LAB_ENV_FILE  := $(wildcard compose/.env)
 # Every compose call sees the secrets in its environment (never in argv).
-LAB_COMPOSE   := compose/lab-secrets.sh with $(LAB_SECRETS) env LAB_IMAGE=$(LAB_IMAGE) TRAINER_WORKERS=$(WORKERS) \
+LAB_COMPOSE   := compose/lab-secrets.sh with $(LAB_SECRETS) env LAB_IMAGE=$(LAB_IMAGE) TRAINER_WORKERS=$(lastword $(WORKERS)) \
                  $(COMPOSE) -p $(LAB_PROJECT) -f compose/compose.yaml \
                  $(if $(GPU),-f compose/gpu.yaml) $(if $(LAB_ENV_FILE),--env-file $(LAB_ENV_FILE))
 
