@@ -199,6 +199,8 @@ def test_worker_replicas(rendered):
     name, _, docs = rendered
     workers = by_kind(docs, "StatefulSet")["spark-worker"]
     assert workers["spec"]["replicas"] == WORKER_REPLICAS[name]
+    assert lab_config(docs)["TRAINER_WORKERS"] == str(WORKER_REPLICAS[name]), (
+        "the notebooks train on TRAINER_WORKERS workers: an overlay that changes the replicas changes it too")
     assert workers["spec"]["serviceName"] == "spark-worker"
     headless = by_kind(docs, "Service")["spark-worker"]["spec"]
     assert headless["clusterIP"] == "None" and headless["publishNotReadyAddresses"] is True, (
