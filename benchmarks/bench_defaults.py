@@ -47,7 +47,7 @@ from trainer_jobs.support.scaling import cluster_session
 PROBLEMS = ("binary", "classes", "regression")
 ACCURACY_GAP = 0.02
 LOSS_RATIO = 1.2
-ALGORITHMS = ("default", "allreduce")
+ALGORITHMS = ("default", "allreduce", "localsgd")
 COLUMNS = ["algorithm", "problem", "workers", "plain_accuracy", "accuracy", "plain_loss", "loss", "loss_ratio", "window",
            "within"]
 
@@ -148,8 +148,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="minibatch per worker (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
     parser.add_argument("--algorithm", default="default",
-                        help="the rule(s), comma-separated: default (the Trainer's, no algorithm named) and/or "
-                             "allreduce (default: default)")
+                        help="the rule(s), comma-separated: default (the Trainer's, no algorithm named), "
+                             "allreduce and/or localsgd (default: default)")
     parser.add_argument("--allreduce-problems", help="the problems of allreduce (default: --problems)")
     parser.add_argument("--out", default="results/defaults", help="results directory (default results/defaults)")
     add_verbose_arg(parser)
@@ -161,6 +161,7 @@ def main(argv: list[str] | None = None) -> int:
     algorithms = _names(parser, "algorithm", args.algorithm, ALGORITHMS)
     problems = {"default": _names(parser, "problem", args.problems, PROBLEMS)}
     problems["allreduce"] = _names(parser, "problem", args.allreduce_problems or args.problems, PROBLEMS)
+    problems["localsgd"] = problems["default"]
     start_logging(args)
     import keras  # after start_logging: --backend is set before Keras starts
 
@@ -179,10 +180,11 @@ def main(argv: list[str] | None = None) -> int:
             for n in counts:
                 started = time.time()
                 keras.utils.set_random_seed(args.seed)  # the driver builds the initial center as plain Keras did
-                rule = {"algorithm": "allreduce"} if algorithm == "allreduce" else {}
+                rule = {} if algorithm == "default" else {"algorithm": algorithm}
                 fitted = Trainer(builder(kind, features), num_workers=n, epochs=args.epochs,
                                  batch_size=args.batch_size, seed=args.seed, verbose=False, **rule).fit(train)
-                windows = [(w.get("window") or {}).get("last") for w in fitted.history.workers]
+                # the parameter server's last window, or local SGD's period: the batches between two exchanges
+                windows = [(w.get("window") or {}).get("last") or w.get("period") for w in fitted.history.workers]
                 rows.append({"algorithm": algorithm, **compare(kind, n, plain, fitted.evaluate(test),
                                                               max((w for w in windows if w), default=1))})
                 rows[-1]["seconds"] = time.time() - started

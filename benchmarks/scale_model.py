@@ -55,6 +55,7 @@ from trainer_benchmarks.support.queueing_model import (
     knee,
     predict,
     predict_allreduce,
+    predict_local_sgd,
     with_codec,
 )
 
@@ -62,6 +63,12 @@ PARAMS = 1_048_853
 COUNTS = list(range(1, 65))
 LINKS = (1.0, 10.0, 100.0)  # Gbit/s
 HOP_US = 50.0  # all-reduce's latency per ring hop on a LAN (gloo over TCP), microseconds
+GPU_BATCH_MS = 1.5  # one batch of the MNIST CNN on an H100/H200 (1.3-1.7 ms measured with make bench-gpu)
+# A local-SGD worker's own work per average on the host (reading its 1M weights, the bf16 delta, writing them back).
+HOST_MS = 3.0
+# The default's targets (16 workers): efficiency at 10 GbE with CPU and GPU steps; on 1 GbE faster than today's
+# parameter-server default at 8 workers.
+TARGETS = {"cpu_10gbe_16": 0.75, "gpu_10gbe_16": 0.6}
 # This machine's loopback as all-reduce meets it (two processes, one core each; measured, see docs/benchmarks.md).
 HERE_HOP_US = 1300.0  # benchmarks/bench_ring.py, 2 processes, 2026-11-26 19:00 (1,296; earlier on a busy machine 1,000-1,800)
 HERE_GBIT = 6.7  # the same run (earlier: 4.8-9.4)
@@ -158,7 +165,7 @@ def scenarios(base: Workload, fast_server_ms: float, replies_server_ms: float) -
 
 
 def plot(base: Workload, variants, png: Path, measured, hop_s: float, here: Cluster, here_hop_s: float,
-         measured_allreduce, jax_base: Workload) -> None:
+         measured_allreduce, jax_base: Workload, gpu_batch_s: float, host_s: float) -> None:
     import matplotlib  # deferred: only the plot needs it
 
     matplotlib.use("Agg")
@@ -174,6 +181,11 @@ def plot(base: Workload, variants, png: Path, measured, hop_s: float, here: Clus
                 ax.axvline(k, color=line.get_color(), linestyle=":", linewidth=0.8)
         ys = [predict_allreduce(base, Cluster(link_gbit=gbit), n, hop_s)["speedup"] for n in COUNTS]
         ax.plot(COUNTS, ys, color="black", linewidth=2.4, label=f"all-reduce (ring, {hop_s * 1e6:g} us per hop)")
+        for step_s, style, what in ((base.batch_s, "-", "CPU"), (gpu_batch_s, "-.", "GPU")):
+            ys = [predict_local_sgd(replace(base, batch_s=step_s), Cluster(link_gbit=gbit), n, hop_s, host_s)["speedup"]
+                  for n in COUNTS]
+            ax.plot(COUNTS, ys, color="tab:red", linestyle=style, linewidth=2.4,
+                    label=f"local SGD, bf16, period by time: {what} steps ({step_s * 1000:g} ms)")
         ax.plot(COUNTS, COUNTS, color="grey", linestyle="--", linewidth=0.8, label="ideal")
         ax.set(title=f"{gbit:g} GbE (PS: the driver's link; all-reduce: each worker's)", xlabel="workers",
                ylabel="speed-up vs plain Keras", xlim=(1, 64), ylim=(0, 64))
@@ -202,6 +214,30 @@ def plot(base: Workload, variants, png: Path, measured, hop_s: float, here: Clus
     png.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(png, dpi=110)
     plt.close(fig)
+
+
+def local_sgd_table(base: Workload, gpu_batch_s: float, hop_s: float, host_s: float) -> dict:
+    """The default (local SGD, bf16, its period chosen by time) at 1-64 workers on each link with CPU and GPU
+    steps, today's parameter-server default beside it (DOWNPOUR, window 1 from 6 workers: the staleness bound),
+    and whether the targets hold (`TARGETS`)."""
+    rows = []
+    for gbit in LINKS:
+        for what, step_s in (("CPU", base.batch_s), ("GPU", gpu_batch_s)):
+            work = replace(base, batch_s=step_s)
+            for n in (1, 2, 3, 4, 8, 16, 32, 64):
+                p = predict_local_sgd(work, Cluster(link_gbit=gbit), n, hop_s, host_s)
+                ps = predict(replace(work, window=max(1, 5 // max(1, n - 1)) if n > 1 else 5), Cluster(link_gbit=gbit), n)
+                rows.append({"link": f"{gbit:g} GbE", "steps": f"{what} {step_s * 1000:g} ms", "workers": n,
+                             "period": p["period"], "speedup": p["speedup"], "efficiency": p["efficiency"],
+                             "ps_default_speedup": ps["speedup"]})
+    at = {(r["link"], r["steps"].split()[0], r["workers"]): r for r in rows}
+    targets = {
+        "16 workers, 10 GbE, CPU steps >= 0.75 N": at[("10 GbE", "CPU", 16)]["efficiency"] >= TARGETS["cpu_10gbe_16"],
+        "16 workers, 10 GbE, GPU steps >= 0.6 N": at[("10 GbE", "GPU", 16)]["efficiency"] >= TARGETS["gpu_10gbe_16"],
+        "16 workers, 1 GbE, faster than today's default at 8": all(
+            at[("1 GbE", kind, 16)]["speedup"] > at[("1 GbE", kind, 8)]["ps_default_speedup"] for kind in ("CPU", "GPU")),
+    }
+    return {"rows": rows, "targets": targets}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -234,6 +270,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--bench-allreduce", default=None,
                         help="a make bench mnist-allreduce/mnist.json (its 1- and 2-worker rows) to check the "
                              "all-reduce model against")
+    parser.add_argument("--gpu-batch-ms", type=float, default=GPU_BATCH_MS,
+                        help=f"one batch on a GPU, for local SGD's GPU curves (ms, default {GPU_BATCH_MS:g})")
+    parser.add_argument("--host-ms", type=float, default=HOST_MS,
+                        help=f"a local-SGD worker's own work per average (ms, default {HOST_MS:g})")
     parser.add_argument("--png", default="docs/scale_model.png", help="plot path (default docs/scale_model.png)")
     parser.add_argument("--out", default="results/scale_model", help="results directory")
     args = parser.parse_args(argv)
@@ -274,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
         model = predict_allreduce(jax_base, ring_here, n, args.here_hop_us / 1e6)["speedup"]
         checks.append({"run": where, "workers": n, "against": "plain (JAX)", "measured": value, "model": model,
                        "model_vs_measured": model / value})
+    local = local_sgd_table(base, args.gpu_batch_ms / 1000, hop_s, args.host_ms / 1000)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     inputs = {"params": PARAMS, "batch_ms": args.batch_ms, "worker_ms": args.worker_ms, "server_ms": args.server_ms,
@@ -281,17 +322,21 @@ def main(argv: list[str] | None = None) -> int:
               "replies_server_ms": args.replies_server_ms, "hop_us": args.hop_us, "here_hop_us": args.here_hop_us,
               "here_gbit": args.here_gbit, "jax_batch_ms": args.jax_batch_ms}
     (out / "scale_model.json").write_text(json.dumps({"inputs": inputs, "knees": knees, "validation": checks,
-                                                      "predictions": rows}, indent=2) + "\n", encoding="utf-8")
+                                                      "local_sgd": local, "predictions": rows}, indent=2) + "\n",
+                                         encoding="utf-8")
     with open(out / "scale_model.csv", "w", encoding="utf-8", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
         writer.writeheader()
         writer.writerows(rows)
     plot(base, variants, Path(args.png), args.measured, hop_s, ring_here, args.here_hop_us / 1e6,
-         args.measured_allreduce, jax_base)
+         args.measured_allreduce, jax_base, args.gpu_batch_ms / 1000, args.host_ms / 1000)
     print("inputs:", ", ".join(f"{k} {v:.4g}" for k, v in inputs.items()))
     print(markdown_table(knees, list(knees[0])))
     print()
     print(markdown_table(checks, list(checks[0])))
+    print()
+    print(markdown_table(local["rows"], list(local["rows"][0])))
+    print("targets:", ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in local["targets"].items()))
     print(f"results: {out / 'scale_model.json'}, {out / 'scale_model.csv'}, {args.png}")
     return 0
 

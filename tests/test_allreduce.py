@@ -60,8 +60,15 @@ def test_keras_estimator_and_its_saved_params_take_allreduce():
 
 
 def test_every_keras_backend_has_a_collective_path_and_another_is_named_with_the_fix():
-    for backend in ("jax", "tensorflow", "torch"):
+    from trainer.algorithms.allreduce import COLLECTIVE_BACKENDS
+    from trainer.runtime.backends import KERAS_BACKENDS, keras_backend
+
+    assert set(COLLECTIVE_BACKENDS) == set(KERAS_BACKENDS)  # the one registry, named again where rules import nothing
+    for backend in KERAS_BACKENDS:
         AllReduce().check_backend(backend)
+        assert keras_backend(backend).name == backend
+    with pytest.raises(ValueError, match="Unknown Keras backend 'numpy'. Expected one of: tensorflow, jax, torch"):
+        keras_backend("numpy")
     with pytest.raises(AlgorithmConfigError, match=r"exists for jax, tensorflow, torch. Received: backend='numpy'"):
         AllReduce().check_backend("numpy")
 

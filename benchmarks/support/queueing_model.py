@@ -41,6 +41,16 @@ in it, against plain Keras's one in ``batch_s``. Nothing crosses a shared
 station, so the curve has no knee; its efficiency falls to
 ``batch_s / (batch_s + 8 * params / link)`` for large N, and the hop latency
 grows with N.
+
+Local SGD (`local_sgd_period`, `predict_local_sgd`: ``LocalSGD``, all-reduce's
+periodic cadence): each worker takes ``period`` batches of its own, then ONE
+ring all-reduce averages the weights' deltas (``2 (N - 1) / N`` of
+``wire_bytes * params`` per worker, bfloat16: 2 bytes a parameter) plus
+``host_s`` of the worker's own work per average (reading and writing its
+weights on the host). The period is the one the trainer chooses: the smallest
+that keeps the average under ``overhead`` of the steps between two, at most
+``max_period``. A period's N workers train ``N * period`` batches against
+plain Keras's ``period``.
 """
 
 from __future__ import annotations
@@ -174,3 +184,33 @@ def predict_allreduce(work: Workload, cluster: Cluster, n: int, hop_s: float = 0
     speedup = n * work.batch_s / step
     return {"workers": n, "step_s": step, "speedup": speedup, "efficiency": speedup / n,
             "ring_bytes_per_worker": 2.0 * (n - 1) / n * 4.0 * work.params}
+
+
+def local_sgd_average_s(work: Workload, cluster: Cluster, n: int, hop_s: float = 0.0, host_s: float = 0.0,
+                        wire_bytes: float = 2.0) -> float:
+    """Seconds of one average of `n` workers' weights (the module docstring)."""
+    if n == 1:
+        return 0.0
+    ring = 2.0 * (n - 1) / n * wire_bytes * work.params
+    transfer = 0.0 if cluster.link_gbit is None else ring / (cluster.link_gbit * GBIT)
+    return transfer + 2 * (n - 1) * hop_s + host_s + cluster.latency_s
+
+
+def local_sgd_period(step_s: float, average_s: float, max_period: int = 16, overhead: float = 0.05) -> int:
+    """The period the trainer chooses for these times (``trainer.runtime.collective.averaging.choose_period``'s
+    rule, restated here: the scale model imports nothing of the package)."""
+    if average_s <= 0:
+        return 1
+    return int(min(max_period, max(1, -(-average_s // (overhead * step_s)))))
+
+
+def predict_local_sgd(work: Workload, cluster: Cluster, n: int, hop_s: float = 0.0, host_s: float = 0.0,
+                      max_period: int = 16, wire_bytes: float = 2.0) -> dict[str, float]:
+    """Speed-up against plain Keras of local SGD at `n` workers with the period it chooses."""
+    compute = work.batch_s * (max(1.0, n / cluster.cores) if cluster.cores else 1.0)
+    average = local_sgd_average_s(work, cluster, n, hop_s, host_s, wire_bytes)
+    period = local_sgd_period(compute, average, max_period)
+    cycle = period * compute + average
+    speedup = n * period * work.batch_s / cycle
+    return {"workers": n, "period": period, "average_s": average, "speedup": speedup, "efficiency": speedup / n,
+            "bytes_per_worker_per_batch": 2.0 * (n - 1) / n * wire_bytes * work.params / period}

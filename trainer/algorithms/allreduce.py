@@ -47,7 +47,8 @@ from typing import ClassVar
 
 from trainer.algorithms.base import Algorithm, AlgorithmConfigError
 
-#: Keras backends with a collective path.
+#: Keras backends with a collective path: every one ``trainer.runtime.backends.KERAS_BACKENDS`` registers (named
+#: again here because the rules import nothing of the package; tests/test_backends.py keeps the two equal).
 COLLECTIVE_BACKENDS = ("jax", "tensorflow", "torch")
 #: How the compiled learning rate follows the global batch of N workers (the module docstring).
 LR_SCALING = {"linear": float, "sqrt": math.sqrt, "none": lambda workers: 1.0}

@@ -1,4 +1,11 @@
-"""What differs between Keras backends inside a worker's exchange: waiting for queued steps, reading state.
+"""What differs between Keras backends inside a task: the one registry of their names, queued steps, reading state.
+
+`KERAS_BACKENDS` is the one list of the Keras backends the trainer runs on,
+each a `KerasBackend` that says what differs: the module of its all-reduce
+group (``trainer.runtime.collective``), whether a shard is fed to
+``model.fit`` as a ``tf.data`` pipeline (TensorFlow) or as numpy batches, and
+how its weights are read to the host. Code that differs by backend asks
+`keras_backend` (or `current_backend`), never compares names itself.
 
 TensorFlow on a CPU runs a step before ``fit`` hands the next batch over.
 JAX, and torch on CUDA, dispatch asynchronously: ``fit`` returns from a
@@ -25,7 +32,46 @@ on a GPU (docs/decisions.md).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
+
+#: The backend of a task whose driver set none (Keras's own default).
+DEFAULT_BACKEND = "tensorflow"
+
+
+@dataclass(frozen=True)
+class KerasBackend:
+    """What the trainer needs to know of one Keras backend."""
+
+    name: str
+    group_module: str  # trainer.runtime.collective.<group_module>: its all-reduce group
+    feeds_tf_data: bool  # the shard reaches model.fit as a tf.data pipeline (else numpy batches or a PyDataset)
+    copies_per_variable: bool  # each variable's numpy() is already a host copy (else one copy per dtype, flat)
+    extra: str  # the package's pip extra that installs it
+
+
+KERAS_BACKENDS: dict[str, KerasBackend] = {b.name: b for b in (
+    KerasBackend("tensorflow", "tensorflow_group", feeds_tf_data=True, copies_per_variable=True, extra="tf"),
+    KerasBackend("jax", "jax_group", feeds_tf_data=False, copies_per_variable=False, extra="jax"),
+    KerasBackend("torch", "torch_group", feeds_tf_data=False, copies_per_variable=False, extra="torch"),
+)}
+
+
+def keras_backend(name: str) -> KerasBackend:
+    """The registered backend `name`; ValueError naming the others."""
+    try:
+        return KERAS_BACKENDS[name]
+    except KeyError:
+        raise ValueError(f"Unknown Keras backend {name!r}. Expected one of: {', '.join(KERAS_BACKENDS)}. Fix: set "
+                         "KERAS_BACKEND to one of them before Keras starts.") from None
+
+
+def current_backend() -> KerasBackend:
+    """The registered backend Keras runs on in this process."""
+    import keras  # deferred: the backend starts only when a model is needed
+
+    return keras_backend(keras.backend.backend())
 
 
 def wait_for_steps(model) -> None:
@@ -42,7 +88,7 @@ def read_weights(model) -> list[np.ndarray]:
     import keras  # deferred: the backend starts only when a model is needed
 
     variables = list(model.weights)
-    if keras.backend.backend() == "tensorflow" or len(variables) < 2:
+    if current_backend().copies_per_variable or len(variables) < 2:
         return [np.asarray(w) for w in model.get_weights()]
     out: list[np.ndarray | None] = [None] * len(variables)
     groups: dict[str, list[int]] = {}

@@ -28,6 +28,8 @@ from typing import Callable
 
 import numpy as np
 
+from trainer.runtime.backends import wait_for_steps
+
 #: Share of the time one average may take of the local steps between two (``period="auto"``).
 OVERHEAD = 0.05
 #: Steps averaged every step at the start of a fit while the step and the average are timed; the first
@@ -44,7 +46,7 @@ def choose_period(step_s: float, average_s: float, max_period: int, overhead: fl
 
 def to_bfloat16(values: np.ndarray) -> np.ndarray:
     """`values` (float32) rounded to bfloat16 (ml_dtypes, which Keras and every backend install)."""
-    import ml_dtypes
+    import ml_dtypes  # deferred: a dependency of Keras, needed only for bfloat16 on the wire
 
     return values.astype(ml_dtypes.bfloat16)
 
@@ -92,7 +94,7 @@ class FlatWeights:
         self.sizes = [int(np.prod(s)) for s in self.shapes]
 
     def read(self) -> np.ndarray:
-        import keras
+        import keras  # deferred, as in periodic_averaging
 
         return np.concatenate([np.asarray(keras.ops.convert_to_numpy(v.value), dtype=np.float32).reshape(-1)
                                for v in self.variables]) if self.variables else np.zeros(0, np.float32)
@@ -107,9 +109,7 @@ class FlatWeights:
 def periodic_averaging(group, period: int | str, max_period: int, wire: str, record: dict):
     """The Keras callback that averages `group`'s replicas every `period` steps and at every epoch end, sizing an
     automatic period first (the module docstring); what it chose and measured goes into `record`."""
-    import keras
-
-    from trainer.runtime.backends import wait_for_steps
+    import keras  # deferred: the loop's process starts its backend after joining the group
 
     class PeriodicAveraging(keras.callbacks.Callback):
         def __init__(self) -> None:

@@ -34,8 +34,7 @@ from typing import Any
 
 import numpy as np
 
-#: Keras backend -> the module of its group (this package).
-BACKENDS = {"jax": "jax_group", "tensorflow": "tensorflow_group", "torch": "torch_group"}
+from trainer.runtime.backends import keras_backend
 
 
 class Group:
@@ -146,9 +145,5 @@ def join_group(job) -> Group:
     one GPU: one on several keeps its backend's group, whose engine spans them under JAX)."""
     if job.num_processes == 1 and len(job.gpus or []) <= 1:
         return Alone.join(job)
-    try:
-        module = BACKENDS[job.keras_backend]
-    except KeyError:
-        raise ValueError(f"no collective path for the Keras backend {job.keras_backend!r}; expected one of "
-                         f"{', '.join(BACKENDS)}") from None
+    module = keras_backend(job.keras_backend).group_module
     return importlib.import_module(f"trainer.runtime.collective.{module}").BackendGroup.join(job)

@@ -60,6 +60,7 @@ from typing import Any
 import numpy as np
 
 from trainer.ps.shard_client import connect_ps
+from trainer.runtime.backends import DEFAULT_BACKEND, current_backend
 from trainer.runtime.collective.averaging import periodic_averaging
 from trainer.runtime.collective.group import Group, join_group
 from trainer.runtime.collective.rates import ScaledRate
@@ -88,7 +89,7 @@ class CollectiveJob:
     attempt: int = 0
     seed: int = 0
     io_timeout: float = 600.0
-    keras_backend: str = "jax"
+    keras_backend: str = DEFAULT_BACKEND
     cpus: int = 1
     gpus: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
@@ -147,7 +148,7 @@ class _Shard:
         import keras
 
         order = epoch_order(self.rows, self.seed, epoch)
-        if keras.backend.backend() == "tensorflow":
+        if current_backend().feeds_tf_data:
             if self._feed is None:
                 self._feed = ShardFeed(np.asarray(self.x), np.asarray(self.y))
             return self._feed.fit_kwargs(self.batch_size, order)

@@ -66,7 +66,6 @@ class CollectiveConfig(TaskConfig):
 
     model: ModelSource | PickledSource  # PickledSource from a fit: its task never unpickles the builder
     ps_port: int
-    keras_backend: str = "jax"
     lr_scaling: str = "linear"  # the rule's: the compiled rate times LR_SCALING[lr_scaling](workers)
     period: int | str = 1  # the rule's cadence: 1 all-reduces every step's gradients, else periodic averaging
     max_period: int = 16

@@ -22,6 +22,8 @@ from typing import Any
 
 import numpy as np
 
+from trainer.runtime.backends import current_backend
+
 
 class ShardFeed:
     """The ``fit`` keyword arguments for one shard; reusable across ``fit`` calls.
@@ -40,7 +42,7 @@ class ShardFeed:
         self.x, self.y, self.seed = x, y, seed
         self._tensors = None
         self._shuffled: dict[int, Any] = {}  # batch size -> dataset; it reshuffles itself every pass
-        if keras.backend.backend() == "tensorflow":
+        if current_backend().feeds_tf_data:
             import tensorflow as tf  # deferred, as keras
 
             with tf.device("/CPU:0"):  # tf.data runs on the host; on a GPU machine keep the shard there too

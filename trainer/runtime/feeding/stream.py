@@ -32,6 +32,8 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from trainer.runtime.backends import current_backend
+
 from trainer.runtime.feeding.spill import Spill
 
 BUFFER_BYTES = 16 << 20  # the shuffle buffer: about 16 MB of samples
@@ -123,7 +125,7 @@ class StreamFeed:
         """Inputs for ``model.fit`` in minibatches of `batch_size` rows: a new pass each time."""
         import keras  # deferred: TensorFlow starts only when a model is needed
 
-        if keras.backend.backend() != "tensorflow":
+        if not current_backend().feeds_tf_data:
             return {"x": self.batches(batch_size)}
         if batch_size not in self._datasets:
             self._datasets[batch_size] = self._dataset(int(batch_size))
