@@ -1,11 +1,15 @@
-"""The selection jobs' shared command line: checks before any cluster work, and --max-configs."""
+"""The selection jobs' shared command line: checks before any cluster work, --max-configs, and --search at equal
+budget."""
 
 from __future__ import annotations
 
 import pytest
 
 from trainer.selection import STRATEGIES, GridSearch, choice
-from trainer_jobs.support.selection import comparison_parser, first_configs, parse_comparison_args
+from trainer.selection import loguniform
+from trainer_jobs.support.selection import (
+    SEARCHES, comparison_parser, first_configs, hyperband_epochs, make_search, parse_comparison_args,
+)
 
 
 def _parse(argv: list[str]):
@@ -33,6 +37,9 @@ def test_strategies_are_split_and_trimmed():
         (["--max-configs", "0"], "argument --max-configs: expected a positive integer"),
         (["--limit", "0"], "argument --limit: expected a positive integer"),
         (["--cores-per-worker", "0"], "argument --cores-per-worker: expected a positive integer"),
+        (["--search", "tpe,bayes"], "unknown ['bayes']"),
+        (["--seeds", "0,x"], "--seeds: expected comma-separated ints"),
+        (["--eta", "1"], "--eta must be at least 2"),
     ],
 )
 def test_bad_options_are_usage_errors(argv, message, capsys):
@@ -48,3 +55,17 @@ def test_first_configs_keeps_the_order_and_the_metric():
     cut = first_configs(grid, 2)
     assert [c.params for c in cut.configs()] == [c.params for c in grid.configs()[:2]]
     assert cut.metric == grid.metric
+
+
+def test_searches_are_compared_at_hyperband_s_budget_of_epochs():
+    args = _parse(["--search", " hyperband, tpe-asha", "--seeds", "0,1"])
+    assert (args.search_list, args.seed_list, args.compare_searches) == (["hyperband", "tpe-asha"], [0, 1], True)
+    assert not _parse([]).compare_searches and _parse([]).max_concurrent == 3  # workers + 1
+    assert hyperband_epochs(4, 2) == 28 and hyperband_epochs(9, 3) == 69
+    space = {"x": choice([1, 2, 3]), "lr": loguniform(1e-4, 1e-1)}
+    searches = {name: make_search(name, grid={"x": choice([1, 2])}, space=space, epochs=2, max_epochs=4, eta=2,
+                                  seed=0, metric="val_loss") for name in SEARCHES}
+    assert sum(c.epochs for c in searches["random"].configs()) == 28
+    assert len(searches["halving"].configs()) == 15  # 15 + 7 + 3 x 2 = 28 epochs
+    assert searches["tpe"].max_total_epochs == searches["asha"].max_total_epochs == 28
+    assert searches["tpe-asha"].pruner == "asha" and len(searches["grid"].configs()) == 2
