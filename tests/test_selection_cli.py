@@ -1,5 +1,7 @@
-"""The selection jobs' shared command line: checks before any cluster work, --max-configs, and --search at equal
-budget."""
+"""The selection jobs' shared command line: checks before any cluster work, and --max-configs.
+
+Also --search and --seeds, and the searches they make at an equal budget of epochs.
+"""
 
 from __future__ import annotations
 
