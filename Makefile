@@ -301,11 +301,12 @@ logs: ## follow the lab's logs (SERVICE=worker for one service)
 
 submit: ## run jobs/JOB.py on the lab (JOB=mnist ARGS="--epochs 1"); results in the results volume and OUT/lab/JOB
 	@compose/lab-secrets.sh ensure $(LAB_SECRETS) >/dev/null
+	$(info $(COMPOSE) -p $(LAB_PROJECT) run --rm submit submit $(JOB) $(ARGS))
 	@# As root, the driver's container is shaped like the lab's links (make up LINK=...) right after it starts.
 	@out=/results/$(JOB); set -- $(ARGS); while [ $$# -gt 0 ]; do case "$$1" in \
 	    --out) out=$${2:-$$out}; shift;; --out=*) out=$${1#--out=};; esac; shift; done; \
 	follow=; if [ "$$(id -u)" -eq 0 ]; then $(SHAPE_LINKS) follow $(LAB_PROJECT) submit $$$$ & follow=$$!; fi; \
-	echo "$(COMPOSE) -p $(LAB_PROJECT) run --rm submit submit $(JOB) $(ARGS)"; status=0; \
+	status=0; \
 	$(LAB_COMPOSE) run --rm $(if $(VERBOSE),-e VERBOSE=1) submit submit $(JOB) $(if $(findstring --out,$(ARGS)),,--out /results/$(JOB)) $(ARGS) \
 	    || status=$$?; \
 	if [ -n "$$follow" ]; then kill $$follow 2>/dev/null || true; fi; \
@@ -326,6 +327,11 @@ bench-cluster: ## for each N in WORKERS="1 2 3": lab with N workers, mnist on N 
 	$(DOCKER) cp "$$($(LAB_COMPOSE) ps -q jupyter):/results/bench-cluster" $(OUT)/lab/; \
 	echo; echo "mnist on the lab ($(BENCH_ARGS)):"; \
 	$(PYTHON) compose/bench_table.py $(OUT)/lab/bench-cluster $(WORKERS) | tee $(OUT)/lab/bench-cluster.md
+
+bench-lab: ## at each link of LINKS, a lab of max(WORKERS="1 2 3") workers: MNIST and forecasting on each N, RUNS=3 runs with the defaults and one per rule of RULES; CSV and Markdown in $(OUT)/lab/bench-lab
+	$(PYTHON) compose/bench_lab.py --out $(OUT)/lab/bench-lab --project $(LAB_PROJECT) --links '$(LINKS)' \
+	    --workers '$(BENCH_LAB_WORKERS)' --runs $(BENCH_LAB_RUNS) --rules '$(RULES)' --delay '$(LINK_DELAY)' \
+	    $(if $(MNIST_ARGS),--mnist-args='$(MNIST_ARGS)') $(if $(FORECAST_ARGS),--forecast-args='$(FORECAST_ARGS)')
 
 k8s-secrets: ## your own k8s Secret values: create k8s/components/own-secrets/lab-secrets.env (random, 0600, git-ignored; edit at will)
 	@if [ -f k8s/base/lab-secrets.env ] && [ ! -f $(K8S_SECRETS) ]; then \

@@ -100,7 +100,19 @@ case "$cmd" in
         check_host
         list=$(containers "$project")
         [ -n "$list" ] || die "no running container of the compose project '$project': make up first"
-        while read -r id name; do shape "$id" "$rate" "$delay"; echo "  $name: $(settings_of "$id")"; done <<<"$list"
+        while read -r id name; do
+            if ! err=$( (shape "$id" "$rate" "$delay") 2>&1); then
+                while read -r other _; do (unshape "$other") || true; done <<<"$list"
+                hint=
+                if [[ "$err" == *"qdisc kind is unknown"* ]] && [ -n "$delay" ]; then
+                    hint=" This kernel lacks netem (CONFIG_NET_SCH_NETEM; try modprobe sch_netem), which a delay"
+                    hint+=" needs: drop LINK_DELAY, or use a kernel with it."
+                fi
+                die "shaping $name failed: ${err//$'\n'/ }; every link of $project left unshaped.$hint"
+            fi
+            read -r r d <<<"$(settings_of "$id")"
+            echo "  $name: rate ${r/#-/unlimited}, delay ${d/#-/none}"
+        done <<<"$list"
         echo "shaped $(wc -l <<<"$list") container(s) of $project: rate ${rate:-unlimited}, delay ${delay:-none}"
         ;;
     clear)
