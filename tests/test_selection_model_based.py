@@ -177,7 +177,10 @@ LAYOUT = [("float32", (3,)), ("int64", ())]
 
 
 class FakeSelector:
-    strategy, num_workers, seed, verbose, stop_search = "mop", 2, 0, False, False
+    num_workers, seed, verbose, stop_search = 2, 0, False, False
+
+    def __init__(self, strategy: str = "mop") -> None:
+        self.strategy = strategy
 
 
 def _admit(config):
@@ -206,9 +209,9 @@ def _fake_task(host, port, secret, worker, errors, seen):
         errors.append(exc)
 
 
-def _drive(search, store=None, resume=False, stop_after=None):
+def _drive(search, store=None, resume=False, stop_after=None, strategy="mop"):
     ids = [c.id for c in search.configs()]
-    selector = FakeSelector()
+    selector = FakeSelector(strategy)
     states = {cid: [np.zeros(3, np.float32), np.zeros((), np.int64)] for cid in ids}
     run = make_driver(selector, search, {cid: LAYOUT for cid in ids}, states, store=store, resume=resume,
                       replay=None, callbacks=(), description={"ids": ids}, admit=_admit)
@@ -262,6 +265,18 @@ def test_driver_adds_the_configurations_the_search_asks_for_and_resumes(tmp_path
     assert sum(run2.resumed.values()) >= 8
     assert sum(len(h) for h in run2.history.values()) == 20
     assert not {(cid, e) for cid, _, e, _ in seen2} & {(cid, e) for cid, n in run2.resumed.items() for e in range(n)}
+
+
+def test_task_parallel_runs_a_model_based_search_too():
+    search = _asha()
+    run, seen = _drive(search, strategy="task_parallel")
+    assert sum(len(h) for h in run.history.values()) == 20 and len(search.configs()) > 3
+    per_epoch = collections.Counter((cid, epoch) for cid, _, epoch, _ in seen)
+    assert set(per_epoch.values()) == {1}  # a whole epoch per unit, on the worker the configuration is pinned to
+    workers = collections.defaultdict(set)
+    for cid, worker, _, _ in seen:
+        workers[cid].add(worker)
+    assert all(len(pinned) == 1 for pinned in workers.values())
 
 
 # ============================================================ Spark + TensorFlow: TPE with ASHA on the shared cluster
