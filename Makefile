@@ -284,7 +284,7 @@ up: ## start master, WORKERS workers, Jupyter and MLflow; returns when WORKERS w
 	    echo "  (the new token is shown this once; it stays in $(LAB_SECRETS))"; \
 	else echo "  Jupyter:  http://$$nb/lab  (token: JUPYTER_TOKEN in $(LAB_SECRETS))"; fi; \
 	echo "  MLflow:   http://$$ml  (no login; notebooks and jobs log to it)"; \
-	echo "  links:    $(if $(LINK)$(LINK_DELAY),rate $(or $(LINK),unlimited) and delay $(or $(LINK_DELAY),none) for every container's sends (compose/shape-links.sh show $(LAB_PROJECT)),unshaped (the Docker bridge; LINK=1gbit shapes them)")"; \
+	echo "  links:    $(if $(LINK)$(LINK_DELAY),rate $(or $(LINK),unlimited) and delay $(or $(LINK_DELAY),none) for every container's sends (compose/shape-links.sh show $(LAB_PROJECT)),unshaped (the Docker bridge; LINK=1gbit shapes them))"; \
 	case "$$nb" in 127.*|localhost:*) ;; *) echo "  Jupyter answers only to loopback addresses, localhost and" \
 	    "the names in JUPYTER_LOCAL_HOSTNAMES ($${JUPYTER_LOCAL_HOSTNAMES:-none}): browse via one of them (docs/lab.md)";; esac; \
 	case "$$ml" in 127.*|localhost:*) ;; *) echo "  MLflow answers only to loopback addresses, localhost and" \

@@ -32,6 +32,7 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import statistics
 import subprocess
@@ -189,6 +190,7 @@ def run_submit(args: argparse.Namespace, submit: Submit, out: Path) -> dict:
     extra = args.mnist_args if submit.job == "mnist" else args.forecast_args
     for jupyter in compose_containers(args.project, "jupyter")[:1]:  # no stale results from an earlier bench
         subprocess.run(["docker", "exec", jupyter, "rm", "-rf", f"{RESULTS_IN_VOLUME}/{submit.name}"], check=False)
+    shutil.rmtree(out / "runs" / "lab" / submit.name, ignore_errors=True)
     cmd = [args.make, "--no-print-directory", "submit", f"JOB={submit.job}",
            f"ARGS={shlex.join(submit.job_args(extra))}", f"OUT={out / 'runs'}"]
     log(f"{submit.link}: {submit.job}, {submit.rule} ({submit.runs} run(s) at {submit.workers} workers)")
