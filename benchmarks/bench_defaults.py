@@ -151,6 +151,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="the rule(s), comma-separated: default (the Trainer's, no algorithm named), "
                              "allreduce and/or localsgd (default: default)")
     parser.add_argument("--allreduce-problems", help="the problems of allreduce (default: --problems)")
+    parser.add_argument("--localsgd-problems", help="the problems of localsgd (default: --problems)")
     parser.add_argument("--out", default="results/defaults", help="results directory (default results/defaults)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
     algorithms = _names(parser, "algorithm", args.algorithm, ALGORITHMS)
     problems = {"default": _names(parser, "problem", args.problems, PROBLEMS)}
     problems["allreduce"] = _names(parser, "problem", args.allreduce_problems or args.problems, PROBLEMS)
-    problems["localsgd"] = problems["default"]
+    problems["localsgd"] = _names(parser, "problem", args.localsgd_problems or args.problems, PROBLEMS)
     start_logging(args)
     import keras  # after start_logging: --backend is set before Keras starts
 

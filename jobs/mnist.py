@@ -73,10 +73,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
-    parser.add_argument("--algorithm", default="downpour",
-                        help="single, sync, downpour, adag, easgd, aeasgd, dynsgd, allreduce (gradients "
-                             "all-reduced every step, no --window; the rate scaled with the workers) or localsgd "
-                             "(local steps, the weights averaged every few steps sized by time, bf16)")
+    parser.add_argument("--algorithm", default="auto",
+                        help="auto (the default: chosen from the workers, their GPUs and hosts), single, sync, "
+                             "downpour, adag, easgd, aeasgd, dynsgd, allreduce (gradients all-reduced every step, no "
+                             "--window; the rate scaled with the workers) or localsgd (local steps, the weights "
+                             "averaged every few steps sized by time, bf16)")
     parser.add_argument("--window", type=window_arg, default="auto",
                         help="batches between exchanges, or auto: sized by the measured step and exchange times "
                              "(default auto)")

@@ -42,10 +42,10 @@ def battery_workers(backend: str) -> list[int]:
 @pytest.fixture(scope="module")
 def batteries(request, tmp_path_factory):
     """``rows(algorithm)``: the rows of benchmarks/bench_defaults.py at `battery_workers`, under this process's
-    Keras backend. Under TensorFlow with both tests selected (make test's main run), ONE run of the benchmark
-    serves both, all-reduce first (``--algorithm allreduce,default``: the benchmark's docstring says why that
-    order): one embedded cluster, one driver and one plain-Keras regression instead of two of each. The backend
-    runs select the all-reduce test only."""
+    Keras backend. Under TensorFlow with the defaults' test selected (make test's main run), ONE run of the
+    benchmark serves the three, all-reduce first (``--algorithm allreduce,localsgd,default``: the benchmark's
+    docstring says why all-reduce goes first): one embedded cluster, one driver and one plain-Keras run per
+    problem instead of one of each per rule. The backend runs select the all-reduce test only."""
     import keras
 
     backend = keras.backend.backend()
@@ -58,7 +58,8 @@ def batteries(request, tmp_path_factory):
         with eight_workers_at_a_time() if 8 in workers else contextlib.nullcontext():
             proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / "bench_defaults.py"), "--workers",
                                    ",".join(map(str, workers)), "--algorithm", ",".join(algorithms),
-                                   "--allreduce-problems", "regression", "--backend", backend, "--out", str(out)],
+                                   "--allreduce-problems", "regression", "--localsgd-problems", "classes",
+                                   "--backend", backend, "--out", str(out)],
                                   cwd=REPO, capture_output=True, text=True, timeout=2000)
         path = out / "defaults.json"
         assert path.is_file(), proc.stdout[-2000:] + proc.stderr[-3000:]
@@ -69,8 +70,8 @@ def batteries(request, tmp_path_factory):
 
     def rows(algorithm: str) -> list[dict]:
         if algorithm not in done:
-            both = backend == "tensorflow" and DEFAULTS_TEST in selected and not done
-            run(["allreduce", "default"] if both else [algorithm])
+            every = backend == "tensorflow" and DEFAULTS_TEST in selected and not done
+            run(["allreduce", "localsgd", "default"] if every else [algorithm])
         return done[algorithm]
 
     return rows
@@ -114,6 +115,22 @@ def test_allreduce_with_its_defaults_learns_like_plain_keras_at_2_and_8_workers(
     assert [(r["problem"], r["workers"]) for r in rows] == [("regression", n) for n in workers]
     for row in rows:
         assert row["loss_ratio"] <= LOSS_RATIO, row
+
+
+@pytest.mark.spark
+@pytest.mark.slow
+@pytest.mark.timeout(2400)
+def test_localsgd_with_its_defaults_learns_like_plain_keras_at_2_and_8_workers(batteries):
+    """LocalSGD's defaults (its period sized by time, at most 16 steps; bfloat16 on the wire; the compiled rate
+    scaled to the N replicas) meet the same bounds on the 4-class problem, in make test's main run (TensorFlow;
+    each backend's engine is checked exactly in tests/test_local_sgd.py), and every worker recorded the period
+    its group chose."""
+    rows = batteries("localsgd")
+    assert [(r["problem"], r["workers"]) for r in rows] == [("classes", n) for n in (2, 8)]
+    for row in rows:
+        assert row["loss_ratio"] <= LOSS_RATIO, row
+        assert row["accuracy"] >= row["plain_accuracy"] - ACCURACY_GAP, row
+        assert 1 <= row["window"] <= 16, row  # the period the group took
 
 
 def test_the_bounds_and_the_problems():

@@ -204,3 +204,49 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     assert {(r["period"], r["wire"], r["average_bytes"]) for r in records} == {(2, "bf16", 2 * model.count_params())}
     # the logs reported are both processes' own, averaged: a finite loss for each epoch
     assert all(math.isfinite(e["logs"]["loss"]) for e in records[0]["epochs"])
+
+
+# --------------------------------------------------------------------------- the default's choice, pure
+
+
+@pytest.mark.parametrize("facts, rule, why", [
+    (dict(workers=1, hosts=3), "downpour", "one worker"),
+    (dict(workers=3, hosts=4), "localsgd", "3 workers on 4 hosts"),
+    (dict(workers=2, gpus_per_worker=1, hosts=1), "localsgd", "2 workers on GPUs"),
+    (dict(workers=2, hosts=1), "downpour", "2 CPU workers on one host"),
+    (dict(workers=2, hosts=None), "downpour", "2 CPU workers on hosts not known"),
+    (dict(workers=4, hosts=4, ps_options=("compression",)), "downpour", "compression asked for the parameter server"),
+])
+def test_with_no_rule_named_the_fit_chooses_from_what_it_runs_on(facts, rule, why):
+    from trainer.algorithms.choice import FitFacts, choose_rule
+
+    choice = choose_rule(FitFacts(**facts))
+    assert choice.rule.name == rule and why in choice.reason
+    assert choice.line().startswith(f"rule: {choice.rule.describe()} (chosen: ")
+    assert choice.record()["facts"]["workers"] == facts["workers"]
+
+
+def test_the_trainer_keeps_auto_across_changed_options_and_a_named_rule_is_not_chosen():
+    from trainer import DOWNPOUR, Trainer
+
+    trainer = Trainer(digits_model, num_workers=2)
+    assert trainer.algorithm == DOWNPOUR() and trainer.options.rule_choice is not None  # no hosts known yet
+    trainer.epochs = 3  # the options are checked again: still chosen per fit
+    assert trainer.options.rule_choice is not None and trainer.options.given("algorithm") == "auto"
+    assert trainer.options.facts(hosts=2).hosts == 2
+    named = Trainer(digits_model, num_workers=2, algorithm="downpour")
+    assert named.options.rule_choice is None and named.options.given("algorithm") == DOWNPOUR()
+    compressed = Trainer(digits_model, num_workers=2, compression="bf16")
+    assert compressed.options.facts(hosts=3).ps_options == ("compression",)
+
+
+def test_the_measured_period_joins_the_choice_in_the_history():
+    from trainer.algorithms.choice import FitFacts, choose_rule, measured_choice, measured_line
+
+    choice = choose_rule(FitFacts(workers=2, hosts=2))
+    records = [{"worker": 1, "period": 8}, {"worker": 0, "period": 8, "wire": "bf16", "probe_step_ms": 31.0,
+                                            "probe_average_ms": 12.0, "average_bytes": 2_000_000, "rows": 5}]
+    measured = measured_choice(choice, records).record()["measured"]
+    assert measured == {"period": 8, "wire": "bf16", "probe_step_ms": 31.0, "probe_average_ms": 12.0,
+                        "average_bytes": 2_000_000}
+    assert measured_line(measured) == "averaged every 8 steps, bf16: one average 12.0 ms, a step 31.0 ms"

@@ -72,7 +72,7 @@ def test_pipeline_fits_saves_loads_and_predicts_the_same(table, tmp_path):
 
 def test_estimator_params_are_typed_and_checked():
     estimator = KerasEstimator(model=build_regressor, numWorkers=3)
-    assert estimator.getNumWorkers() == 3 and estimator.getAlgorithm() == "downpour" and estimator.getMlflow() is False
+    assert estimator.getNumWorkers() == 3 and estimator.getAlgorithm() == "auto" and estimator.getMlflow() is False
     with pytest.raises(Exception, match="Unknown algorithm 'hogwild'"):
         KerasEstimator(model=build_regressor, algorithm="hogwild")
     with pytest.raises(TypeError, match="compiled keras.Model or a function"):

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from trainer.algorithms import Algorithm, get_algorithm, with_compression
+from trainer.algorithms.choice import AUTO, FitFacts, choose_rule
 from trainer.algorithms.delta import overlappable
 from trainer.errors import OptionError
 from trainer.ps.layout import check_shards
@@ -155,6 +156,10 @@ class Options:
     def check_together(self) -> None:
         """Checks of several options at once (after each option's own)."""
 
+    def given(self, name: str) -> Any:
+        """The value of option `name` as a user would give it again (an automatic choice gives back "auto")."""
+        return getattr(self, name)
+
     @classmethod
     def names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
@@ -205,7 +210,7 @@ class OptionAttributes:
     def __setattr__(self, name: str, value: Any) -> None:
         options = self.__dict__.get("options")
         if options is not None and name in options.names():
-            values = {n: getattr(options, n) for n in options.names()}
+            values = {n: options.given(n) for n in options.names()}
             name, value = "options", type(options).of(type(self).__name__, {**values, name: value})
         object.__setattr__(self, name, value)
 
@@ -238,7 +243,7 @@ class SharedOptions(Options):
 class FitOptions(SharedOptions):
     """A fit's options: `SharedOptions` and the rule, the sizes, checkpoints, hooks, the feed, the server."""
 
-    algorithm: Algorithm | str = option("downpour", as_given)
+    algorithm: Algorithm | str = option("auto", as_given)
     batch_size: int = option(32, positive_int)
     epochs: int = option(1, positive_int)
     retry_timeout: float = option(60.0, positive_number)
@@ -257,8 +262,10 @@ class FitOptions(SharedOptions):
     overlap: bool = option(False, flag)
 
     def check_together(self) -> None:
-        self.algorithm = with_compression(get_algorithm(self.algorithm), self.compression,
-                                          replies=self.compress_replies)
+        # "auto": the rule for what is known here (no hosts yet); each fit chooses again with its cluster's hosts
+        self.rule_choice = choose_rule(self.facts()) if _is_auto(self.algorithm) else None
+        rule = self.rule_choice.rule if self.rule_choice is not None else self.algorithm
+        self.algorithm = with_compression(get_algorithm(rule), self.compression, replies=self.compress_replies)
         self.ps_shards = _domain(lambda shards: check_shards(shards, self.algorithm))("ps_shards", self.ps_shards)
         try:
             self.algorithm.check_workers(self.num_workers)
@@ -269,6 +276,20 @@ class FitOptions(SharedOptions):
         if self.overlap and not overlappable(self.algorithm):
             raise OptionError(f"`overlap=True` needs a delta rule with a window (downpour, adag, dynsgd). Received: "
                               f"{self.algorithm.describe()}. Fix: use one of those rules or overlap=False.")
+
+
+    def given(self, name: str) -> Any:
+        return "auto" if name == "algorithm" and self.rule_choice is not None else getattr(self, name)
+
+    def facts(self, hosts: int | None = None) -> FitFacts:
+        """What an automatic choice of the rule goes by (``trainer.fit.choice``), `hosts` from the cluster."""
+        ps_options = tuple(name for name, given in (("compression", self.compression), ("overlap", self.overlap),
+                                                    ("ps_shards", self.ps_shards != 1)) if given)
+        return FitFacts(self.num_workers, self.gpus_per_worker, hosts, ps_options)
+
+
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.lower() == AUTO
 
 
 @dataclass(kw_only=True)

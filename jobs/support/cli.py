@@ -122,6 +122,8 @@ def check_trainer_args(parser, args) -> None:
     check_checkpoint_args(parser, args)
     try:
         algorithm = algorithm_from_args(args.algorithm, args.window)
+        if algorithm == "auto":
+            return  # the Trainer chooses, the parameter server wherever compression or overlap asks for it
         if getattr(args, "compression", "none") != "none" or getattr(args, "compress_replies", False):
             algorithm = with_compression(algorithm, args.compression, replies=getattr(args, "compress_replies", False))
     except ValueError as exc:
@@ -158,6 +160,8 @@ def trainer_options(args, model_name: str, workers: int, seed: int | None = None
 def algorithm_from_args(name: str, window: int | str | None):
     """An algorithm from CLI flags: `window` is the exchange window (``every`` for sync);
     None keeps the algorithm's default (per epoch for sync); a collective rule (allreduce) has none."""
+    if name.lower() == "auto":
+        return "auto"  # the Trainer chooses per fit (trainer.algorithms.choice); the window is its choice too
     if name.lower() == "sync":
         return SyncAveraging(every=window or "epoch")  # "auto" is refused there, with the reason
     if getattr(ALGORITHMS.get(name.lower()), "collective", False):

@@ -59,9 +59,9 @@ def add_model_parser(actions) -> None:
     model.add_argument("--epochs", type=int, default=default("epochs"), help=f"epochs (default: {default('epochs')})")
     model.add_argument("--batch-size", type=int, default=default("batch_size"),
                        help=f"minibatch size per worker (default: {default('batch_size')})")
-    model.add_argument("--algorithm", default="downpour",
-                       help="downpour, sync, adag, easgd, aeasgd, dynsgd or single (default: downpour, "
-                            "which learns like plain Keras; docs/algorithms.md)")
+    model.add_argument("--algorithm", default="auto",
+                       help="auto, downpour, sync, adag, easgd, aeasgd, dynsgd, single, allreduce or localsgd "
+                            "(default: auto, chosen from the workers, their GPUs and hosts; docs/algorithms.md)")
     model.add_argument("--window", type=window_arg, default=None,
                        help="batches between exchanges, or auto (sized by time; downpour, dynsgd) (default: the "
                             "algorithm's)")
@@ -123,7 +123,11 @@ def _check_args(args: argparse.Namespace) -> tuple[Any, Any]:
     if args.resume and not args.checkpoint_dir:
         raise ValueError("--resume needs --checkpoint-dir: the folder the interrupted run saved to.")
     name = args.algorithm.lower()
-    if name == "sync":
+    if name == "auto":
+        if args.window is not None:
+            raise ValueError("--window needs a rule named with --algorithm (auto chooses its own cadence).")
+        algorithm = "auto"
+    elif name == "sync":
         algorithm = get_algorithm(name, every=args.window or "epoch")
     else:
         algorithm = get_algorithm(name, **({} if args.window is None else {"window": args.window}))

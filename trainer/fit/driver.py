@@ -26,6 +26,7 @@ import logging
 import time
 from typing import Callable
 
+from trainer.algorithms.choice import choose_rule, measured_choice
 from trainer.fit.checkpoints import Checkpointer
 from trainer.fit.epoch_callbacks import EpochCallbacks, check_callbacks
 from trainer.fit.fitted import FittedModel, TrainingHistory
@@ -37,6 +38,7 @@ from trainer.lr_schedules import planned_steps
 from trainer.ps.epoch_end import EpochEnds
 from trainer.ps.server import uniform_progress
 from trainer.spark.launch import driver_addresses
+from trainer.spark.session import fit_hosts
 from trainer.spark.task_memory import task_memory_bytes
 from trainer.tracking import epoch_logger, fit_params
 from trainer.transport.tls import TlsIdentity
@@ -49,11 +51,12 @@ def drive_fit(options, df, resume_from, validation, callbacks, run) -> FittedMod
     """Train `options.model` on `df` (the module docstring); `options` is the `Trainer`, `run` MLflow's or None."""
     import keras  # deferred: the backend starts only when a fit does
 
+    spark = df.sparkSession
+    options, choice = _choose_rule(options, spark)
     kind = fit_kind(options)
     backend = keras.backend.backend()
     kind.check(backend)
     identity = TlsIdentity.generate() if options.tls else None  # a missing tool fails before any cluster work
-    spark = df.sparkSession
     host, bind, port = driver_addresses(spark, options.ps_host, options.ps_bind_host, options.ps_port, kind.shards)
     plan = plan_fit(options, df, resume_from, validation)
     callbacks = check_callbacks(callbacks, plan.model, plan.validation_rows > 0)
@@ -64,6 +67,9 @@ def drive_fit(options, df, resume_from, validation, callbacks, run) -> FittedMod
                                      inline=kind.inline_callbacks)
     steps = planned_steps(plan.spec.num_rows, options.num_workers, options.batch_size)
     progress = TrainingProgress(kind.progress_steps(steps), kind.reporters, options.epochs, enabled=options.verbose)
+    if choice is not None:
+        log.info("%s", choice.line())
+        progress.note(choice.line())
     hooks: list[Callable] = [progress.update, epoch_callbacks.on_update]
     if options.on_update is not None:
         hooks.append(options.on_update)
@@ -107,8 +113,10 @@ def drive_fit(options, df, resume_from, validation, callbacks, run) -> FittedMod
         plan.frame, options.num_workers, make_task, kind.retry_policy(), kind.description(plan.model.name),
         server=server, progress=progress, epoch_callbacks=epoch_callbacks, checkpointer=checkpointer,
         checkpoint_dir=checkpoint_dir, events=events, on_retry=on_retry, profile=plan.profile)
-    history = _history(options, server, epoch_callbacks, [json.loads(r.history) for r in stage.rows], job_start,
-                       job_end, events)
+    records = [json.loads(r.history) for r in stage.rows]
+    history = _history(options, server, epoch_callbacks, records, job_start, job_end, events)
+    if choice is not None:
+        history.choice = measured_choice(choice, records).record()
     log.info("Trained in %.1f s (%.1f s per epoch, data delivery %.1f s), %s", history.timings["wall_s"],
              history.timings["epoch_s"], history.timings["data_delivery_s"], kind.summary(history))
     fitted = FittedModel(plan.model, history, options.features_col, options.label_col, plan.spec,
@@ -118,6 +126,27 @@ def drive_fit(options, df, resume_from, validation, callbacks, run) -> FittedMod
                          "total_bytes": history.bytes_moved})
         run.log_model(plan.model, plan.spec.input_shape, fitted._shipped().custom_objects)
     return fitted
+
+
+class _WithRule:
+    """The trainer's options with the rule this fit chose at its start in place of the trainer's own."""
+
+    def __init__(self, options, rule) -> None:
+        self._options, self.algorithm = options, rule
+
+    def __getattr__(self, name: str):
+        return getattr(self._options, name)
+
+
+def _choose_rule(options, spark) -> tuple:
+    """``(options, choice)``: with no rule named, the rule for this fit's cluster (``trainer.algorithms.choice``:
+    its hosts are known now), the trainer's own options otherwise (choice None)."""
+    if options.options.rule_choice is None:
+        return options, None
+    choice = choose_rule(options.options.facts(fit_hosts(spark)))
+    if choice.rule == options.options.rule_choice.rule:
+        return options, choice  # the trainer's rule (a compressed one included) is this fit's
+    return _WithRule(options, choice.rule), choice
 
 
 def _checkpointer(options, plan: FitPlan, server, checkpoint_dir) -> Checkpointer | None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import functools
 from typing import Any, Callable
 
+from trainer.algorithms.choice import measured_line
 from trainer.fit.plan import FitPlan
 from trainer.ps.server import ParameterServer
 from trainer.ps.shards import ShardedParameterServer
@@ -124,7 +125,10 @@ class CollectiveFit:
         return f"trainer: {model_name} {self.options.algorithm.describe()} x{self.options.num_workers}"
 
     def summary(self, history: Any) -> str:
-        return f"all-reduce over {self.options.num_workers} workers"
+        first = next((w for w in history.workers if w.get("period") is not None), None)
+        if first is None:
+            return f"all-reduce over {self.options.num_workers} workers"
+        return f"local SGD over {self.options.num_workers} workers, {measured_line(first)}"
 
 
 def fit_kind(options) -> ParameterServerFit | CollectiveFit:

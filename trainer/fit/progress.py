@@ -37,6 +37,11 @@ class TrainingProgress:
                 postfix["loss"] = f"{record.loss:.4f}"
             self._bar.set_postfix(postfix, refresh=False)
 
+    def note(self, line: str) -> None:
+        """Print `line` above the bar (nothing when the bar is disabled)."""
+        if not self._bar.disable:
+            self._bar.write(line)
+
     def restart(self, num_workers: int) -> None:
         """A retried attempt (maybe on another number of workers) counts its steps from zero again:
         keep what was shown."""

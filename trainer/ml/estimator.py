@@ -39,8 +39,8 @@ class KerasEstimator(Estimator, KerasEstimatorParams, StagePersistence):
     """Data-parallel training of a Keras model as a Spark ML stage; see the module docstring.
 
     Params (Spark ML camelCase): ``model`` (a compiled ``keras.Model`` or a
-    function returning one), ``algorithm`` (``"downpour"``, the default,
-    ``DynSGD(window=5)``, ...), ``numWorkers``, ``epochs``, ``batchSize``, ``featuresCol``,
+    function returning one), ``algorithm`` (``"auto"``, the default: chosen
+    per fit, ``trainer.algorithms.choice``; ``"downpour"``, ``DynSGD(window=5)``, ...), ``numWorkers``, ``epochs``, ``batchSize``, ``featuresCol``,
     ``labelCol``, ``predictionCol``, ``validationCol`` (a boolean column
     marking validation rows) or ``validationSplit`` (a fraction), ``mlflow``,
     ``seed``, ``customObjects``, ``callbacks`` (Keras callbacks, run on the
@@ -48,7 +48,7 @@ class KerasEstimator(Estimator, KerasEstimatorParams, StagePersistence):
     """
 
     @keyword_only
-    def __init__(self, *, model: Any = None, algorithm: Any = "downpour", numWorkers: int = 2, epochs: int = 1,
+    def __init__(self, *, model: Any = None, algorithm: Any = "auto", numWorkers: int = 2, epochs: int = 1,
                  batchSize: int = 32, featuresCol: str = "features", labelCol: str = "label",
                  predictionCol: str = "prediction", validationCol: str | None = None, validationSplit: float = 0.0,
                  mlflow: bool = False, seed: int = 0, customObjects: dict | None = None,
@@ -57,7 +57,7 @@ class KerasEstimator(Estimator, KerasEstimatorParams, StagePersistence):
         self.setParams(**self._input_kwargs)
 
     @keyword_only
-    def setParams(self, *, model: Any = None, algorithm: Any = "downpour", numWorkers: int = 2, epochs: int = 1,
+    def setParams(self, *, model: Any = None, algorithm: Any = "auto", numWorkers: int = 2, epochs: int = 1,
                   batchSize: int = 32, featuresCol: str = "features", labelCol: str = "label",
                   predictionCol: str = "prediction", validationCol: str | None = None, validationSplit: float = 0.0,
                   mlflow: bool = False, seed: int = 0, customObjects: dict | None = None,

@@ -9,24 +9,35 @@ from pyspark.ml.param import Param, Params, TypeConverters
 from pyspark.ml.param.shared import HasFeaturesCol, HasLabelCol, HasPredictionCol
 
 from trainer.algorithms import ALGORITHMS, Algorithm, get_algorithm
+from trainer.algorithms.choice import AUTO
 from trainer.options import FitOptions
 
 
 def algorithm_to_json(value: str | Algorithm) -> dict[str, Any]:
-    """An algorithm (name or instance) as ``{"name": ..., "params": {...}}``."""
+    """An algorithm (name or instance) as ``{"name": ..., "params": {...}}``; ``"auto"`` (chosen per fit) as
+    ``{"name": "auto", "params": {}}``."""
+    if _is_auto(value):
+        return {"name": AUTO, "params": {}}
     algorithm = get_algorithm(value)
     return {"name": algorithm.name, "params": dataclasses.asdict(algorithm)}
 
 
-def algorithm_from_json(value: Any) -> Algorithm:
+def algorithm_from_json(value: Any) -> Algorithm | str:
+    if isinstance(value, dict) and value.get("name") == AUTO or _is_auto(value):
+        return AUTO
     if isinstance(value, dict):
         return ALGORITHMS[value["name"]](**value.get("params", {}))
     return get_algorithm(value)
 
 
+def _is_auto(value: Any) -> bool:
+    return isinstance(value, str) and value.lower() == AUTO
+
+
 def _algorithm(value: Any) -> Any:
-    """Type converter: a name or an `Algorithm`, checked at once."""
-    get_algorithm(value)
+    """Type converter: a name, ``"auto"`` or an `Algorithm`, checked at once."""
+    if not _is_auto(value):
+        get_algorithm(value)
     return value
 
 
@@ -46,8 +57,8 @@ class KerasEstimatorParams(KerasParams):
 
     model = Param(Params._dummy(), "model", "a compiled keras.Model or a function with no arguments returning one",
                   typeConverter=_model)
-    algorithm = Param(Params._dummy(), "algorithm", f"update rule: a trainer.algorithms instance or one of "
-                      f"{', '.join(ALGORITHMS)}", typeConverter=_algorithm)
+    algorithm = Param(Params._dummy(), "algorithm", f"update rule: auto (chosen per fit), a trainer.algorithms "
+                      f"instance or one of {', '.join(ALGORITHMS)}", typeConverter=_algorithm)
     numWorkers = Param(Params._dummy(), "numWorkers", "number of long-lived worker tasks",
                        typeConverter=TypeConverters.toInt)
     epochs = Param(Params._dummy(), "epochs", "passes over the data", typeConverter=TypeConverters.toInt)

@@ -115,6 +115,23 @@ def registered_executors(spark: Any) -> int:
     return max(0, int(jsc.sc().getExecutorMemoryStatus().size()) - 1)
 
 
+def fit_hosts(spark: Any) -> int | None:
+    """Distinct hosts of the driver and the executors registered with it: 1 for a local master or an embedded
+    cluster; None for a Spark Connect session or a stopped one, whose executors the client cannot list."""
+    try:
+        sc = spark.sparkContext if hasattr(spark, "sparkContext") else spark
+        jsc = sc._jsc
+    except Exception:  # a Spark Connect session has no JVM context to ask
+        return None
+    if jsc is None:
+        return None
+    if _is_local(sc.master):
+        return 1
+    status = jsc.sc().getExecutorMemoryStatus()  # a Scala Map: "host:port" of every block manager -> memory
+    keys = status.keys().toList()
+    return len({str(keys.apply(i)).rsplit(":", 1)[0] for i in range(keys.size())}) or None
+
+
 def wait_for_executors(spark: Any, count: int, timeout: float = 120.0, interval: float = 0.25) -> int:
     """Block until ``count`` executors have registered, so that a barrier stage has all its slots.
 
