@@ -158,12 +158,14 @@ def trainer_options(args, model_name: str, workers: int, seed: int | None = None
 
 
 def algorithm_from_args(name: str, window: int | str | None):
-    """An algorithm from CLI flags: `window` is the exchange window (``every`` for sync);
-    None keeps the algorithm's default (per epoch for sync); a collective rule (allreduce) has none."""
+    """An algorithm from CLI flags: `window` is the exchange window (``every`` for sync, the period for
+    localsgd); None keeps the algorithm's default (per epoch for sync); allreduce has none."""
     if name.lower() == "auto":
         return "auto"  # the Trainer chooses per fit (trainer.algorithms.choice); the window is its choice too
     if name.lower() == "sync":
         return SyncAveraging(every=window or "epoch")  # "auto" is refused there, with the reason
+    if name.lower() == "localsgd":
+        return get_algorithm(name) if window is None else get_algorithm(name, period=window)  # its period
     if getattr(ALGORITHMS.get(name.lower()), "collective", False):
         return get_algorithm(name)  # all-reduce exchanges every step: the jobs' default window does not apply
     return get_algorithm(name) if window is None else get_algorithm(name, window=window)
