@@ -61,7 +61,7 @@ SHELL       := /usr/bin/env bash -o pipefail
 
 help: ## show this help: the variables, then the targets by section
 	@awk '/^##@ Variables/ {printf "%s\n", substr($$0, 5)} /^#> / {name = $$2; $$1 = $$2 = ""; sub(/^ +/, ""); printf "  %-16s %s\n", name, $$0}' $(MAKEFILE_LIST)
-	@awk 'BEGIN {FS = ":.*## "} /^##@/ && !/^##@ Variables/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+	@awk 'BEGIN {FS = ":.*## "; printf "\n"} /^##@/ && !/^##@ Variables/ {printf "\n%s\n", substr($$0, 5)} /^[a-zA-Z0-9_%-]+:.*## / {printf "  %-16s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 ##@ Python environment, demo and tests
 $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
