@@ -184,7 +184,7 @@ def plot(base: Workload, variants, png: Path, measured, hop_s: float, here: Clus
         for step_s, style, what in ((base.batch_s, "-", "CPU"), (gpu_batch_s, "-.", "GPU")):
             ys = [predict_local_sgd(replace(base, batch_s=step_s), Cluster(link_gbit=gbit), n, hop_s, host_s)["speedup"]
                   for n in COUNTS]
-            ax.plot(COUNTS, ys, color="tab:red", linestyle=style, linewidth=2.4,
+            ax.plot(COUNTS, ys, color="darkcyan", linestyle=style, linewidth=2.4,
                     label=f"local SGD, bf16, period by time: {what} steps ({step_s * 1000:g} ms)")
         ax.plot(COUNTS, COUNTS, color="grey", linestyle="--", linewidth=0.8, label="ideal")
         ax.set(title=f"{gbit:g} GbE (PS: the driver's link; all-reduce: each worker's)", xlabel="workers",
