@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import fnmatch
 import re
 import subprocess
 import sys
@@ -122,11 +123,26 @@ def missing_files(text: str, root: Path = ROOT, paths: re.Pattern | None = None)
 
 @lru_cache(maxsize=None)
 def made_by_a_command(name: str) -> bool:
-    """Whether git ignores `name`: a file a command makes (``make up`` writes compose/lab-secrets.env)."""
+    """Whether the repository ignores `name`: a file a command makes (``make up`` writes compose/lab-secrets.env).
+    git answers in a checkout; elsewhere (an sdist, an exported tree) the patterns of .gitignore do."""
     try:
-        return subprocess.run(["git", "check-ignore", "-q", name], cwd=ROOT, timeout=30).returncode == 0
+        code = subprocess.run(["git", "check-ignore", "-q", name], cwd=ROOT, timeout=30,
+                              capture_output=True).returncode
+        if code in (0, 1):
+            return code == 0
     except (OSError, subprocess.SubprocessError):
-        return False
+        pass
+    path = Path(name)
+    for folder in [Path("."), *reversed(path.parents[:-1])]:  # the root's .gitignore, then each folder's own
+        ignore = ROOT / folder / ".gitignore"
+        rest = str(path.relative_to(folder))
+        for pattern in ignore.read_text(encoding="utf-8").splitlines() if ignore.exists() else []:
+            pattern = pattern.strip().lstrip("/").rstrip("/")
+            if pattern and not pattern.startswith(("#", "!")) and any(
+                    fnmatch.fnmatch(candidate, pattern) or fnmatch.fnmatch(candidate, pattern + "/*")
+                    for candidate in (rest, path.name)):
+                return True
+    return False
 
 
 def stated_default(option: str):
