@@ -1,6 +1,6 @@
 """README.md and docs/*.md say what is true of the code now, and name only what the repository holds.
 
-Three checks, pure Python (no Spark), in ``make test-quick``'s tier:
+Four checks, pure Python (no Spark), in ``make test-quick``'s tier:
 
 * **No history in the pages.** A commit hash, a date used as history ("before 2026-11-27", "until ...",
   "since ..."), a numbered issue ("issue 27") or a phrase that only meant something to the people who wrote it
@@ -67,6 +67,7 @@ STATED_DEFAULTS = [
     ("docs/guide.md", r"Defaults: .*?`batch_size=(\d+)`", "batch_size", int),
     ("docs/guide.md", r"Defaults: .*?`epochs=(\d+)`", "epochs", int),
     ("docs/guide.md", r"Defaults: .*?`verbose=(True|False)`", "verbose", lambda text: text == "True"),
+    ("docs/guide.md", r"Defaults: .*?`algorithm=\"(\w+)\"`", "algorithm", str),
     ("docs/guide.md", r"the last `history_size` updates, ([\d,]+) by default", "history_size",
      lambda text: int(text.replace(",", ""))),
     ("docs/guide.md", r"after `slot_timeout`, (\d+) s\)", "slot_timeout", float),
