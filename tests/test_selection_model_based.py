@@ -295,8 +295,9 @@ def _digits_mlp(params: dict):
 def test_tpe_with_asha_stops_a_trial_early_and_its_slot_takes_a_new_one(digits, tmp_path):
     train, val = digits
     # Seed 0's first three (random start-up) suggestions are a useless, a good and a useless learning rate: whatever
-    # the order of the reports, one useless trial is below its rung.
-    search = TPESearch({"lr": choice([3e-2, 1e-7]), "units": randint(8, 32)}, max_epochs=2, pruner="asha", eta=2,
+    # the order of the reports, one useless trial is below its rung. Only the learning rate varies, so each task
+    # builds and traces one Keras model for all the trials (trainer.selection.task.compiled_signature).
+    search = TPESearch({"lr": choice([3e-2, 1e-7]), "units": 16}, max_epochs=2, pruner="asha", eta=2,
                        n_trials=5, max_concurrent=2, n_startup_trials=5, seed=0, batch_size=64,
                        metric="val_accuracy")
     result = ModelSelector(_digits_mlp, search, num_workers=2, seed=0, verbose=False).fit(train, validation=val)
