@@ -14,22 +14,21 @@ from __future__ import annotations
 import math
 import os
 import signal
-import tempfile
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
 
+from collective_processes import run_processes
 from conftest import digits_model
 from spark_processes import executor_pids
 from trainer import Trainer
 from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, get_algorithm
 from trainer.fit.plan import plan_fit
 from trainer.runtime.feeding.arrow import pad_shard
-from trainer.runtime.collective.loop import CollectiveJob, epoch_order
-from trainer.runtime.collective.task import equal_rows, reserve_port, start_process, wait_process
+from trainer.runtime.collective.loop import epoch_order
+from trainer.runtime.collective.task import equal_rows
 
 
 # --------------------------------------------------------------------------- the rule, pure
@@ -145,11 +144,6 @@ def test_collective_processes_without_spark_take_plain_keras_steps(size):
     compiled rate). In `make test`'s backend runs (60-90 s of two processes compiling under JAX)."""
     import keras
 
-    from trainer.algorithms import AllReduce
-    from trainer.ps.server import ParameterServer
-    from trainer.runtime.shipping import ModelSource, pack_model
-    from trainer.transport.wire import new_secret
-
     backend = keras.backend.backend()
     rng = np.random.default_rng(0)
     x = rng.random((96, 64), dtype=np.float32)
@@ -159,28 +153,7 @@ def test_collective_processes_without_spark_take_plain_keras_steps(size):
     model = _constant_rate_model(0.005)
     model.optimizer.build(model.trainable_variables)
     start = [w.copy() for w in model.get_weights()]
-    server = ParameterServer(AllReduce(), start, 1, new_secret())
-    server.start()
-    ports, processes = [reserve_port() for _ in shards], []
-    addresses = [f"127.0.0.1:{port.getsockname()[1]}" for port in ports]
-    try:
-        for pid, (sx, sy) in enumerate(shards):
-            directory = Path(tempfile.mkdtemp(prefix="allreduce-test-"))
-            for name, array in (("x", sx), ("y", sy), ("vx", sx[:0]), ("vy", sy[:0])):
-                np.save(directory / f"{name}.npy", array)
-            job = CollectiveJob(model=ModelSource(keras_bytes=pack_model(model, None).data),
-                                ps_address=server.address, secret=server.credentials, addresses=addresses,
-                                process_id=pid, num_processes=size, batch_size=16, epochs=2, seed=5,
-                                keras_backend=backend, lr_factor=AllReduce().learning_rate_factor(size),
-                                parent_pid=os.getpid(), record={"worker": pid, "attempt": 0, "rows": rows,
-                                                                "padded_rows": rows})
-            processes.append((start_process(directory, job), directory))
-        records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]
-        center = server.center()
-    finally:
-        server.stop()
-        for port in ports:
-            port.close()
+    records, center = run_processes(model, shards, AllReduce(), batch_size=16, epochs=2, seed=5)
     plain = _constant_rate_model(0.005 * size)  # plain Keras at the global batch, at the scaled rate
     plain.set_weights(start)
     for epoch in range(2):

@@ -11,19 +11,16 @@ A fit on Spark with ``algorithm="localsgd"`` (the time-sized period) is in tests
 from __future__ import annotations
 
 import math
-import os
-import tempfile
-from pathlib import Path
 
 import ml_dtypes
 import numpy as np
 import pytest
 
+from collective_processes import run_processes
 from conftest import digits_model
 from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, LocalSGD, get_algorithm
 from trainer.runtime.collective.averaging import Averager, choose_period
-from trainer.runtime.collective.loop import CollectiveJob, epoch_order
-from trainer.runtime.collective.task import reserve_port, start_process, wait_process
+from trainer.runtime.collective.loop import epoch_order
 
 
 # --------------------------------------------------------------------------- the rule and the average, pure
@@ -102,8 +99,6 @@ def _reference(start, shards, rate: float, batch_size: int, epochs: int, seed: i
     """Two plain Keras replicas at `rate`, each taking its shard's batches in `epoch_order`, their float32 weights
     averaged every `period` steps and at every epoch end through bfloat16 deltas with the rounding carried (the
     sum of two bfloat16 deltas rounded once, as the engines add them)."""
-    import keras
-
     replicas = []
     for _ in shards:
         model = digits_model(rate)
@@ -143,7 +138,7 @@ def _reference(start, shards, rate: float, batch_size: int, epochs: int, seed: i
         if since:
             average()
             since = 0
-    return replicas[0], keras
+    return replicas[0]
 
 
 @pytest.mark.backend
@@ -153,14 +148,7 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     weights equal the two-replica reference's (``_reference``) after 6 local steps and 4 averages (every 2 steps
     and at each epoch end), at twice the compiled rate (linear scaling for 2 workers); its optimizer counted its
     own 6 steps."""
-    import keras
-
-    from trainer.ps.server import ParameterServer
-    from trainer.runtime.shipping import ModelSource, pack_model
-    from trainer.transport.wire import new_secret
-
     rule = AllReduce(period=2, wire="bf16")
-    backend = keras.backend.backend()
     rng = np.random.default_rng(1)
     x = rng.random((96, 64), dtype=np.float32)
     y = rng.integers(0, 10, 96).astype(np.int32)
@@ -169,29 +157,8 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     model = digits_model(0.005)
     model.optimizer.build(model.trainable_variables)
     start = [w.copy() for w in model.get_weights()]
-    server = ParameterServer(rule, start, 1, new_secret())
-    server.start()
-    ports, processes = [reserve_port() for _ in shards], []
-    addresses = [f"127.0.0.1:{port.getsockname()[1]}" for port in ports]
-    try:
-        for pid, (sx, sy) in enumerate(shards):
-            directory = Path(tempfile.mkdtemp(prefix="local-sgd-test-"))
-            for name, array in (("x", sx), ("y", sy), ("vx", sx[:0]), ("vy", sy[:0])):
-                np.save(directory / f"{name}.npy", array)
-            job = CollectiveJob(model=ModelSource(keras_bytes=pack_model(model, None).data),
-                                ps_address=server.address, secret=server.credentials, addresses=addresses,
-                                process_id=pid, num_processes=2, batch_size=16, epochs=2, seed=5,
-                                keras_backend=backend, lr_factor=rule.learning_rate_factor(2), period=rule.period,
-                                max_period=rule.max_period, wire=rule.wire, parent_pid=os.getpid(),
-                                record={"worker": pid, "attempt": 0, "rows": rows, "padded_rows": rows})
-            processes.append((start_process(directory, job), directory))
-        records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]
-        center = server.center()
-    finally:
-        server.stop()
-        for port in ports:
-            port.close()
-    reference, _ = _reference(start, shards, 0.005 * 2, 16, 2, seed=5, period=2)
+    records, center = run_processes(model, shards, rule, batch_size=16, epochs=2, seed=5)
+    reference = _reference(start, shards, 0.005 * 2, 16, 2, seed=5, period=2)
     weights = len(reference.weights)
     for got, want in zip(center[:weights], reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
