@@ -177,17 +177,7 @@ def load_schedule(source: Any) -> list[ScheduledTask]:
     if isinstance(source, SelectionResult):
         return list(source.schedule)
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if path.is_dir():
-            path = next((p for p in (path / "selection.json", path / "progress.json") if p.is_file()), path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise SelectionError(
-                f"replay: cannot read a schedule from {source}: {exc}. Fix: pass a SelectionResult, "
-                "its selection.json, or a checkpoint directory's progress.json."
-            ) from exc
-        source = data.get("schedule", [])
+        source = _recorded(source).get("schedule", [])
     entries = []
     for item in source:
         seq, model, worker, epoch = item
@@ -200,16 +190,23 @@ def load_search_log(source: Any) -> dict[str, Any] | None:
     if isinstance(source, SelectionResult):
         return source.search_log
     if isinstance(source, (str, os.PathLike)):
-        path = Path(source)
-        if path.is_dir():
-            path = next((p for p in (path / "selection.json", path / "progress.json") if p.is_file()), path)
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise SelectionError(f"replay: cannot read {source}: {exc}. Fix: pass a SelectionResult or its "
-                                 "selection.json.") from exc
+        data = _recorded(source)
         return data.get("search_log") or data.get("search")
     return None
+
+
+def _recorded(source: str | os.PathLike) -> dict[str, Any]:
+    """What a ``selection.json`` or ``progress.json`` holds (a directory: the first of the two found in it)."""
+    path = Path(source)
+    if path.is_dir():
+        path = next((p for p in (path / "selection.json", path / "progress.json") if p.is_file()), path)
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise SelectionError(
+            f"replay: cannot read {source}: {exc}. Fix: pass a SelectionResult, its selection.json, or a "
+            "checkpoint directory's progress.json."
+        ) from exc
 
 
 def build_result(selector, run, configs: list[Config], spec: DataSpec, input_shapes, task_records, bytes_moved: int,
