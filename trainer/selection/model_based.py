@@ -49,7 +49,9 @@ import math
 import numbers
 from typing import Any, Mapping
 
-from trainer.selection.search import Config, Decision, Metric, Search, SearchError, _positive_int, _rungs
+from trainer.selection.search import (
+    Config, Decision, Metric, Search, SearchError, _positive_int, _rungs, check_rungs,
+)
 from trainer.selection.space import SearchSpaceError, decode, suggest
 
 __all__ = ["AskTellSearch", "TPESearch", "ASHA", "SAMPLERS", "PRUNERS"]
@@ -84,11 +86,9 @@ class AskTellSearch(Search):
                  n_startup_trials: int = 5, batch_size: int = 32, metric: Metric | str = "val_loss",
                  owner: str = "AskTellSearch") -> None:  # fmt: skip
         self.owner = owner
-        self.max_epochs = _positive_int(owner, "max_epochs", max_epochs)
-        self.min_epochs = _positive_int(owner, "min_epochs", min_epochs)
+        self.min_epochs, self.max_epochs, self.eta = check_rungs(owner, min_epochs, max_epochs, eta)
         self.max_concurrent = _positive_int(owner, "max_concurrent", max_concurrent)
         self.batch_size = _positive_int(owner, "batch_size", batch_size)
-        self.eta = _positive_int(owner, "eta", eta)
         self.n_startup_trials = _positive_int(owner, "n_startup_trials", n_startup_trials)
         if n_trials is None and max_total_epochs is None:
             raise SearchError(
@@ -105,13 +105,6 @@ class AskTellSearch(Search):
             raise SearchError(f"{owner}: unknown sampler {sampler!r}. Expected one of {SAMPLERS}.")
         if pruner not in PRUNERS:
             raise SearchError(f"{owner}: unknown pruner {pruner!r}. Expected None or 'asha'.")
-        if self.eta < 2:
-            raise SearchError(f"{owner}: `eta` must be >= 2 (keep 1/eta at each rung). Received eta={eta}.")
-        if self.min_epochs > self.max_epochs:
-            raise SearchError(
-                f"{owner}: expected min_epochs <= max_epochs. Received min_epochs={min_epochs}, "
-                f"max_epochs={max_epochs}. Fix: lower min_epochs or raise max_epochs."
-            )
         self.sampler, self.pruner = sampler, pruner
         self.rungs = _rungs(self.min_epochs, self.max_epochs, self.eta) if pruner else [self.max_epochs]
         if not isinstance(space, Mapping):

@@ -194,6 +194,20 @@ class Decision:
         return bool(self.stopped or self.budgets or self.added)
 
 
+def check_rungs(owner: str, min_epochs: Any, max_epochs: Any, eta: Any) -> tuple[int, int, int]:
+    """``(min_epochs, max_epochs, eta)`` of a halving search, checked: positive, eta >= 2, min <= max."""
+    low, high = _positive_int(owner, "min_epochs", min_epochs), _positive_int(owner, "max_epochs", max_epochs)
+    rate = _positive_int(owner, "eta", eta)
+    if rate < 2:
+        raise SearchError(f"{owner}: `eta` must be >= 2 (keep 1/eta at each rung). Received eta={eta}.")
+    if low > high:
+        raise SearchError(
+            f"{owner}: expected min_epochs <= max_epochs. Received min_epochs={min_epochs}, "
+            f"max_epochs={max_epochs}. Fix: lower min_epochs or raise max_epochs."
+        )
+    return low, high, rate
+
+
 def _positive_int(owner: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise SearchError(
@@ -407,16 +421,7 @@ class SuccessiveHalving(Search):
                 f"{owner}: `max_epochs` is required: the most epochs the best configurations "
                 "train. Fix: pass e.g. max_epochs=9."
             )
-        self.min_epochs = _positive_int(owner, "min_epochs", min_epochs)
-        self.max_epochs = _positive_int(owner, "max_epochs", max_epochs)
-        self.eta = _positive_int(owner, "eta", eta)
-        if self.eta < 2:
-            raise SearchError(f"{owner}: `eta` must be >= 2 (keep 1/eta each rung). Received eta={eta}.")
-        if self.min_epochs > self.max_epochs:
-            raise SearchError(
-                f"{owner}: expected min_epochs <= max_epochs. Received min_epochs={min_epochs}, "
-                f"max_epochs={max_epochs}. Fix: lower min_epochs or raise max_epochs."
-            )
+        self.min_epochs, self.max_epochs, self.eta = check_rungs(owner, min_epochs, max_epochs, eta)
         if hasattr(configs, "configs"):
             configs = configs.configs()
         configs = list(configs)
