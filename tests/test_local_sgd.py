@@ -205,6 +205,8 @@ def test_the_trainer_keeps_auto_across_changed_options_and_a_named_rule_is_not_c
     assert named.options.rule_choice is None and named.options.given("algorithm") == DOWNPOUR()
     compressed = Trainer(digits_model, num_workers=2, compression="bf16")
     assert compressed.options.facts(hosts=3).ps_options == ("compression",)
+    plain = Trainer(digits_model, num_workers=2, compression="none")  # as the jobs pass it: no compression
+    assert plain.options.facts(hosts=3).ps_options == ()
 
 
 def test_the_measured_period_joins_the_choice_in_the_history():

@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-from trainer.algorithms import Algorithm, get_algorithm, with_compression
+from trainer.algorithms import Algorithm, get_algorithm, parse_compression, with_compression
 from trainer.algorithms.choice import AUTO, FitFacts, choose_rule
 from trainer.algorithms.delta import overlappable
 from trainer.errors import OptionError
@@ -283,7 +283,8 @@ class FitOptions(SharedOptions):
 
     def facts(self, hosts: int | None = None) -> FitFacts:
         """What an automatic choice of the rule goes by (``trainer.fit.choice``), `hosts` from the cluster."""
-        ps_options = tuple(name for name, given in (("compression", self.compression), ("overlap", self.overlap),
+        compressed = parse_compression(self.compression) is not None  # "none" is no compression
+        ps_options = tuple(name for name, given in (("compression", compressed), ("overlap", self.overlap),
                                                     ("ps_shards", self.ps_shards != 1)) if given)
         return FitFacts(self.num_workers, self.gpus_per_worker, hosts, ps_options)
 
