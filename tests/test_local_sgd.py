@@ -219,3 +219,12 @@ def test_the_measured_period_joins_the_choice_in_the_history():
     assert measured == {"period": 8, "wire": "bf16", "probe_step_ms": 31.0, "probe_average_ms": 12.0,
                         "average_bytes": 2_000_000}
     assert measured_line(measured) == "averaged every 8 steps, bf16: one average 12.0 ms, a step 31.0 ms"
+
+
+def test_local_sgd_retries_on_the_workers_left_and_a_per_step_all_reduce_waits_for_all():
+    from trainer import Trainer
+    from trainer.fit.kinds import CollectiveFit
+
+    local = Trainer(digits_model, num_workers=3, algorithm="localsgd", min_workers=2)
+    assert CollectiveFit(local).retry_policy().min_workers == 2
+    assert CollectiveFit(Trainer(digits_model, num_workers=3, algorithm="allreduce")).retry_policy().min_workers is None

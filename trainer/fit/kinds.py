@@ -13,8 +13,9 @@ only the rest:
   (``trainer.runtime.collective``); the server is task 0's once-per-epoch
   endpoint (`reporters` = 1: one "worker" whose epochs are everybody's), for
   progress, checkpoints and the callbacks, which run before its reply
-  (`inline`). A collective fit never shrinks: the global batch is
-  ``num_workers * batch_size``.
+  (`inline`). A per-step all-reduce never shrinks (the global batch is
+  ``num_workers * batch_size``); local SGD (a period other than 1) goes on
+  with the workers left, down to `min_workers`, as the parameter-server rules do.
 
 A third kind is one more class with these members.
 """
@@ -116,7 +117,9 @@ class CollectiveFit:
 
     def retry_policy(self) -> RetryPolicy:
         o = self.options
-        return RetryPolicy(o.max_retries, o.retry_timeout, None)  # never shrinks: min_workers does not apply
+        # Per-step all-reduce never shrinks (its global batch is num_workers * batch_size); local SGD averages
+        # replicas, so a retry may go on with the workers left, as the parameter-server rules do (min_workers).
+        return RetryPolicy(o.max_retries, o.retry_timeout, o.min_workers if o.algorithm.periodic else None)
 
     def on_retry(self, server, workers: int) -> int:
         return 1
