@@ -38,8 +38,8 @@ from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_fra
 from trainer_jobs.support.report import mape
 from trainer_jobs.support.scaling import cluster_session, timing_valid
 from trainer_jobs.support.selection import (
-    compare_searches, compare_strategies, comparison_parser, first_configs, make_search, parse_comparison_args,
-    score_best_models, write_comparison, write_search_comparison,
+    compare_strategies, comparison_parser, first_configs, make_search, parse_comparison_args,
+    run_search_comparison, score_best_models, write_comparison,
 )
 
 N_IN = 24
@@ -108,11 +108,9 @@ def main(argv: list[str] | None = None) -> int:
         train, val, test = (d.drop("time").cache() for d in (train, val, test))
         print(f"windows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
         if args.compare_searches:
-            searches = compare_searches(model_fn, make, train, val, searches=args.search_list, seeds=args.seed_list,
-                                        strategy=args.strategy_list[0], num_workers=args.workers, out_dir=out,
-                                        verbose=False, tls=args.tls)
-            write_search_comparison(searches, out, "select_forecast", title="Energy forecasting model selection",
-                                    metadata={"job": "select_forecast", "hours": len(series_pd), **vars(args)})
+            run_search_comparison(args, model_fn, make, train, val, out, "select_forecast",
+                                  title="Energy forecasting model selection",
+                                  metadata={"job": "select_forecast", "hours": len(series_pd), **vars(args)})
             return 0
         results = compare_strategies(model_fn, lambda: make(args.search_list[0], args.seed), train, val,
                                      strategies=args.strategy_list,

@@ -43,8 +43,8 @@ from trainer_jobs.support.cli import positive_float
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.scaling import cluster_session, timing_valid
 from trainer_jobs.support.selection import (
-    compare_searches, compare_strategies, comparison_parser, first_configs, make_search, parse_comparison_args,
-    score_best_models, write_comparison, write_search_comparison,
+    compare_strategies, comparison_parser, first_configs, make_search, parse_comparison_args,
+    run_search_comparison, score_best_models, write_comparison,
 )
 
 SPACE = {
@@ -121,11 +121,8 @@ def main(argv: list[str] | None = None) -> int:
         train, val, test = train.cache(), val.cache(), test.cache()
         print(f"rows: {train.count()} train, {val.count()} validation, {test.count()} test", flush=True)
         if args.compare_searches:
-            searches = compare_searches(model_fn, make, train, val, searches=args.search_list, seeds=args.seed_list,
-                                        strategy=args.strategy_list[0], num_workers=args.workers, out_dir=out,
-                                        verbose=False, tls=args.tls)
-            write_search_comparison(searches, out, "select_mnist", title="MNIST model selection",
-                                    metadata={"job": "select_mnist", "train_rows": len(x_train), **vars(args)})
+            run_search_comparison(args, model_fn, make, train, val, out, "select_mnist", title="MNIST model selection",
+                                  metadata={"job": "select_mnist", "train_rows": len(x_train), **vars(args)})
             return 0
         results = compare_strategies(model_fn, lambda: make(args.search_list[0], args.seed), train, val,
                                      strategies=args.strategy_list, num_workers=args.workers, seed=args.seed,

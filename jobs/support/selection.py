@@ -382,3 +382,13 @@ def write_search_comparison(results: Mapping[tuple[str, int], SelectionResult], 
                                   out / f"{name}_searches_gantt.png", title=f"{title} (seed {first})")
     print(markdown_table(rows, SEARCH_COLUMNS))
     print(f"results: {', '.join(str(p) for p in paths.values())}, {gantt}")
+
+
+def run_search_comparison(args, model_fn: Callable[[dict[str, Any]], Any], make: Callable[[str, int], Search], train,
+                          validation, out: Path, name: str, *, title: str, metadata: Mapping[str, Any]) -> None:
+    """A job's ``--search A,B --seeds ...``: every search at every seed on the job's first strategy, then written
+    as `write_search_comparison` writes it."""
+    results = compare_searches(model_fn, make, train, validation, searches=args.search_list, seeds=args.seed_list,
+                               strategy=args.strategy_list[0], num_workers=args.workers, out_dir=out,
+                               verbose=False, tls=args.tls)
+    write_search_comparison(results, out, name, title=title, metadata=metadata)

@@ -478,16 +478,7 @@ class Hyperband(Search):
                  min_epochs: int = 1, batch_size: int = 32,
                  metric: Metric | str = "val_loss") -> None:  # fmt: skip
         owner = "Hyperband"
-        max_epochs = _positive_int(owner, "max_epochs", max_epochs)
-        min_epochs = _positive_int(owner, "min_epochs", min_epochs)
-        eta = _positive_int(owner, "eta", eta)
-        if eta < 2:
-            raise SearchError(f"{owner}: `eta` must be >= 2. Received eta={eta}.")
-        if min_epochs > max_epochs:
-            raise SearchError(
-                f"{owner}: expected min_epochs <= max_epochs. Received min_epochs={min_epochs}, "
-                f"max_epochs={max_epochs}."
-            )
+        min_epochs, max_epochs, eta = check_rungs(owner, min_epochs, max_epochs, eta)
         ratio = max_epochs / min_epochs
         s_max = int(math.floor(math.log(ratio) / math.log(eta) + 1e-9))
         plan = []  # (n configs, first rung) per bracket

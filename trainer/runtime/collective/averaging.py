@@ -28,7 +28,7 @@ from typing import Callable
 
 import numpy as np
 
-from trainer.runtime.backends import wait_for_steps
+from trainer.runtime.backends import read_weights, wait_for_steps
 
 #: Share of the time one average may take of the local steps between two (``period="auto"``).
 OVERHEAD = 0.05
@@ -89,15 +89,17 @@ class FlatWeights:
     """A model's float weights (trainable and not: BatchNormalization's statistics too) as one float32 vector."""
 
     def __init__(self, model) -> None:
-        self.variables = [v for v in model.weights if "float" in str(v.dtype)]
+        self.model = model
+        self.floats = [i for i, v in enumerate(model.weights) if "float" in str(v.dtype)]
+        self.variables = [model.weights[i] for i in self.floats]
         self.shapes = [tuple(v.shape) for v in self.variables]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
 
     def read(self) -> np.ndarray:
-        import keras  # deferred, as in periodic_averaging
-
-        return np.concatenate([np.asarray(keras.ops.convert_to_numpy(v.value), dtype=np.float32).reshape(-1)
-                               for v in self.variables]) if self.variables else np.zeros(0, np.float32)
+        """The float weights in one float32 vector (the backend's one host copy per dtype: `read_weights`)."""
+        weights = read_weights(self.model)
+        return np.concatenate([np.asarray(weights[i], dtype=np.float32).reshape(-1) for i in self.floats]) \
+            if self.floats else np.zeros(0, np.float32)
 
     def write(self, flat: np.ndarray) -> None:
         start = 0
