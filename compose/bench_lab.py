@@ -9,7 +9,8 @@ trains plain Keras, one process in the driver's container, with the same seeds: 
 "time to plain Keras's metric". A submit that fails (an unknown rule, a crash, --timeout) is recorded as an
 error for its cells and the bench goes on.
 
-Written under --out: ``submits.jsonl`` (one line per submit: link, job, rule, status, error, seconds),
+Written under --out: ``submits.jsonl`` (one line per submit: link, job, asked: the defaults or an algorithm,
+status, error, seconds),
 ``runs/lab/NAME/JOB.json`` (the job's own results), ``logs/NAME.log`` (each submit's output), and from
 them ``bench-lab.csv`` (one row per run) and ``bench-lab.md`` (means per cell, then every run).
 ``--tables-only`` rebuilds the last two from the first three.
@@ -46,30 +47,30 @@ JOBS = ("mnist", "forecast")
 JOB_ARGS = {"mnist": "--limit 6000 --epochs 2", "forecast": "--models lstm --limit 3000 --epochs 2"}
 HIGHER_IS_BETTER = {"accuracy": True, "mape": False}
 RESULTS_IN_VOLUME = "/results/bench-lab"
-CSV_COLUMNS = ["link", "job", "model", "rule", "algorithm", "workers", "run", "epoch_time_s", "time_to_keras_s",
+CSV_COLUMNS = ["link", "job", "model", "asked", "algorithm", "workers", "run", "epoch_time_s", "time_to_keras_s",
                "keras_metric", "metric_name", "metric_value", "bytes", "timing_valid", "error"]
 
 
 @dataclass
 class Submit:
-    """One `make submit`: a job at one link with the defaults (``rule`` "default") or one rule."""
+    """One `make submit`: a job at one link with the defaults (``asked`` "default") or one rule."""
 
     link: str
     job: str
-    rule: str
+    asked: str
     workers: list[int]
     runs: int
     baseline: bool
 
     @property
     def name(self) -> str:
-        return f"{self.link}-{self.job}-{self.rule}"
+        return f"{self.link}-{self.job}-{self.asked}"
 
     def job_args(self, extra: str) -> list[str]:
         args = ["--workers", ",".join(map(str, self.workers)), *shlex.split(extra),
                 "--out", f"{RESULTS_IN_VOLUME}/{self.name}"]
-        if self.rule != "default":
-            args += ["--algorithm", self.rule]
+        if self.asked != "default":
+            args += ["--algorithm", self.asked]
         if self.runs > 1:
             args += ["--repeats", str(self.runs)]
         return args if self.baseline else args + ["--no-baseline"]
@@ -134,7 +135,7 @@ def plan(args: argparse.Namespace) -> list[Submit]:
     for i, link in enumerate(args.links):
         for job in args.jobs:
             submits.append(Submit(link, job, "default", args.workers, args.runs, baseline=i == 0))
-            submits += [Submit(link, job, rule, args.workers, 1, baseline=False) for rule in args.rules]
+            submits += [Submit(link, job, asked, args.workers, 1, baseline=False) for asked in args.rules]
     return submits
 
 
@@ -193,7 +194,7 @@ def run_submit(args: argparse.Namespace, submit: Submit, out: Path) -> dict:
     shutil.rmtree(out / "runs" / "lab" / submit.name, ignore_errors=True)
     cmd = [args.make, "--no-print-directory", "submit", f"JOB={submit.job}",
            f"ARGS={shlex.join(submit.job_args(extra))}", f"OUT={out / 'runs'}"]
-    log(f"{submit.link}: {submit.job}, {submit.rule} ({submit.runs} run(s) at {submit.workers} workers)")
+    log(f"{submit.link}: {submit.job}, {submit.asked} ({submit.runs} run(s) at {submit.workers} workers)")
     start = time.monotonic()
     status, output = run_logged(cmd, out / "logs" / f"{submit.name}.log", args.timeout)
     if status == 124:
@@ -283,7 +284,7 @@ def run_rows(out: Path, records: list[dict]) -> list[dict]:
     keras = keras_reference(out, records)
     rows = []
     for record in records:
-        base = {"link": record["link"], "job": record["job"], "rule": record["rule"]}
+        base = {"link": record["link"], "job": record["job"], "asked": record["asked"]}
         results = [r for r in result_rows(out, record) if r.get("workers", 0) > 0]
         if not results:
             error = record["error"] or "the job wrote no results"
@@ -314,23 +315,23 @@ def _mean_sd(values: list[float], digits: int) -> str:
 
 
 def summary_rows(rows: list[dict]) -> list[dict]:
-    """Means per (job, model, link, rule, workers), in the order of the runs, with the epoch time over the
-    unshaped link's for the same job, model, rule and workers."""
+    """Means per (job, model, link, asked, workers), in the order of the runs, with the epoch time over the
+    unshaped link's for the same job, model, asked and workers."""
     cells: dict[tuple, list[dict]] = {}
     for r in rows:
-        cells.setdefault((r["job"], r.get("model") or "", r["link"], r["rule"], r["workers"]), []).append(r)
+        cells.setdefault((r["job"], r.get("model") or "", r["link"], r["asked"], r["workers"]), []).append(r)
     unshaped = {}
-    for (job, model, link, rule, n), runs in cells.items():
+    for (job, model, link, asked, n), runs in cells.items():
         times = [r["epoch_time_s"] for r in runs if r.get("epoch_time_s")]
         if link == "unshaped" and times:
-            unshaped[(job, model, rule, n)] = statistics.fmean(times)
+            unshaped[(job, model, asked, n)] = statistics.fmean(times)
     out = []
-    for (job, model, link, rule, n), runs in cells.items():
+    for (job, model, link, asked, n), runs in cells.items():
         ok = [r for r in runs if not r.get("error")]
         times = [r["epoch_time_s"] for r in ok if r.get("epoch_time_s")]
         reached = [r["time_to_keras_s"] for r in ok if r.get("time_to_keras_s") is not None]
-        base = unshaped.get((job, model, rule, n))
-        out.append({"job": job, "model": model, "link": link, "rule": rule,
+        base = unshaped.get((job, model, asked, n))
+        out.append({"job": job, "model": model, "link": link, "asked": asked,
                     "algorithm": ok[0].get("algorithm", "") if ok else "", "workers": n,
                     "runs": f"{len(ok)}" if ok else "0",
                     "s/epoch": _mean_sd(times, 2),
@@ -372,7 +373,7 @@ def report(out: Path, args: argparse.Namespace | None = None) -> str:
     parts.append(markdown([{"job": job, "model": model, "runs": k["runs"], "s/epoch": _num(k["epoch_time_s"], 2),
                             "metric": f"{k['metric_name']} {k['metric']:.4f}"} for (job, model), k in keras.items()],
                           ["job", "model", "runs", "s/epoch", "metric"]) if keras else "(no plain Keras run)")
-    columns = ["job", "model", "link", "rule", "algorithm", "workers", "runs", "s/epoch", "x unshaped",
+    columns = ["job", "model", "link", "asked", "algorithm", "workers", "runs", "s/epoch", "x unshaped",
                "to Keras's metric (s)", "metric", "error"]
     parts += ["", "Means (± sd) per cell:", "", markdown(summary_rows(rows), columns), "", "Every run:", "",
               markdown(rows, [c for c in CSV_COLUMNS if c not in ("keras_metric", "timing_valid")])]

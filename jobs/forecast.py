@@ -64,6 +64,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer import Trainer
+from trainer.algorithms import COLLECTIVE
 from trainer.data.prep import MinMax, make_windows, train_test_split_last
 from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
 from trainer.internals import wait_for_slots
@@ -93,7 +94,7 @@ from trainer_jobs.support.scaling import (
     with_ratios,
 )
 from trainer_jobs.support.target import EpochSnapshots, score_epochs, time_to_target, with_target_speedup
-from trainer_jobs.support.tracking import add_mlflow_arg, log_results
+from trainer_jobs.support.mlflow_results import add_mlflow_arg, log_results
 
 log = logging.getLogger("trainer_jobs.forecast")
 
@@ -338,7 +339,8 @@ def _algorithm(args: argparse.Namespace, workers: int):
     """The job's rule. All-reduce takes the job's own rate for N workers (--lr-scaling, planned over each
     worker's steps, which are the global steps there), not its own scaling on top."""
     algorithm = algorithm_from_args(args.algorithm, window_for(args, workers))
-    return dataclasses.replace(algorithm, lr_scaling="none") if getattr(algorithm, "collective", False) else algorithm
+    collective = getattr(algorithm, "fit_kind", None) == COLLECTIVE
+    return dataclasses.replace(algorithm, lr_scaling="none") if collective else algorithm
 
 
 def side_by_side_run(name: str, args: argparse.Namespace, workers: int, x: np.ndarray, y: np.ndarray) -> float:

@@ -64,7 +64,7 @@ from trainer_jobs.support.scaling import (
     with_ratios,
 )
 from trainer_jobs.support.target import EpochSnapshots, score_epochs, time_to_target, with_target_speedup
-from trainer_jobs.support.tracking import add_mlflow_arg, log_results
+from trainer_jobs.support.mlflow_results import add_mlflow_arg, log_results
 
 TARGET_ACCURACY = 0.99
 

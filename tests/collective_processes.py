@@ -19,14 +19,15 @@ def run_processes(model, shards: list[tuple[np.ndarray, np.ndarray]], rule, *, b
     `shards`, from compiled `model`'s weights, under this process's Keras backend."""
     import keras
 
+    from trainer.algorithms.reported import ReportedState
     from trainer.ps.server import ParameterServer
     from trainer.runtime.collective.loop import CollectiveJob
-    from trainer.runtime.collective.task import reserve_port, start_process, wait_process
+    from trainer.runtime.collective.collective_task import reserve_port, start_process, wait_process
     from trainer.runtime.shipping import ModelSource, pack_model
     from trainer.transport.wire import new_secret
 
     rows = len(shards[0][0])
-    server = ParameterServer(rule, [w.copy() for w in model.get_weights()], 1, new_secret())
+    server = ParameterServer(ReportedState(), [w.copy() for w in model.get_weights()], 1, new_secret())
     server.start()
     ports, processes = [reserve_port() for _ in shards], []
     addresses = [f"127.0.0.1:{port.getsockname()[1]}" for port in ports]

@@ -24,11 +24,13 @@ from collective_processes import run_processes
 from conftest import digits_model
 from spark_processes import executor_pids
 from trainer import Trainer
-from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, get_algorithm
+from trainer.algorithms import ALGORITHMS, Algorithm, AlgorithmConfigError, AllReduce, get_algorithm
+from trainer.algorithms.reported import ReportedState
+from trainer.fit.kinds import fit_kind
 from trainer.fit.plan import plan_fit
 from trainer.runtime.feeding.arrow import pad_shard
 from trainer.runtime.collective.loop import epoch_order
-from trainer.runtime.collective.task import equal_rows
+from trainer.runtime.collective.collective_task import equal_rows
 
 
 # --------------------------------------------------------------------------- the rule, pure
@@ -37,9 +39,13 @@ from trainer.runtime.collective.task import equal_rows
 def test_allreduce_is_a_named_collective_rule():
     rule = get_algorithm("allreduce")
     assert isinstance(rule, AllReduce) and ALGORITHMS["allreduce"] is AllReduce
-    assert rule.collective and rule.exchanges_optimizer_state and rule.describe() == "allreduce(every step)"
+    assert rule.fit_kind == "collective" and rule.exchanges_optimizer_state
+    assert rule.describe() == "allreduce(every step)"
+    # it poses as no parameter-server rule: the server-side and worker-side functions are the base's (unset)
+    assert type(rule).server_commit is Algorithm.server_commit and type(rule).worker_payload is Algorithm.worker_payload
+    endpoint = ReportedState()  # the collective fit's once-per-epoch endpoint
     state = [np.arange(3.0), np.ones((2, 2))]
-    center, reply = rule.server_commit([np.zeros(3), np.zeros((2, 2))], state, staleness=0)
+    center, reply = endpoint.server_commit([np.zeros(3), np.zeros((2, 2))], state, staleness=0)
     assert center[0] is state[0] and reply == []  # the center is task 0's state; nothing goes back
 
 
@@ -200,7 +206,8 @@ def _shards_of(trainer: Trainer, df, validation) -> list[tuple[np.ndarray, np.nd
 
     from trainer.data.columns import FEATURES, LABEL, VALIDATION_FLAG
 
-    frame = plan_fit(trainer, df, None, validation).frame.repartition(trainer.num_workers)
+    frame = plan_fit(trainer, fit_kind(trainer, trainer.algorithm), df, None, validation).frame.repartition(
+        trainer.num_workers)
 
     def tag(batches):
         from pyspark import TaskContext

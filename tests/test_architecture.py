@@ -103,6 +103,16 @@ def test_modules_stay_small(path):
     assert lines <= 600, f"{path.relative_to(REPO)} has {lines} lines; split it along a real seam"
 
 
+def test_no_two_modules_of_the_package_share_a_name():
+    """A name says what a module holds: two rooms' `task.py` (or `driver.py`, `client.py`) would not."""
+    by_name: dict[str, list[str]] = {}
+    for path in _modules():
+        if path.name != "__init__.py":
+            by_name.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    shared = {name: paths for name, paths in by_name.items() if len(paths) > 1}
+    assert not shared, f"modules that share a name: {shared}; name each for what it holds (docs/architecture.md)"
+
+
 def test_imports_are_absolute_and_local_ones_say_why():
     problems = []
     for path in _modules() + _outside_modules():

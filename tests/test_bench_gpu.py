@@ -29,7 +29,8 @@ _BLOCKER = textwrap.dedent("""
     sys.argv = sys.argv[2:]
 """)
 
-WORKER_MODULES = ["trainer.runtime.ps_worker.task", "trainer.runtime.ps_worker.exchange", "trainer.runtime.feeding.feed",
+WORKER_MODULES = ["trainer.runtime.ps_worker.worker_task",
+                  "trainer.runtime.ps_worker.exchange", "trainer.runtime.feeding.feed",
                   "trainer.runtime.feeding.shard", "trainer.runtime.backends", "trainer.runtime.ps_worker.cadence",
                   "trainer.runtime.process", "trainer.ps", "trainer.algorithms", "trainer.fit.progress",
                   "trainer_benchmarks.bench_gpu", "trainer_jobs.support.plain_keras",

@@ -187,7 +187,7 @@ def test_slow_exchanges_grow_the_window_of_2_workers_to_its_bound_and_the_fit_le
     digits (the quality at the bound is the lockstep test's above)."""
     from trainer import Trainer
     from trainer.runtime.ps_worker.cadence import max_auto_window
-    from trainer.runtime.ps_worker.task import epoch_batches_budget
+    from trainer.runtime.ps_worker.worker_task import epoch_batches_budget
     from trainer_benchmarks.bench_staleness import digits_cnn
 
     train, test = digits

@@ -28,7 +28,7 @@ from trainer.runtime.collective.loop import epoch_order
 
 def test_localsgd_is_allreduce_with_a_time_sized_period_and_bfloat16_on_the_wire():
     rule = get_algorithm("localsgd")
-    assert ALGORITHMS["localsgd"] is LocalSGD and isinstance(rule, AllReduce) and rule.collective
+    assert ALGORITHMS["localsgd"] is LocalSGD and isinstance(rule, AllReduce) and rule.fit_kind == "collective"
     assert (rule.period, rule.max_period, rule.wire, rule.lr_scaling) == ("auto", 16, "bf16", "linear")
     assert rule.periodic and not AllReduce().periodic
     assert rule.describe() == "localsgd(averaged every auto <= 16 steps, bf16)"
@@ -226,5 +226,6 @@ def test_local_sgd_retries_on_the_workers_left_and_a_per_step_all_reduce_waits_f
     from trainer.fit.kinds import CollectiveFit
 
     local = Trainer(digits_model, num_workers=3, algorithm="localsgd", min_workers=2)
-    assert CollectiveFit(local).retry_policy().min_workers == 2
-    assert CollectiveFit(Trainer(digits_model, num_workers=3, algorithm="allreduce")).retry_policy().min_workers is None
+    assert CollectiveFit(local, local.algorithm).retry_policy().min_workers == 2
+    every_step = Trainer(digits_model, num_workers=3, algorithm="allreduce")
+    assert CollectiveFit(every_step, every_step.algorithm).retry_policy().min_workers is None

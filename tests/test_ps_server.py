@@ -1,4 +1,4 @@
-"""Tests of the parameter server and its client over loopback (trainer.ps.server, trainer.ps.client):
+"""Tests of the parameter server and its client over loopback (trainer.ps.server, trainer.ps.ps_client):
 lifecycle, asynchronous requests and synchronous rounds. Hostile peers: test_ps_server_peers.py.
 
 The update rules are the fakes of tests/ps_fakes.py, so these tests do not depend on the real rules.

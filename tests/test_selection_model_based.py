@@ -19,7 +19,7 @@ import pytest
 optuna = pytest.importorskip("optuna")
 
 from trainer.selection import ASHA, ModelSelector, TPESearch, choice, loguniform, quniform, randint, when  # noqa: E402
-from trainer.selection.driver import make_driver  # noqa: E402
+from trainer.selection.search_run import make_search_run  # noqa: E402
 from trainer.selection.hopper import HopperClient, HopperServer  # noqa: E402
 from trainer.selection.scheduler import MopScheduler  # noqa: E402
 from trainer.selection.search import SearchError  # noqa: E402
@@ -213,8 +213,8 @@ def _drive(search, store=None, resume=False, stop_after=None, strategy="mop"):
     ids = [c.id for c in search.configs()]
     selector = FakeSelector(strategy)
     states = {cid: [np.zeros(3, np.float32), np.zeros((), np.int64)] for cid in ids}
-    run = make_driver(selector, search, {cid: LAYOUT for cid in ids}, states, store=store, resume=resume,
-                      replay=None, callbacks=(), description={"ids": ids}, admit=_admit)
+    run = make_search_run(selector, search, {cid: LAYOUT for cid in ids}, states, store=store, resume=resume,
+                          replay=None, callbacks=(), description={"ids": ids}, admit=_admit)
     if stop_after is not None:
         hook = run.sched.on_epoch_done
 
@@ -296,7 +296,7 @@ def test_tpe_with_asha_stops_a_trial_early_and_its_slot_takes_a_new_one(digits, 
     train, val = digits
     # Seed 0's first three (random start-up) suggestions are a useless, a good and a useless learning rate: whatever
     # the order of the reports, one useless trial is below its rung. Only the learning rate varies, so each task
-    # builds and traces one Keras model for all the trials (trainer.selection.task.compiled_signature).
+    # builds and traces one Keras model for all the trials (trainer.selection.search_task.compiled_signature).
     search = TPESearch({"lr": choice([3e-2, 1e-7]), "units": 16}, max_epochs=2, pruner="asha", eta=2,
                        n_trials=5, max_concurrent=2, n_startup_trials=5, seed=0, batch_size=64,
                        metric="val_accuracy")

@@ -30,15 +30,15 @@ from trainer.selection import (
 )
 from trainer.selection.search_checkpoints import CheckpointStore
 from trainer.selection.hopper import HopperClient, HopperServer
-from trainer.selection.driver import make_driver
-from trainer.selection.task import canonical_order
+from trainer.selection.search_run import make_search_run
+from trainer.selection.search_task import canonical_order
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 # =========================================================================== fakes
 class FakeSelector:
-    """What `make_driver` needs from a ModelSelector."""
+    """What `make_search_run` needs from a ModelSelector."""
 
     def __init__(self, strategy: str = "mop", num_workers: int = 2, seed: int = 0) -> None:
         self.strategy, self.num_workers, self.seed = strategy, num_workers, seed
@@ -78,8 +78,8 @@ def fake_task(host, port, secret, worker, rows, errors):
 def drive(search, selector, *, store=None, resume=False, replay=None, callbacks=()):
     ids = [c.id for c in search.configs()]
     states = {cid: [np.zeros(3, np.float32), np.zeros((), np.int64)] for cid in ids}
-    run = make_driver(selector, search, {cid: LAYOUT for cid in ids}, states, store=store, resume=resume,
-                    replay=replay, callbacks=callbacks, description={"ids": ids, "strategy": selector.strategy})
+    run = make_search_run(selector, search, {cid: LAYOUT for cid in ids}, states, store=store, resume=resume,
+                          replay=replay, callbacks=callbacks, description={"ids": ids, "strategy": selector.strategy})
     for cb in callbacks:
         cb.selector = selector
     secret = new_secret()

@@ -100,7 +100,7 @@ def test_model_selection_logs_a_parent_run_and_one_child_run_per_configuration(d
 def test_a_job_logs_its_speedup_rows(tracking):
     import argparse
 
-    from trainer_jobs.support.tracking import log_results
+    from trainer_jobs.support.mlflow_results import log_results
 
     rows = [{"model": "cnn", "workers": 1, "epoch_time_s": 10.0, "speedup": 1.0},
             {"model": "cnn", "workers": 2, "epoch_time_s": 5.2, "speedup": 1.92, "note": "text"}]

@@ -35,7 +35,7 @@ SEAM = {
     "trainer.runtime.state": ["load_state"],
     "trainer.runtime.ps_worker.exchange": ["make_sync_callback"],
     "trainer.runtime.collective.loop": ["CollectiveJob"],
-    "trainer.runtime.collective.task": ["reserve_port", "start_process", "wait_process"],
+    "trainer.runtime.collective.collective_task": ["reserve_port", "start_process", "wait_process"],
     "trainer.runtime.shipping": ["ModelSource"],
     "trainer.algorithms.allreduce": ["LR_SCALING"],
     # the parameter server and its wire: make bench-ps, bench_security (B)

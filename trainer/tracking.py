@@ -145,15 +145,15 @@ def epoch_logger(logger: RunLogger):
     return MlflowEpochLogger()
 
 
-def fit_params(trainer: Any, model, num_rows: int, validation_rows: int) -> dict[str, Any]:
-    """The parameters of a `Trainer` fit worth comparing across runs."""
+def fit_params(trainer: Any, algorithm: Any, model, num_rows: int, validation_rows: int) -> dict[str, Any]:
+    """The parameters of a `Trainer` fit worth comparing across runs (`algorithm`: the rule the fit runs)."""
     try:
         rate: Any = float(model.optimizer.learning_rate)
     except (AttributeError, TypeError, ValueError):
         rate = type(getattr(model.optimizer, "_learning_rate", None)).__name__
     return {
-        "algorithm": trainer.algorithm.name, "algorithm_detail": trainer.algorithm.describe(),
-        "window": trainer.algorithm.window, "num_workers": trainer.num_workers, "batch_size": trainer.batch_size,
+        "algorithm": algorithm.name, "algorithm_detail": algorithm.describe(),
+        "window": algorithm.window, "num_workers": trainer.num_workers, "batch_size": trainer.batch_size,
         "epochs": trainer.epochs, "learning_rate": rate, "optimizer": type(model.optimizer).__name__,
         "model": model.name, "parameters": int(model.count_params()), "rows": num_rows,
         "validation_rows": validation_rows, "seed": trainer.seed, "share_epochs": trainer.share_epochs,

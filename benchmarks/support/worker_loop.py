@@ -158,12 +158,12 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
     import tempfile
     from pathlib import Path
 
-    from trainer.algorithms import AllReduce
+    from trainer.algorithms import ReportedState
     from trainer.internals import (LR_SCALING, CollectiveJob, ModelSource, ParameterServer, reserve_port,
                                    start_process, wait_process)
 
     initial = model_in_fresh_process(builder, backend, seed)
-    server = ParameterServer(AllReduce(lr_scaling=lr_scaling), initial, 1, new_secret())
+    server = ParameterServer(ReportedState(), initial, 1, new_secret())  # task 0 reports once per epoch
     server.start()
     shards = np.array_split(np.arange(len(x)), workers)
     rows = max(len(s) for s in shards)

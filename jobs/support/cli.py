@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from trainer import SyncAveraging, get_algorithm
-from trainer.algorithms import ALGORITHMS, parse_compression, with_compression
+from trainer.algorithms import ALGORITHMS, COLLECTIVE, parse_compression, with_compression
 from trainer.internals import FitOptions, configure_logging, has_checkpoint, import_keras_quietly, overlappable
 from trainer.internals import window_arg  # noqa: F401  (the jobs take it from here)
 
@@ -128,7 +128,7 @@ def check_trainer_args(parser, args) -> None:
             algorithm = with_compression(algorithm, args.compression, replies=getattr(args, "compress_replies", False))
     except ValueError as exc:
         parser.error(str(exc))
-    if getattr(algorithm, "collective", False):
+    if getattr(algorithm, "fit_kind", None) == COLLECTIVE:
         try:  # the fit would refuse it before any cluster work; the job refuses it before loading any data
             algorithm.check_backend(getattr(args, "backend", None) or os.environ.get("KERAS_BACKEND", "tensorflow"))
         except ValueError as exc:
@@ -166,7 +166,7 @@ def algorithm_from_args(name: str, window: int | str | None):
         return SyncAveraging(every=window or "epoch")  # "auto" is refused there, with the reason
     if name.lower() == "localsgd":
         return get_algorithm(name) if window is None else get_algorithm(name, period=window)  # its period
-    if getattr(ALGORITHMS.get(name.lower()), "collective", False):
+    if getattr(ALGORITHMS.get(name.lower()), "fit_kind", None) == COLLECTIVE:
         return get_algorithm(name)  # all-reduce exchanges every step: the jobs' default window does not apply
     return get_algorithm(name) if window is None else get_algorithm(name, window=window)
 

@@ -61,7 +61,7 @@ def test_bench_lab_plans_the_defaults_then_each_rule_at_each_link(bench_lab):
     args = bench_lab.parse_args(["--links", "unshaped,100mbit", "--workers", "2 1", "--runs", "3",
                                  "--rules", "allreduce localsgd", "--jobs", "mnist"])
     submits = bench_lab.plan(args)
-    assert [(s.link, s.rule, s.runs, s.baseline) for s in submits] == [
+    assert [(s.link, s.asked, s.runs, s.baseline) for s in submits] == [
         ("unshaped", "default", 3, True), ("unshaped", "allreduce", 1, False), ("unshaped", "localsgd", 1, False),
         ("100mbit", "default", 3, False), ("100mbit", "allreduce", 1, False), ("100mbit", "localsgd", 1, False)]
     assert submits[0].job_args("--epochs 2") == ["--workers", "1,2", "--epochs", "2", "--out",
@@ -86,16 +86,16 @@ def test_bench_lab_tables_time_to_keras_and_record_a_failed_rule(bench_lab, tmp_
     job_json("unshaped-mnist-default", [keras, run(2, [6.0, 4.0], [0.94, 0.96])])
     job_json("100mbit-mnist-default", [run(2, [9.0, 8.0], [0.90, 0.93])])
     base = {"job": "mnist", "workers": [2], "runs": 1, "baseline": False}
-    journal = [{**base, "link": "unshaped", "rule": "default", "name": "unshaped-mnist-default", "status": 0,
+    journal = [{**base, "link": "unshaped", "asked": "default", "name": "unshaped-mnist-default", "status": 0,
                 "error": ""},
-               {**base, "link": "100mbit", "rule": "default", "name": "100mbit-mnist-default", "status": 0,
+               {**base, "link": "100mbit", "asked": "default", "name": "100mbit-mnist-default", "status": 0,
                 "error": ""},
-               {**base, "link": "100mbit", "rule": "localsgd", "name": "100mbit-mnist-localsgd", "status": 2,
+               {**base, "link": "100mbit", "asked": "localsgd", "name": "100mbit-mnist-localsgd", "status": 2,
                 "error": "ValueError: unknown algorithm 'localsgd'"}]
     (tmp_path / "submits.jsonl").write_text("".join(json.dumps(r) + "\n" for r in journal))
     text = bench_lab.report(tmp_path)
     rows = list(__import__("csv").DictReader((tmp_path / "bench-lab.csv").open()))
-    assert [(r["link"], r["rule"], r["time_to_keras_s"], r["error"]) for r in rows] == [
+    assert [(r["link"], r["asked"], r["time_to_keras_s"], r["error"]) for r in rows] == [
         ("unshaped", "default", "10.0", ""), ("100mbit", "default", "", ""),
         ("100mbit", "localsgd", "", "ValueError: unknown algorithm 'localsgd'")]
     assert ("| mnist | cnn | 100mbit | default | downpour | 2 | 1 | 8.00 | 2.00 | not reached (0 of 1) | 0.9300 |  |"

@@ -10,13 +10,14 @@ import dataclasses
 
 from trainer.algorithms.adag import ADAG
 from trainer.algorithms.allreduce import AllReduce
-from trainer.algorithms.base import Algorithm, AlgorithmConfigError
+from trainer.algorithms.base import COLLECTIVE, PARAMETER_SERVER, Algorithm, AlgorithmConfigError
 from trainer.algorithms.compressed import Compressed, with_compression
 from trainer.algorithms.compression import BFloat16, Codec, Float16, TopK, parse_compression
 from trainer.algorithms.downpour import DOWNPOUR
 from trainer.algorithms.dynsgd import DynSGD
 from trainer.algorithms.easgd import AEASGD, EASGD
 from trainer.algorithms.local_sgd import LocalSGD
+from trainer.algorithms.reported import ReportedState
 from trainer.algorithms.single import SingleWorker
 from trainer.algorithms.sync import SyncAveraging
 
@@ -47,7 +48,8 @@ def get_algorithm(name: str | Algorithm, **kwargs) -> Algorithm:
 
 
 __all__ = [
-    "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmConfigError", "AllReduce", "BFloat16", "Codec",
-    "Compressed", "DOWNPOUR", "DynSGD", "EASGD", "Float16", "LocalSGD", "SingleWorker", "SyncAveraging", "TopK", "get_algorithm",
+    "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmConfigError", "AllReduce", "BFloat16", "COLLECTIVE", "Codec",
+    "Compressed", "DOWNPOUR", "DynSGD", "EASGD", "Float16", "LocalSGD", "PARAMETER_SERVER", "ReportedState",
+    "SingleWorker", "SyncAveraging", "TopK", "get_algorithm",
     "parse_compression", "with_compression",
 ]

@@ -22,9 +22,9 @@ of N, ``"none"`` keeps it (for a rate already set for the global batch).
 The driver hears from task 0 once per epoch, through the same parameter
 server as the other rules, but with one client only: task 0 commits the
 model's full state (weights and optimizer variables) at every epoch end and
-reports the epoch's logs. The server rule below just keeps that state as the
-center: it is what checkpoints save, what the driver's callbacks see and
-where a retried stage resumes from. Nothing crosses the driver per step.
+reports the epoch's logs. The endpoint's rule (``ReportedState``,
+``trainer.algorithms.reported``) keeps that state as the center: it is what
+checkpoints save, what the driver's callbacks see and where a retried stage resumes from. Nothing crosses the driver per step.
 
 ``period`` sets the cadence over the group. ``1`` (the default) is the
 per-step gradient all-reduce above. A larger ``period``, or ``"auto"``, is
@@ -34,8 +34,8 @@ averages the replicas' weights (``trainer.runtime.collective.averaging``),
 so the link carries ``1/period`` of the bytes; ``wire="bf16"`` halves them
 again. The driver still hears once per epoch.
 
-``collective = True`` tells the trainer to run the collective loop instead of
-the parameter-server loop; `check_backend` names the Keras backends that have
+``fit_kind = "collective"`` tells the trainer to run the collective kind of fit
+(``trainer.fit.kinds``) instead of the parameter-server one; `check_backend` names the Keras backends that have
 a collective path here: all three of Keras 3's.
 """
 
@@ -45,7 +45,7 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, AlgorithmConfigError
+from trainer.algorithms.base import COLLECTIVE, Algorithm, AlgorithmConfigError
 
 #: Keras backends with a collective path: every one ``trainer.runtime.backends.KERAS_BACKENDS`` registers (named
 #: again here because the rules import nothing of the package; tests/test_backends.py keeps the two equal).
@@ -88,8 +88,8 @@ class AllReduce(Algorithm):
     wire: str = "fp32"
 
     name: ClassVar[str] = "allreduce"
-    #: The trainer runs the collective loop (``trainer.runtime.collective``), not the parameter-server loop.
-    collective: ClassVar[bool] = True
+    #: The trainer runs the collective kind of fit (``trainer.runtime.collective``), not the parameter server's.
+    fit_kind: ClassVar[str] = COLLECTIVE
     #: Task 0 sends the optimizer's variables with the weights: a retry or a resume goes on with Adam's moments
     #: and the iteration count (a learning-rate schedule) where they were.
     exchanges_optimizer_state: ClassVar[bool] = True
@@ -134,17 +134,6 @@ class AllReduce(Algorithm):
         wire = f", {self.wire}" if self.wire != "fp32" else ""
         scaling = "" if self.lr_scaling == "linear" else f", lr_scaling={self.lr_scaling}"
         return f"{self.name}({cadence}{wire}){scaling}"
-
-    # -- server side: the center is task 0's state at its last epoch end ---------------------------
-    def server_commit(self, center, payload, staleness):
-        return list(payload), []  # nothing to reply: the workers already hold the state they sent
-
-    def worker_payload(self, weights, anchor):
-        return list(weights)
-
-    def worker_apply(self, weights, anchor, reply):
-        return list(weights), list(weights)
-
 
 
 def check_cadence(rule: AllReduce) -> None:

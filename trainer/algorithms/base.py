@@ -65,6 +65,9 @@ import numpy as np
 Arrays = list[np.ndarray]
 #: The window a worker sizes itself from the measured step and exchange times (``trainer.runtime.ps_worker.cadence``).
 AUTO = "auto"
+#: The kinds of fit a rule declares (`Algorithm.fit_kind`; ``trainer.fit.kinds`` runs each): workers committing
+#: to the driver's parameter server, or tasks averaging among themselves on the backend's collective engine.
+PARAMETER_SERVER, COLLECTIVE = "parameter server", "collective"
 #: Each shard's pieces of the model: ``(tensor index, first flat element, end)``.
 Layout = Sequence[Sequence[tuple[int, int, int]]]
 
@@ -83,6 +86,8 @@ class Algorithm:
     window: ClassVar[int | str | None] = None
 
     name: ClassVar[str] = "algorithm"
+    #: The kind of fit that runs this rule (``trainer.fit.kinds``): `PARAMETER_SERVER` or `COLLECTIVE`.
+    fit_kind: ClassVar[str] = PARAMETER_SERVER
     #: True when ``window="auto"`` is allowed (the pure functions do not depend on the window).
     auto_window: ClassVar[bool] = False
     synchronous: ClassVar[bool] = False

@@ -67,6 +67,27 @@ def tag_validation(frame: DataFrame, vframe: DataFrame | None) -> DataFrame:
     return tagged
 
 
+#: Below this many rows per worker, a stage's frame is dealt from one partition (`dealt_evenly`).
+SMALL_FRAME_ROWS_PER_WORKER = 1000
+
+
+def _identity(batches):
+    yield from batches
+
+
+def dealt_evenly(frame: DataFrame, rows: int, workers: int) -> DataFrame:
+    """`frame` (of `rows` rows) as a barrier stage of `workers` tasks should read it.
+
+    Round-robin from a single partition deals rows evenly; from many tiny
+    partitions it can leave a worker without any row. So a small frame is
+    read from one partition; the identity map keeps the optimizer from
+    collapsing ``coalesce(1)`` into the stage's repartition.
+    """
+    if rows >= SMALL_FRAME_ROWS_PER_WORKER * workers:
+        return frame
+    return frame.coalesce(1).mapInArrow(_identity, frame.schema)
+
+
 def weighted_mean(values: Sequence[dict[str, float]], weights: Sequence[float]) -> dict[str, float]:
     """Per key, the mean of `values` weighted by `weights` over the dicts that have the key
     (NaN where they all weigh 0); {} when every weight is 0."""

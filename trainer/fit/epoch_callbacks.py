@@ -1,6 +1,6 @@
 """Keras callbacks on the driver, run on the CENTER model at the end of every epoch of a fit.
 
-Workers run only the trainer's own exchange callback (``trainer.runtime.ps_worker.task``);
+Workers run only the trainer's own exchange callback (``trainer.runtime.ps_worker.worker_task``);
 the user's Keras callbacks (``Trainer.fit(df, callbacks=[...])``) run here, on
 the driver, once per epoch that EVERY worker finished:
 

@@ -1,139 +1,222 @@
-"""What differs between the kinds of fit: what runs in the tasks, and what the driver's server serves.
+"""The kinds of fit, declared: what runs in the tasks, what the driver serves, the records, how a fit resumes.
 
-The one driver (``trainer.fit.driver``) plans, stages, checkpoints, runs the
-callbacks and builds the history the same way for every kind; a kind says
-only the rest:
+The one driver (``trainer.fit.driver``) plans, runs the stage through the
+controller (``trainer.controller``), checkpoints, runs the callbacks and
+builds the history the same way for every kind; a kind implements `FitKind`
+for the rest. Each update rule names its kind (``Algorithm.fit_kind``) and
+`fit_kind` builds it from `KINDS`:
 
-* `ParameterServerFit` (every rule but all-reduce): N long-lived worker
-  tasks (``trainer.runtime.ps_worker.task``) commit to the parameter server, which
-  holds the center and hears from every worker (`reporters` = N). A retry may
-  continue on fewer workers (`min_workers`): the server is resized.
-* `CollectiveFit` (``AllReduce``): N tasks all-reduce every step's gradients
-  on the Keras backend's own collective engine
-  (``trainer.runtime.collective``); the server is task 0's once-per-epoch
-  endpoint (`reporters` = 1: one "worker" whose epochs are everybody's), for
-  progress, checkpoints and the callbacks, which run before its reply
-  (`inline`). A per-step all-reduce never shrinks (the global batch is
-  ``num_workers * batch_size``); local SGD (a period other than 1) goes on
-  with the workers left, down to `min_workers`, as the parameter-server rules do.
+* `ParameterServerFit` (every rule but all-reduce and local SGD): N
+  long-lived worker tasks (``trainer.runtime.ps_worker.worker_task``) commit to the
+  parameter server, which holds the center and applies the rule; it hears
+  from every worker (`reporters` = N). A retry may continue on fewer workers
+  (`min_workers`): the server is resized.
+* `CollectiveFit` (``AllReduce``, ``LocalSGD``): N tasks train as one group
+  on the Keras backend's own collective engine (``trainer.runtime.collective``);
+  the driver serves task 0's once-per-epoch endpoint, whose rule keeps the
+  state task 0 reports (``ReportedState``): `reporters` = 1, one "worker"
+  whose epochs are everybody's, for progress, checkpoints and the callbacks,
+  which run before its reply (`inline_callbacks`). A per-step all-reduce never
+  shrinks (the global batch is ``num_workers * batch_size``); local SGD (a
+  period other than 1) goes on with the workers left, down to `min_workers`.
 
-A third kind is one more class with these members.
+Every kind's tasks end with the stage's one result row, the task's record as
+JSON (``trainer.runtime.stage_result``); `summary` reads what the kind's
+records add. A third kind (model-parallel, elastic) is one more class that
+implements `FitKind` and one more entry in `KINDS`.
 """
 
 from __future__ import annotations
 
+import abc
 import functools
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
+from trainer.algorithms import COLLECTIVE, PARAMETER_SERVER, Algorithm
 from trainer.algorithms.choice import measured_line
-from trainer.fit.plan import FitPlan
+from trainer.algorithms.reported import ReportedState
+from trainer.fit.checkpoints import Checkpoint
+from trainer.fit.plan import FitPlan, resume_center
 from trainer.ps.server import ParameterServer
 from trainer.ps.shards import ShardedParameterServer
-from trainer.runtime.collective.task import CollectiveConfig, train_collective_partition
+from trainer.runtime.collective.collective_task import CollectiveConfig, train_collective_partition
+from trainer.runtime.ps_worker.worker_task import WorkerConfig, train_partition
 from trainer.runtime.shipping import PickledSource
-from trainer.runtime.ps_worker.task import WorkerConfig, train_partition
 from trainer.spark.launch import RetryPolicy
 
 
-class ParameterServerFit:
-    """N workers commit to the parameter server (the module docstring)."""
+@dataclass(frozen=True)
+class TaskLaunch:
+    """What the tasks of one attempt get from the driver besides the plan."""
 
-    inline_callbacks = False
+    host: str  # where executors reach the driver's server
+    attempt: int
+    workers: int
+    backend: str  # the driver's Keras backend: the tasks run the same
+    shard_budget: int | None  # bytes of its shard a task holds in memory (None: the task's own default)
+    task_memory: int | None  # bytes of memory a task may use (None: unknown)
 
-    def __init__(self, options) -> None:
-        self.options = options
-        self.reporters = options.num_workers
-        self.shards = options.ps_shards
+
+class FitKind(abc.ABC):
+    """What a kind of fit declares (the module docstring): built from the `Trainer` and this fit's rule."""
+
+    #: Whether the driver's callbacks run on the server's thread before its reply to the reporter.
+    inline_callbacks: ClassVar[bool] = False
+
+    def __init__(self, trainer, algorithm: Algorithm) -> None:
+        self.trainer, self.algorithm = trainer, algorithm
+
+    @property
+    @abc.abstractmethod
+    def reporters(self) -> int:
+        """The workers the server hears from: their epochs make the fit's epochs."""
+
+    @property
+    def endpoints(self) -> int:
+        """Ports the driver's server listens on."""
+        return 1
 
     def check(self, backend: str) -> None:
-        """Every backend runs the parameter-server worker."""
+        """Raise before any cluster work when this kind cannot run on Keras's `backend`."""
+
+    @abc.abstractmethod
+    def progress_steps(self, steps_per_worker_epoch: int) -> int:
+        """The steps the progress bar counts over the whole fit."""
+
+    @abc.abstractmethod
+    def server(self, **endpoint: Any) -> ParameterServer:
+        """What the driver serves; `endpoint` holds the server's common arguments (``trainer.fit.driver``)."""
+
+    @abc.abstractmethod
+    def task(self, plan: FitPlan, server, launch: TaskLaunch) -> Callable:
+        """What each task of an attempt runs: ``f(batches) -> the stage's result rows``."""
+
+    @abc.abstractmethod
+    def resume_center(self, checkpoint: Checkpoint, model) -> list:
+        """The center a resumed fit starts from: the checkpoint's, checked against `model`."""
+
+    @abc.abstractmethod
+    def retry_policy(self) -> RetryPolicy:
+        """How the stage is retried after lost executors."""
+
+    @abc.abstractmethod
+    def on_retry(self, server, workers: int) -> int:
+        """The stage goes on with `workers`; returns the reporters the server hears from from now on."""
+
+    def description(self, model_name: str) -> str:
+        """The stage's name in Spark's UI."""
+        return f"trainer: {model_name} {self.algorithm.describe()} x{self.trainer.num_workers}"
+
+    @abc.abstractmethod
+    def summary(self, history: Any) -> str:
+        """The end of the fit's closing log line: what the tasks' records say of the exchange."""
+
+
+class ParameterServerFit(FitKind):
+    """N workers commit to the parameter server (the module docstring)."""
+
+    @property
+    def reporters(self) -> int:
+        return self.trainer.num_workers
+
+    @property
+    def endpoints(self) -> int:
+        return self.trainer.ps_shards
 
     def progress_steps(self, steps_per_worker_epoch: int) -> int:
-        return steps_per_worker_epoch * self.options.num_workers * self.options.epochs
+        return steps_per_worker_epoch * self.trainer.num_workers * self.trainer.epochs
 
-    def server(self, **kwargs) -> ParameterServer:
-        if self.shards == 1:
-            return ParameterServer(**kwargs)
-        return ShardedParameterServer(**kwargs, shards=self.shards)
+    def server(self, **endpoint: Any) -> ParameterServer:
+        if self.endpoints == 1:
+            return ParameterServer(algorithm=self.algorithm, **endpoint)
+        return ShardedParameterServer(algorithm=self.algorithm, **endpoint, shards=self.endpoints)
 
-    def task(self, plan: FitPlan, server, host: str, attempt: int, workers: int, backend: str,
-             shard_budget: int | None, task_memory: int | None) -> Callable:
-        o = self.options
+    def task(self, plan: FitPlan, server, launch: TaskLaunch) -> Callable:
+        t = self.trainer
         return functools.partial(train_partition, WorkerConfig(
-            model=plan.source, algorithm=o.algorithm, ps_host=host, ps_ports=tuple(p for _, p in server.addresses),
-            secret=server.credentials, num_workers=workers, batch_size=o.batch_size, epochs=o.epochs,
-            input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=attempt, seed=o.seed,
-            io_timeout=o.io_timeout, keras_backend=backend, share_epochs=o.share_epochs, feed=o.feed,
-            shard_budget=shard_budget, task_memory=task_memory, overlap=o.overlap,
+            model=plan.source, algorithm=self.algorithm, ps_host=launch.host,
+            ps_ports=tuple(p for _, p in server.addresses), secret=server.credentials, num_workers=launch.workers,
+            batch_size=t.batch_size, epochs=t.epochs, input_shape=plan.spec.input_shape,
+            label_size=plan.spec.label_size, attempt=launch.attempt, seed=t.seed, io_timeout=t.io_timeout,
+            keras_backend=launch.backend, share_epochs=t.share_epochs, feed=t.feed, shard_budget=launch.shard_budget,
+            task_memory=launch.task_memory, overlap=t.overlap,
         ))
 
+    def resume_center(self, checkpoint: Checkpoint, model) -> list:
+        return resume_center(checkpoint, model, self.algorithm.exchanges_optimizer_state)
+
     def retry_policy(self) -> RetryPolicy:
-        o = self.options
-        return RetryPolicy(o.max_retries, o.retry_timeout, o.min_workers)
+        t = self.trainer
+        return RetryPolicy(t.max_retries, t.retry_timeout, t.min_workers)
 
     def on_retry(self, server, workers: int) -> int:
-        """The stage continues on `workers`; the reporters the server hears from from now on."""
         server.resize(workers)
         return workers
 
     def description(self, model_name: str) -> str:
-        return f"trainer: {model_name} {self.options.algorithm.describe()}"
+        return f"trainer: {model_name} {self.algorithm.describe()}"
 
     def summary(self, history: Any) -> str:
         return f"{history.num_updates} updates, {history.bytes_moved / 1e6:.1f} MB moved"
 
 
-class CollectiveFit:
-    """N tasks all-reduce their gradients; the server hears from task 0 once per epoch (the module docstring)."""
+class CollectiveFit(FitKind):
+    """N tasks train as one collective group; the server hears from task 0 once per epoch (the module docstring)."""
 
     inline_callbacks = True
-    reporters = 1
-    shards = 1
 
-    def __init__(self, options) -> None:
-        self.options = options
+    @property
+    def reporters(self) -> int:
+        return 1
 
     def check(self, backend: str) -> None:
-        """The backend must have a collective path (a clear error before any cluster work)."""
-        self.options.algorithm.check_backend(backend)
+        self.algorithm.check_backend(backend)
 
     def progress_steps(self, steps_per_worker_epoch: int) -> int:
-        return steps_per_worker_epoch * self.options.epochs
+        return steps_per_worker_epoch * self.trainer.epochs
 
-    def server(self, **kwargs) -> ParameterServer:
-        return ParameterServer(**kwargs)
+    def server(self, **endpoint: Any) -> ParameterServer:
+        return ParameterServer(algorithm=ReportedState(), **endpoint)
 
-    def task(self, plan: FitPlan, server, host: str, attempt: int, workers: int, backend: str,
-             shard_budget: int | None, task_memory: int | None) -> Callable:
-        o = self.options
+    def task(self, plan: FitPlan, server, launch: TaskLaunch) -> Callable:
+        t, rule = self.trainer, self.algorithm
         return functools.partial(train_collective_partition, CollectiveConfig(
-            model=PickledSource.of(plan.source), ps_host=host, ps_port=server.address[1], secret=server.credentials,
-            num_workers=workers, batch_size=o.batch_size, epochs=o.epochs, input_shape=plan.spec.input_shape,
-            label_size=plan.spec.label_size, attempt=attempt, seed=o.seed, io_timeout=o.io_timeout,
-            keras_backend=backend, feed=o.feed, shard_budget=shard_budget, task_memory=task_memory,
-            lr_scaling=o.algorithm.lr_scaling, period=o.algorithm.period, max_period=o.algorithm.max_period,
-            wire=o.algorithm.wire,
+            model=PickledSource.of(plan.source), ps_host=launch.host, ps_port=server.address[1],
+            secret=server.credentials, num_workers=launch.workers, batch_size=t.batch_size, epochs=t.epochs,
+            input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=launch.attempt, seed=t.seed,
+            io_timeout=t.io_timeout, keras_backend=launch.backend, feed=t.feed, shard_budget=launch.shard_budget,
+            task_memory=launch.task_memory, lr_scaling=rule.lr_scaling, period=rule.period,
+            max_period=rule.max_period, wire=rule.wire,
         ))
 
+    def resume_center(self, checkpoint: Checkpoint, model) -> list:
+        return resume_center(checkpoint, model, True)  # task 0 reports its optimizer's variables too
+
     def retry_policy(self) -> RetryPolicy:
-        o = self.options
+        t = self.trainer
         # Per-step all-reduce never shrinks (its global batch is num_workers * batch_size); local SGD averages
         # replicas, so a retry may go on with the workers left, as the parameter-server rules do (min_workers).
-        return RetryPolicy(o.max_retries, o.retry_timeout, o.min_workers if o.algorithm.periodic else None)
+        return RetryPolicy(t.max_retries, t.retry_timeout, t.min_workers if self.algorithm.periodic else None)
 
     def on_retry(self, server, workers: int) -> int:
         return 1
 
-    def description(self, model_name: str) -> str:
-        return f"trainer: {model_name} {self.options.algorithm.describe()} x{self.options.num_workers}"
-
     def summary(self, history: Any) -> str:
         first = next((w for w in history.workers if w.get("period") is not None), None)
         if first is None:
-            return f"all-reduce over {self.options.num_workers} workers"
-        return f"local SGD over {self.options.num_workers} workers, {measured_line(first)}"
+            return f"all-reduce over {self.trainer.num_workers} workers"
+        return f"local SGD over {self.trainer.num_workers} workers, {measured_line(first)}"
 
 
-def fit_kind(options) -> ParameterServerFit | CollectiveFit:
-    """The kind of fit the trainer's rule asks for."""
-    return CollectiveFit(options) if getattr(options.algorithm, "collective", False) else ParameterServerFit(options)
+#: Each kind of fit by the name a rule declares (``Algorithm.fit_kind``).
+KINDS: dict[str, type[FitKind]] = {PARAMETER_SERVER: ParameterServerFit, COLLECTIVE: CollectiveFit}
+
+
+def fit_kind(trainer, algorithm: Algorithm) -> FitKind:
+    """The kind of fit `algorithm` declares, for this `trainer`."""
+    kind = KINDS.get(algorithm.fit_kind)
+    if kind is None:
+        raise ValueError(f"{algorithm.describe()} declares the kind of fit {algorithm.fit_kind!r}, which the trainer "
+                         f"does not run. Known kinds: {', '.join(KINDS)}.")
+    return kind(trainer, algorithm)

@@ -1,13 +1,15 @@
 """A fit's plan: everything checked and built before any cluster work, for every kind of fit.
 
-`plan_fit` takes the trainer's options and the user's arguments and returns a
-`FitPlan`: the driver's model and the source the tasks rebuild it from, the
+`plan_fit` takes the `Trainer`, the kind of fit (``trainer.fit.kinds``, with
+this fit's rule) and the user's arguments and returns a `FitPlan`: the
+driver's model and the source the tasks rebuild it from, the
 two-column frame (training rows, with the validation rows tagged into it),
 its `DataSpec`, the weights to start from (a checkpoint's when resuming) and
 the stage's resource profile. Every check that can fail does so here, before
 a parameter server or a Spark job starts: the model (compiled, with a loss,
 its optimizer built), the checkpoint (the same model), the columns and
-values, the shards of the server, the free task slots.
+values, the shards of the server. (The controller waits for the free task
+slots, ``trainer.controller``.)
 """
 
 from __future__ import annotations
@@ -20,20 +22,15 @@ from typing import Any
 
 from trainer.algorithms import ADAG, Algorithm
 from trainer.data.checks import DataSpec, model_io, prepare_frame
-from trainer.data.validation import split_validation, tag_validation, validation_frame
+from trainer.data.validation import dealt_evenly, split_validation, tag_validation, validation_frame
 from trainer.errors import CheckpointError
 from trainer.fit.checkpoints import Checkpoint, load_checkpoint
 from trainer.ps.layout import shard_layout
 from trainer.runtime.shipping import ModelSource, pack_model, ship_by_value
 from trainer.runtime.state import optimizer_of
-from trainer.spark.launch import wait_for_slots
 from trainer.spark.resources import stage_profile
 
 log = logging.getLogger("trainer")
-
-# Below this many rows per worker, the frame is dealt from one partition (see `plan_fit`).
-SMALL_FRAME_ROWS_PER_WORKER = 1000
-
 
 @dataclass
 class FitPlan:
@@ -94,8 +91,8 @@ def driver_model(model_or_builder, custom_objects) -> tuple[Any, ModelSource]:
     return model, ModelSource(builder=model_or_builder, custom_objects=custom_objects)
 
 
-def resume_center(checkpoint: Checkpoint, model, algorithm: Algorithm) -> list:
-    """The checkpoint's center for `model` (with the optimizer's slots where the rule exchanges them)."""
+def resume_center(checkpoint: Checkpoint, model, with_optimizer: bool) -> list:
+    """The checkpoint's center for `model`, with the optimizer's variables when the kind of fit exchanges them."""
     weights = model.get_weights()
     saved = checkpoint.center[: len(weights)]
     shapes = [w.shape for w in weights]
@@ -106,39 +103,30 @@ def resume_center(checkpoint: Checkpoint, model, algorithm: Algorithm) -> list:
         )
     log.info("Resuming from version %d, %d epoch(s) completed", checkpoint.version, checkpoint.completed_epochs)
     # Any worker count may resume: rows are dealt anew, the epochs everybody finished carry over.
-    return checkpoint.center if algorithm.exchanges_optimizer_state else saved
+    return checkpoint.center if with_optimizer else saved
 
 
-def _identity(batches):
-    yield from batches
-
-
-def plan_fit(options, df, resume_from, validation=None) -> FitPlan:
-    """Every check before cluster work (the module docstring); `options` is the `Trainer`."""
+def plan_fit(trainer, kind, df, resume_from, validation=None) -> FitPlan:
+    """Every check before cluster work (the module docstring): the `Trainer`, this fit's kind (its rule)."""
     started = time.time()
-    df, validation = split_validation(df, validation, options.seed)
-    model, source = driver_model(options.model, options.custom_objects)
-    warn_slow_choice(options.algorithm, model)
+    model, source = driver_model(trainer.model, trainer.custom_objects)
+    warn_slow_choice(kind.algorithm, model)
+    df, validation = split_validation(df, validation, trainer.seed)
     resumed = load_checkpoint(resume_from) if resume_from is not None else None
     center, version = model.get_weights(), 0
     if resumed is not None:
-        center, version = resume_center(resumed, model, options.algorithm), resumed.version
-    if options.ps_shards > 1:
-        shard_layout(center, options.ps_shards)  # a model too small for the shards fails here
-    frame, spec = prepare_frame(df, options.features_col, options.label_col, model, min_rows=options.num_workers,
-                                check_values=options.check_data)
-    vframe, vrows = validation_frame(validation, options.features_col, options.label_col, model, spec,
-                                     check_values=options.check_data)
+        center, version = kind.resume_center(resumed, model), resumed.version
+    if kind.endpoints > 1:
+        shard_layout(center, kind.endpoints)  # a model too small for the shards fails here
+    frame, spec = prepare_frame(df, trainer.features_col, trainer.label_col, model, min_rows=trainer.num_workers,
+                                check_values=trainer.check_data)
+    vframe, vrows = validation_frame(validation, trainer.features_col, trainer.label_col, model, spec,
+                                     check_values=trainer.check_data)
     if vframe is not None:
         frame = tag_validation(frame, vframe)
-    profile = stage_profile(df.sparkSession, options.gpus_per_worker)
-    wait_for_slots(df.sparkSession, options.num_workers, options.slot_timeout, profile)
+    profile = stage_profile(df.sparkSession, trainer.gpus_per_worker)  # fails here when the cluster offers no GPUs
     log.info("Training %s on %d rows with %d workers, %s, batch %d, %d epochs (checks took %.1f s)",
-             model.name, spec.num_rows, options.num_workers, options.algorithm.describe(), options.batch_size,
-             options.epochs, time.time() - started)
-    if spec.num_rows + vrows < SMALL_FRAME_ROWS_PER_WORKER * options.num_workers:
-        # Round-robin from a single partition deals rows evenly; from many tiny
-        # partitions it can leave a worker without any row. The identity map
-        # keeps the optimizer from collapsing coalesce(1) into the repartition.
-        frame = frame.coalesce(1).mapInArrow(_identity, frame.schema)
+             model.name, spec.num_rows, trainer.num_workers, kind.algorithm.describe(), trainer.batch_size,
+             trainer.epochs, time.time() - started)
+    frame = dealt_evenly(frame, spec.num_rows + vrows, trainer.num_workers)
     return FitPlan(model, source, frame, spec, center, version, resumed, profile, vrows)

@@ -19,7 +19,7 @@ executors (``max_retries``; a retry waits `retry_timeout` seconds for the lost
 slots, then continues on the slots left, down to `min_workers`; retried workers
 resume from the server's current weights at the first epoch not every worker
 finished). What runs in the tasks depends on the rule (``trainer.fit.kinds``):
-the parameter-server worker (``trainer.runtime.ps_worker.task``), or for `AllReduce`
+the parameter-server worker (``trainer.runtime.ps_worker.worker_task``), or for `AllReduce`
 the backend's collective loop. The tasks' records come back once and become
 the `TrainingHistory`. The server always stops (also on error or Ctrl-C).
 

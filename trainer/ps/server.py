@@ -19,7 +19,7 @@ workers commit over TCP:
   the minibatches that the workers of an attempt report for each epoch
   (COMMIT meta ``"batches"``) and returns the running total as
   ``"epoch_batches"``: workers use it to end an epoch together when they
-  share its work (see ``trainer.runtime.ps_worker.task``);
+  share its work (see ``trainer.runtime.ps_worker.worker_task``);
 * synchronous rules: a round barrier waits until every worker has committed
   and the last arriving thread runs ``server_round`` (``trainer.ps.rounds``).
 
@@ -65,7 +65,7 @@ import numpy as np
 from trainer.ps.center import Center
 from trainer.ps.commits import AsynchronousCommits
 from trainer.ps.epochs import completed_epochs, uniform_progress
-from trainer.ps.errors import PSNotStartedError
+from trainer.ps.ps_errors import PSNotStartedError
 from trainer.ps.hygiene import check_commit, refusal, stale_attempt
 from trainer.ps.records import DEFAULT_HISTORY_SIZE, UpdateLog, UpdateRecord
 from trainer.ps.rounds import Round, SynchronousRounds

@@ -24,7 +24,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from trainer.ps.client import PSClient
+from trainer.ps.ps_client import PSClient
 from trainer.ps.layout import Piece, cut, cut_tensors, join_parts
 from trainer.transport.handshake import Credentials
 from trainer.transport.wire import ProtocolError, RecvPool

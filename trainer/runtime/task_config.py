@@ -1,8 +1,10 @@
 """What every training task gets from the driver, whatever its kind; serialized into the Spark task closure.
 
-`TaskConfig` holds the fields the parameter-server worker (``trainer.runtime.ps_worker.task.WorkerConfig``) and the
-collective task (``trainer.runtime.collective.task.CollectiveConfig``) share; each adds its own. Keyword-only,
-so a kind's required fields may follow the shared defaults.
+`TaskConfig` holds the fields the parameter-server worker
+(``trainer.runtime.ps_worker.worker_task.WorkerConfig``) and the collective
+task (``trainer.runtime.collective.collective_task.CollectiveConfig``) share;
+each adds its own. Keyword-only, so a kind's required fields may follow the
+shared defaults.
 """
 
 from __future__ import annotations

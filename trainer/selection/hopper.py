@@ -39,7 +39,7 @@ from typing import Any, Protocol, Sequence
 
 import numpy as np
 
-from trainer.transport.client import AuthenticatedClient
+from trainer.transport.authenticated_client import AuthenticatedClient
 from trainer.transport.endpoint import AuthenticatedServer, Connection
 from trainer.transport.handshake import Credentials
 from trainer.transport.tls import TlsIdentity

@@ -211,7 +211,7 @@ def _recorded(source: str | os.PathLike) -> dict[str, Any]:
 
 def build_result(selector, run, configs: list[Config], spec: DataSpec, input_shapes, task_records, bytes_moved: int,
                  fit_start: float, job_start: float, job_end: float) -> SelectionResult:  # fmt: skip
-    """The `SelectionResult` of `selector`'s search from the driver's `run` (a ``SearchDriver``)."""
+    """The `SelectionResult` of `selector`'s search from the driver's `run` (a ``SearchRun``)."""
     import pandas as pd  # deferred: only a finished search needs it
 
     metric = run.metric

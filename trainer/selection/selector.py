@@ -15,9 +15,10 @@ Example::
     result.save("results/selection")             # leaderboard.csv, schedule.json, gantt.png, curves
 
 `fit` plans (checks, model builds, the stage's data), then launches ONE barrier
-stage of `num_workers` long-lived tasks (``trainer.selection.task``) through
-``trainer.spark.launch.run_stage_with_retries``; the driver's
-``trainer.selection.driver.SearchDriver`` serves them through a
+stage of `num_workers` long-lived tasks (``trainer.selection.search_task``)
+through the controller every fit uses (``trainer.controller``: addresses,
+TLS, secret, slots, retries, closing); the driver's
+``trainer.selection.search_run.SearchRun`` serves them through a
 ``HopperServer``, and ``trainer.selection.result.build_result`` makes the
 result. How model hopper parallelism, its validation, checkpoints, replay and
 the baselines work: ``docs/model-selection.md``.
@@ -27,15 +28,15 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from trainer.controller import StageController, StageResult
 from trainer.data.checks import model_io, prepare_frame, resolve_input_shape
-from trainer.data.validation import split_validation, tag_validation, validation_frame
+from trainer.data.validation import dealt_evenly, split_validation, tag_validation, validation_frame
 from trainer.errors import SelectionError
 from trainer.options import OptionAttributes, SelectionOptions
 from trainer.runtime.feeding.arrow import arrow_to_numpy
@@ -43,17 +44,15 @@ from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
 from trainer.selection.callbacks import MlflowSelectionCallback, SelectionCallback
 from trainer.selection.search_checkpoints import CheckpointStore
-from trainer.selection.driver import derive_seed, make_driver
+from trainer.selection.search_run import derive_seed, make_search_run
 from trainer.selection.hopper import HopperServer
 from trainer.selection.result import SelectionResult, build_result
 from trainer.selection.search import Config, Search
-from trainer.selection.task import RESULT_DDL, TaskConfig, TaskSpec, canonical_order, selection_task
+from trainer.selection.search_task import ConfigBuild, TaskSpec, canonical_order, selection_task
 from trainer.spark.connect import share_with_tasks
-from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.spark.launch import RetryPolicy
 from trainer.spark.resources import stage_profile
 from trainer.tracking import RunLogger, SearchLogger
-from trainer.transport.tls import TlsIdentity
-from trainer.transport.wire import new_secret
 
 log = logging.getLogger("trainer.selection")
 
@@ -217,7 +216,6 @@ class ModelSelector(OptionAttributes):
         import keras  # deferred: TensorFlow starts only when a search does
 
         self._check_fit_args(resume, replay)
-        identity = TlsIdentity.generate() if self.tls else None  # fails before any cluster work
         self.stop_search = False
         fit_start = time.time()
         configs = self.search.configs()
@@ -225,6 +223,8 @@ class ModelSelector(OptionAttributes):
             cb.selector = self
         spark = df.sparkSession
         n = self.num_workers
+        controller = StageController(spark, tls=self.tls, ps_host=self.ps_host, ps_bind_host=self.ps_bind_host,
+                                     ps_port=self.ps_port)  # a missing TLS tool fails here, before any cluster work
         df, validation = self._split_validation(df, validation)
         profile = stage_profile(spark, self.gpus_per_worker)  # fails here when the cluster offers no GPUs
 
@@ -244,56 +244,46 @@ class ModelSelector(OptionAttributes):
         store = CheckpointStore(self.checkpoint_dir) if self.checkpoint_dir is not None else None
         self._used = True  # from here on the search object receives reports
         admit = functools.partial(self._admit, spec=spec, input_shapes=input_shapes)
-        run = make_driver(self, self.search, layouts, states, store=store, resume=resume, replay=replay,
-                          callbacks=callbacks, description=self._run_description(configs), admit=admit)
+        run = make_search_run(self, self.search, layouts, states, store=store, resume=resume, replay=replay,
+                              callbacks=callbacks, description=self._run_description(configs), admit=admit)
         stage_frame, broadcast = self._stage_data(spark, frame, spec, vframe, vrows)
-        task_configs = {c.id: TaskConfig(dict(c.params), c.batch_size, tuple(input_shapes[c.id]),
-                                         derive_seed(self.seed, "build", c.id)) for c in configs}
+        builds = {c.id: ConfigBuild(dict(c.params), c.batch_size, tuple(input_shapes[c.id]),
+                                    derive_seed(self.seed, "build", c.id)) for c in configs}
 
-        # -- launch: one barrier stage served by the driver's hopper server ---------------
-        host, bind, port = driver_addresses(spark, self.ps_host, self.ps_bind_host, self.ps_port)
-        secret = new_secret()
-        server = HopperServer(run, n, secret, host=bind, port=port, io_timeout=self.io_timeout,
+        # -- launch: one barrier stage served by the driver's hopper server, through the fits' controller ------
+        server = HopperServer(run, n, **controller.server_endpoint(), io_timeout=self.io_timeout,
                               max_body=max(1 << 30, 4 * sum(a.nbytes for s in states.values() for a in s)),
-                              frame_mac=self.frame_mac, tls=identity or False)
+                              frame_mac=self.frame_mac)
 
         def make_task(attempt: int, workers: int):
             run.begin_attempt(attempt)
             return functools.partial(selection_task, TaskSpec(
-                model_fn=self.model_fn, configs=task_configs, host=host, port=bound_port, secret=server.credentials,
-                attempt=attempt, feature_size=spec.feature_size, label_size=spec.label_size,
-                full_copy=broadcast, task_seed=derive_seed(self.seed, "task"),
+                model_fn=self.model_fn, configs=builds, host=controller.host, port=server.address[1],
+                secret=server.credentials, attempt=attempt, feature_size=spec.feature_size,
+                label_size=spec.label_size, full_copy=broadcast, task_seed=derive_seed(self.seed, "task"),
                 eval_batch_size=self.eval_batch_size, io_timeout=self.io_timeout,
                 keras_backend=keras.backend.backend(), space=getattr(self.search, "space", None),
             ))
 
-        task_records: list[dict] = []
-        job_start = job_end = time.time()
-        try:
+        def started() -> None:
+            run.t0 = time.time()
+
+        # a failed save is logged by finish_checkpoints: it must not hide the search's own error
+        closers = (run.finish_checkpoints, *((broadcast.destroy,) if broadcast is not None else ()))
+        stage = StageResult([], time.time(), time.time(), n)
+        with controller.closing(server, before_stop=(run.close,), closers=closers):
             run.start()
-            if not run.finished:
-                wait_for_slots(spark, n, self.slot_timeout, profile)
-                _, bound_port = server.start()
-                job_start = run.t0 = time.time()
-                stage = run_stage_with_retries(
-                    stage_frame, n, make_task, RESULT_DDL,
+            if not run.finished:  # a resumed search that had ended runs nothing
+                stage = controller.run(
+                    stage_frame, n, make_task, server=server,
                     policy=RetryPolicy(self.max_retries, max(self.slot_timeout, 60.0)),
                     description=f"trainer: model selection ({self.strategy}, {len(configs)} configs)",
-                    fatal=lambda: run.error, profile=profile,
-                )
-                task_records = [json.loads(r.record) for r in stage.rows]
-                job_end = time.time()
+                    slot_timeout=self.slot_timeout, fatal=lambda: run.error, profile=profile, on_started=started)
             if run.error is not None:
                 raise run.error
-        finally:
-            run.close()
-            server.stop()
-            run.finish_checkpoints()  # a failed save is logged; it must not hide the search's own error
-            if broadcast is not None:
-                broadcast.destroy()
 
-        result = build_result(self, run, self.search.configs(), spec, input_shapes, task_records,
-                              server.bytes_sent + server.bytes_received, fit_start, job_start, job_end)
+        result = build_result(self, run, self.search.configs(), spec, input_shapes, stage.records,
+                              server.bytes_sent + server.bytes_received, fit_start, stage.start, stage.end)
         for cb in callbacks:
             cb.on_search_end(result)
         return result
@@ -335,11 +325,7 @@ class ModelSelector(OptionAttributes):
                                                     else arrow_to_numpy(iter(()), (spec.feature_size,),
                                                                         spec.label_size))
             return spark.range(self.num_workers), share_with_tasks(spark, arrays, f"strategy={self.strategy!r}")
-        stage_frame = tag_validation(frame, vframe)
-        if spec.num_rows + vrows < 1000 * self.num_workers:
-            # Round-robin from one partition deals rows evenly; from many tiny ones a shard may stay empty.
-            stage_frame = stage_frame.coalesce(1)
-        return stage_frame, None
+        return dealt_evenly(tag_validation(frame, vframe), spec.num_rows + vrows, self.num_workers), None
 
     def _check_metric_name(self, model, input_shape, spec, has_validation: bool) -> None:
         """Fail before any Spark job when the selection metric can never appear in the logs."""

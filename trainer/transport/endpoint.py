@@ -19,7 +19,7 @@ handshake at most, never lock it out. Only authenticated connections count
 against ``max_connections``; a worker refused for lack of a slot gets a "busy"
 answer and its client tries again for a while.
 
-The matching task side is :class:`trainer.transport.client.AuthenticatedClient`.
+The matching task side is :class:`trainer.transport.authenticated_client.AuthenticatedClient`.
 
 A peer that misbehaves only loses its own connection; nothing is unpickled.
 """

@@ -2,7 +2,7 @@
 
 ``python -m trainer.runtime.collective.loop DIR`` runs one process of an
 `AllReduce` fit (``trainer.algorithms.allreduce``). The barrier task
-(``trainer.runtime.collective.task``) starts it in a fresh interpreter,
+(``trainer.runtime.collective.collective_task``) starts it in a fresh interpreter,
 because a backend's collective runtime can join a group only before the
 backend starts, once per process, and a Spark Python worker is reused from
 task to task (Spark's TorchDistributor starts its processes for the same

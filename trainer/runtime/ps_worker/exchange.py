@@ -5,7 +5,7 @@ the commit's meta, sending and waiting or sending overlapped, booking the
 time, the server's directives, shared epochs); `make_sync_callback` mixes
 it into Keras's ``Callback`` (Keras loads only then) as the
 ``ParameterServerSync`` callback that the
-task loop (``trainer.runtime.ps_worker.task``) and ``make bench-gpu``
+task loop (``trainer.runtime.ps_worker.worker_task``) and ``make bench-gpu``
 (``benchmarks/bench_gpu.py``) run inside plain ``model.fit``. When to exchange is
 the rule's window, counted by a `trainer.runtime.ps_worker.cadence.Cadence` (a fixed
 number of batches, once per epoch, or ``"auto"``: sized from the measured

@@ -1,11 +1,11 @@
 """The driver side of a search: the state the hopper server's threads act on, and checkpoints.
 
-`SearchDriver` is the :class:`~trainer.selection.hopper.HopperHandler` of a run:
+`SearchRun` is the :class:`~trainer.selection.hopper.HopperHandler` of a run:
 tasks ask it for work (``next_work``), hand results back (``result``), and it
 feeds the scheduler's events, weights the per-shard metrics into epoch
 metrics, reports them to the search (which may stop or promote models), calls
 the :class:`~trainer.selection.callbacks.SelectionCallback` hooks and
-checkpoints every completed epoch. `make_driver` restores checkpoints (resume)
+checkpoints every completed epoch. `make_search_run` restores checkpoints (resume)
 and builds the scheduler of the strategy. See ``docs/model-selection.md``.
 """
 
@@ -33,7 +33,7 @@ from trainer.selection.search import Config, Decision, Search
 
 log = logging.getLogger("trainer.selection")
 
-__all__ = ["SearchDriver", "derive_seed", "make_driver"]
+__all__ = ["SearchRun", "derive_seed", "make_search_run"]
 
 
 def derive_seed(*parts: Any) -> int:
@@ -56,7 +56,7 @@ class _Unit:
     keep: bool = False  # the task already held the state: it was not sent
 
 
-class SearchDriver:
+class SearchRun:
     """Driver-side state of one search: the HopperHandler that the server calls."""
 
     def __init__(self, *, selector: Any, search: Search, scheduler: Any, layouts: dict[str, list],
@@ -364,9 +364,10 @@ def _admit(admit: Callable[[Config], tuple] | None, config: Config, layouts: dic
     layouts[config.id], states[config.id], payloads[config.id] = admit(config)
 
 
-def make_driver(selector: Any, search: Search, layouts: dict[str, list], states: dict[str, list[np.ndarray]], *,
-                store: CheckpointStore | None, resume: bool, replay: Any, callbacks: Sequence[SelectionCallback],
-                description: dict[str, Any], admit: Callable[[Config], tuple] | None = None) -> SearchDriver:
+def make_search_run(selector: Any, search: Search, layouts: dict[str, list], states: dict[str, list[np.ndarray]],
+                    *, store: CheckpointStore | None, resume: bool, replay: Any,
+                    callbacks: Sequence[SelectionCallback], description: dict[str, Any],
+                    admit: Callable[[Config], tuple] | None = None) -> SearchRun:
     """The driver-side run: checkpoints restored (resume), the search's state rebuilt, the scheduler made.
 
     ``selector`` needs ``strategy``, ``num_workers``, ``seed``, ``verbose`` and
@@ -420,7 +421,7 @@ def make_driver(selector: Any, search: Search, layouts: dict[str, list], states:
             scheduler.replay(recording, late_models=hasattr(search, "follow"))
     else:
         scheduler = TaskParallelScheduler(ids, selector.num_workers, budgets, seed=selector.seed)
-    return SearchDriver(selector=selector, search=search, scheduler=scheduler, layouts=layouts, states=states,
-                        history=history, resumed=resumed, callbacks=callbacks, store=store, seed=selector.seed,
-                        admit=admit, payloads=payloads)
+    return SearchRun(selector=selector, search=search, scheduler=scheduler, layouts=layouts, states=states,
+                     history=history, resumed=resumed, callbacks=callbacks, store=store, seed=selector.seed,
+                     admit=admit, payloads=payloads)
 

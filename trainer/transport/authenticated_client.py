@@ -11,7 +11,7 @@ every frame sealed and checked (:mod:`trainer.transport.frame_auth`); BYE on
 close. Replies are received into a `~trainer.transport.wire.RecvPool`:
 a buffer is reused once nothing of an earlier reply in it is alive, so a
 client allocates (and zero-fills) no buffer per reply. The parameter
-server's client (``trainer.ps.client``) and the model hopper's
+server's client (``trainer.ps.ps_client``) and the model hopper's
 (``trainer.selection.hopper``) extend it.
 """
 

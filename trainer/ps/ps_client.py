@@ -1,6 +1,6 @@
 """Worker-side client of the parameter server (runs inside a Spark task).
 
-``PSClient`` (a ``trainer.transport.client.AuthenticatedClient``) opens one TCP
+``PSClient`` (a ``trainer.transport.authenticated_client.AuthenticatedClient``) opens one TCP
 connection (TLS when the credentials carry a fingerprint), authenticates both
 ways (the server must prove the secret before the client sends anything) and
 then issues blocking request/reply calls (HELLO, PULL, COMMIT, EPOCH_DONE),
@@ -27,8 +27,8 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainer.ps.errors import RemoteError
-from trainer.transport.client import AuthenticatedClient
+from trainer.ps.ps_errors import RemoteError
+from trainer.transport.authenticated_client import AuthenticatedClient
 from trainer.transport.handshake import Credentials
 from trainer.transport.wire import (
     ConnectionClosed, Frame, IntegrityError, Msg, ProtocolError, TransportError, TransportTimeout,

@@ -51,21 +51,20 @@ from trainer.runtime.feeding.arrow import split_shard
 from trainer.runtime.feeding.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
 from trainer.runtime.process import setup_barrier_task
+from trainer.runtime.stage_result import result_batch
 from trainer.runtime.state import load_state, model_state, optimizer_of
 from trainer.selection.hopper import HopperClient
 from trainer.selection.space import decode
 
-__all__ = ["TaskConfig", "TaskSpec", "ModelCache", "compiled_signature", "canonical_order", "selection_task",
-           "RESULT_DDL", "SPLIT_COL"]
+__all__ = ["ConfigBuild", "TaskSpec", "ModelCache", "compiled_signature", "canonical_order", "selection_task",
+           "SPLIT_COL"]
 
 #: The boolean column that marks validation rows in the model-hopper frame (shared with the trainer).
 SPLIT_COL = VALIDATION_FLAG
-RESULT_DDL = "worker int, record string"
-_RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("record", pa.string())])
 
 
 @dataclass(frozen=True)
-class TaskConfig:
+class ConfigBuild:
     """What a task needs to build one configuration's model."""
 
     params: dict[str, Any]
@@ -79,7 +78,7 @@ class TaskSpec:
     """Everything a selection task needs; travels in the Spark task closure."""
 
     model_fn: Callable[[dict[str, Any]], Any]
-    configs: dict[str, TaskConfig]
+    configs: dict[str, ConfigBuild]
     host: str
     port: int
     secret: Any = field(repr=False)  # the server's Credentials (secret, frame MAC, TLS fingerprint): never shown
@@ -248,7 +247,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
     keras.backend.clear_session()
     keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here
     cache = ModelCache()
-    late: dict[str, TaskConfig] = {}
+    late: dict[str, ConfigBuild] = {}
     feeds: dict[tuple[int, ...], ShardFeed] = {}
     record: dict[str, Any] = {
         "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
@@ -266,7 +265,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
             cfg = spec.configs.get(cid) or late.get(cid)
             if cfg is None:  # added by a model-based search during the run: the driver sent how to build it
                 payload = work["config"]
-                cfg = late[cid] = TaskConfig(decode(spec.space, payload["point"]), int(payload["batch_size"]),
+                cfg = late[cid] = ConfigBuild(decode(spec.space, payload["point"]), int(payload["batch_size"]),
                                              tuple(payload["input_shape"]), int(payload["build_seed"]))
             if cid not in cache.models:
                 started = time.time()
@@ -303,4 +302,4 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
             )
         record.update(end=time.time(), bytes_sent=client.bytes_sent, bytes_received=client.bytes_received,
                       shared_models=cache.shared)
-    yield pa.RecordBatch.from_pydict({"worker": [worker], "record": [json.dumps(record)]}, schema=_RESULT_SCHEMA)
+    yield result_batch(worker, record)

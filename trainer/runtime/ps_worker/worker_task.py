@@ -36,7 +36,6 @@ a Keras backend, so the loop's parts run where neither is installed
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import time
@@ -52,12 +51,11 @@ from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
 from trainer.runtime.process import setup_barrier_task
 from trainer.runtime.feeding.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource
+from trainer.runtime.stage_result import result_batch
 from trainer.runtime.state import load_state
 from trainer.runtime.ps_worker.exchange import make_sync_callback
 from trainer.runtime.task_config import TaskConfig
 
-RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])
-RESULT_DDL = "worker int, history string"
 
 
 @dataclass(kw_only=True)
@@ -153,6 +151,4 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
             bytes_sent=client.bytes_sent, bytes_received=client.bytes_received, peak_rss_bytes=peak_rss_bytes(),
         )
     shard.close()  # deletes a spill file now (after a failure, when the shard is garbage-collected)
-    yield pa.RecordBatch.from_pydict(
-        {"worker": [worker], "history": [json.dumps(record)]}, schema=RESULT_SCHEMA
-    )
+    yield result_batch(worker, record)

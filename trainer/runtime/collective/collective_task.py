@@ -3,7 +3,7 @@
 `train_collective_partition` is the function given to
 ``mapInArrow(barrier=True)`` when the rule is collective
 (``trainer.algorithms.allreduce``); the parameter-server rules run
-``trainer.runtime.ps_worker.task`` instead. One task:
+``trainer.runtime.ps_worker.worker_task`` instead. One task:
 
 1. receives its shard (in memory or spilled, ``trainer.runtime.feeding.shard``) and
    its validation rows;
@@ -53,9 +53,9 @@ from trainer.runtime.process import task_resources
 from trainer.runtime.feeding.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource, PickledSource
 from trainer.runtime.feeding.spill import spill_directory
+from trainer.runtime.stage_result import result_batch
 from trainer.runtime.task_config import TaskConfig
 
-RESULT_SCHEMA = pa.schema([("worker", pa.int32()), ("history", pa.string())])
 #: A shard may be padded by at most this fraction of its rows (plus one batch) to match the largest one.
 MAX_PADDING = 0.10
 
@@ -202,4 +202,4 @@ def train_collective_partition(config: CollectiveConfig,
     finally:
         port.close()
         shutil.rmtree(directory, ignore_errors=True)
-    yield pa.RecordBatch.from_pydict({"worker": [worker], "history": [json.dumps(record)]}, schema=RESULT_SCHEMA)
+    yield result_batch(worker, record)

@@ -1,0 +1,98 @@
+"""The one controller of the driver's barrier stages, for fits and model selection alike.
+
+A fit (``trainer.fit.driver``) and a search (``trainer.selection.selector``)
+each serve their tasks from a server in the driver and run ONE barrier stage
+of long-lived tasks. What is the same for both lives here, once:
+
+1. `StageController(spark, ...)`, before any cluster work: the TLS identity
+   (a missing tool fails here), the addresses executors reach the driver at
+   (``trainer.spark.launch.driver_addresses``) and a fresh secret; the caller
+   builds its server with `server_endpoint()`.
+2. `run(...)`, inside `closing(server, ...)`: wait for the free task slots,
+   start the server, run the stage with retries (``run_stage_with_retries``,
+   the result rows of ``trainer.runtime.stage_result``). On leaving `closing`,
+   whatever happens, the server stops and every closer runs, in the order
+   given (one that fails does not keep the others from running; a closer
+   records what it can survive, such as a checkpoint that could not be
+   written, rather than raise).
+
+What differs (the kind of fit's tasks and server, the search's hops and
+scheduler) is the caller's: the tasks (`make_task`), the server, the retry
+policy, what to do once the server listens (`on_started`) and on a retry.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator, Sequence
+
+from trainer.runtime.stage_result import RESULT_DDL, read_records
+from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.transport.tls import TlsIdentity
+from trainer.transport.wire import new_secret
+
+
+@dataclass
+class StageResult:
+    """What a controlled stage returns: each task's record, when it ran, and on how many workers it ended."""
+
+    records: list[dict[str, Any]]
+    start: float
+    end: float
+    workers: int
+    events: list[dict] = field(default_factory=list)
+
+
+class StageController:
+    """Addresses, identity and secret of one stage's server, then the stage itself (the module docstring).
+
+    Args:
+        spark: the session the stage runs on.
+        tls: Bool. Pinned TLS on the server's links (a TLS identity is made now).
+        ps_host, ps_bind_host, ps_port: where executors reach the driver's server (``driver_addresses``).
+        endpoints: Integer. Consecutive ports the server listens on (a sharded parameter server's shards).
+    """
+
+    def __init__(self, spark, *, tls: bool, ps_host: str | None, ps_bind_host: str | None, ps_port: int | None,
+                 endpoints: int = 1) -> None:
+        self.spark = spark
+        self.identity = TlsIdentity.generate() if tls else None
+        #: The address executors use, the one the server binds, and its port (0: any free one).
+        self.host, self.bind, self.port = driver_addresses(spark, ps_host, ps_bind_host, ps_port, endpoints)
+        self.secret = new_secret()
+
+    def server_endpoint(self) -> dict[str, Any]:
+        """The keyword arguments every server of the stage takes: where it listens, its secret, its TLS."""
+        return {"host": self.bind, "port": self.port, "secret": self.secret, "tls": self.identity or False}
+
+    @contextlib.contextmanager
+    def closing(self, server, *, before_stop: Sequence[Callable[[], Any]] = (),
+                closers: Sequence[Callable[[], Any]] = ()) -> Iterator[None]:
+        """On leaving, whatever happens: `before_stop` (what wakes the server's handlers), the server's stop,
+        then `closers`, each in the order given; one that raises does not keep the others from running."""
+        with contextlib.ExitStack() as stack:
+            for close in [*before_stop, server.stop, *closers][::-1]:  # an exit stack calls back last in, first out
+                stack.callback(close)
+            yield
+
+    def run(self, frame, num_workers: int, make_task: Callable[[int, int], Callable], *, server,
+            policy: RetryPolicy, description: str, slot_timeout: float,
+            fatal: Callable[[], BaseException | None], profile: Any = None,
+            on_started: Callable[[], None] | None = None, on_retry: Callable[[int], None] | None = None,
+            events: list[dict] | None = None) -> StageResult:
+        """Wait for the slots, start `server`, run the stage with retries (inside `closing`, which stops it).
+
+        `make_task(attempt, workers)` returns the function each task runs;
+        `fatal()` may return the driver's own error, raised instead of a retry.
+        """
+        wait_for_slots(self.spark, num_workers, slot_timeout, profile)
+        server.start()
+        if on_started is not None:
+            on_started()
+        start = time.time()
+        stage = run_stage_with_retries(frame, num_workers, make_task, RESULT_DDL, policy=policy,
+                                       description=description, on_retry=on_retry, events=events, fatal=fatal,
+                                       profile=profile)
+        return StageResult(read_records(stage.rows), start, time.time(), stage.workers, stage.events)
