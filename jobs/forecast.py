@@ -65,7 +65,6 @@ import numpy as np
 
 from trainer import Trainer
 from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
-from trainer.internals import wait_for_slots
 from trainer_jobs.support.cli import (
     add_trainer_args,
     add_verbose_arg,
@@ -301,12 +300,6 @@ def predict_mape(fitted, test, scaler) -> float:
     return mape_original_units(scaler, _flat(table.column("label")), _flat(table.column("prediction")))
 
 
-def _wait_for_workers(spark, needed: int, master: str | None) -> None:
-    """On an external master, executors register after the driver starts: wait for them once."""
-    if master:
-        wait_for_slots(spark, needed, timeout=180.0)
-
-
 def _seeded(args: argparse.Namespace, seed: int) -> str:
     return f" (seed {seed})" if args.repeats > 1 else ""
 
@@ -396,8 +389,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"electricity demand: {len(pdf)} hourly rows from {pdf['time'].iloc[0]} to {pdf['time'].iloc[-1]}",
           flush=True)
     rows = []
-    with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "forecast") as spark:
-        _wait_for_workers(spark, max(args.worker_counts), args.master)
+    # On an external master, executors register after the driver starts: wait for them once, before the data is read.
+    with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "forecast",
+                         wait_for_workers=True) as spark:
         train, test, scaler, data_files = prepare(spark, pdf, data_dir(args.data_dir))
         x_train, y_train = to_numpy(train)
         x_test, y_test = to_numpy(test)

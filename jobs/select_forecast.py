@@ -30,8 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.selection import choice, loguniform, randint
-from trainer.internals import Search
+from trainer.selection import Search, choice, loguniform, randint
 from trainer_jobs.support.cli import positive_int
 from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
 from trainer_jobs.support.report import mape

@@ -126,7 +126,8 @@ def test_minmax_fit_transform_inverse_round_trip(spark):
     assert scaled.min() == 0.0 and scaled.max() == 1.0
     np.testing.assert_allclose(scaled, pdf["load"] / 490.0)
     np.testing.assert_allclose(fitted.inverse(scaled, "load"), pdf["load"], atol=1e-9)
-    np.testing.assert_allclose(fitted.inverse(fitted.scale(pdf["temperature"], "temperature"), "temperature"), pdf["temperature"])
+    temperature = fitted.scale(pdf["temperature"], "temperature")
+    np.testing.assert_allclose(fitted.inverse(temperature, "temperature"), pdf["temperature"])
     assert {r.flat for r in rows} == {0.0}  # constant column -> lower bound
     assert fitted.inverse([0.0], "flat").tolist() == [7.0]
     # other feature range, and the dict round trip

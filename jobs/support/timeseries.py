@@ -128,7 +128,8 @@ class FittedMinMax:
         return self.mins[col] + (v - lo) * (self.maxs[col] - self.mins[col]) / (hi - lo)
 
     def to_dict(self) -> dict:
-        return {"mins": dict(self.mins), "maxs": dict(self.maxs), "feature_range": list(self.feature_range), "cols": list(self.cols)}
+        return {"mins": dict(self.mins), "maxs": dict(self.maxs), "feature_range": list(self.feature_range),
+                "cols": list(self.cols)}
 
     @classmethod
     def from_dict(cls, data: dict) -> "FittedMinMax":
