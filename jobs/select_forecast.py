@@ -30,9 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.data.prep import MinMax, make_windows, train_test_split_last
-from trainer.selection import choice, loguniform, randint
-from trainer.internals import Search
+from trainer.selection import Search, choice, loguniform, randint
 from trainer_jobs.support.cli import positive_int
 from trainer_jobs.support.datasets import data_dir, load_elecdemand, parquet_frame
 from trainer_jobs.support.report import mape
@@ -41,6 +39,7 @@ from trainer_jobs.support.selection import (
     compare_strategies, comparison_parser, first_configs, make_search, parse_comparison_args,
     run_search_comparison, score_best_models, write_comparison,
 )
+from trainer_jobs.support.timeseries import MinMax, make_windows, train_test_split_last
 
 N_IN = 24
 TEST_HOURS = 120

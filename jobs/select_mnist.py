@@ -37,8 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.data.prep import scale_pixels
-from trainer.selection import choice, loguniform, randint, when
-from trainer.internals import Search
+from trainer.selection import Search, choice, loguniform, randint, when
 from trainer_jobs.support.cli import positive_float
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.scaling import cluster_session, timing_valid

@@ -276,3 +276,110 @@ def test_every_name_of_the_seam_resolves_and_is_used():
                                        f"uses; they use {sorted(used - set(seam.__all__))}, which it lacks")
     with pytest.raises(AttributeError, match="add it to SEAM"):
         seam.Trainer  # noqa: B018  (the public API is not re-exported here)
+
+
+# ---------------------------------------------------------- the folders beside the package, drawn by path
+
+#: The import name of each folder beside the package (pyproject.toml's package-dir): `trainer_jobs` is jobs/.
+FOLDERS = {"trainer_jobs": "jobs", "trainer_benchmarks": "benchmarks"}
+ARCHITECTURE = REPO / "docs" / "architecture.md"
+BENCHMARKS_USE_JOBS = ("<!-- benchmarks-use-jobs:begin -->", "<!-- benchmarks-use-jobs:end -->")
+SEAM_TABLE = ("<!-- seam:begin -->", "<!-- seam:end -->")
+
+
+def _file_of(module: str) -> Path | None:
+    """The file that `module` of our folders is, by path (``trainer_jobs.support.cli`` -> jobs/support/cli.py)."""
+    top, *rest = module.split(".")
+    folder = REPO / FOLDERS[top]
+    candidates = [folder.joinpath(*rest).with_suffix(".py")] if rest else []
+    return next((c for c in [*candidates, folder.joinpath(*rest, "__init__.py")] if c.is_file()), None)
+
+
+def _files_imported(path: Path) -> list[tuple[Path | None, str, int]]:
+    """(the file, the module as written, line) for every import of `trainer_jobs` / `trainer_benchmarks` in `path`;
+    ``from trainer_jobs.support import cli`` imports the file jobs/support/cli.py."""
+    found = []
+    for module, names, line in _our_imports(path):
+        if module.split(".")[0] not in FOLDERS:
+            continue
+        submodules = [f"{module}.{n}" for n in names if _file_of(f"{module}.{n}") is not None]
+        found.extend((_file_of(m), m, line) for m in submodules or [module])
+    return found
+
+
+def _relative(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def test_the_folders_are_installed_under_the_names_their_imports_use():
+    import tomllib
+
+    setup = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))["tool"]["setuptools"]
+    assert setup["package-dir"] == FOLDERS, f"pyproject.toml installs {setup['package-dir']}; this test reads {FOLDERS}"
+    for name, folder in FOLDERS.items():
+        packages = {p.parent for p in (REPO / folder).rglob("__init__.py") if "__pycache__" not in p.parts}
+        listed = {REPO / folder / Path(*p.split(".")[1:]) for p in setup["packages"] if p.split(".")[0] == name}
+        assert packages == listed, f"pyproject.toml's packages of {name} differ from the packages of {folder}/"
+
+
+def test_every_import_of_the_jobs_and_benchmarks_is_a_file_of_their_folders():
+    # Including the library's command, which runs them by module name (trainer/cli/jobs.py, never imported).
+    from trainer.cli.jobs import JOBS
+
+    missing = [f"{_relative(path)}:{line} imports {module}: no such file under {FOLDERS[module.split('.')[0]]}/"
+               for path in _outside_modules() for found, module, line in _files_imported(path) if found is None]
+    missing += [f"trainer/cli/jobs.py runs {module}: no such file" for module, _ in JOBS.values()
+                if _file_of(module) is None]
+    assert not missing, "\n".join(missing)
+
+
+def benchmarks_use_jobs() -> dict[str, list[str]]:
+    """benchmark file -> the files of jobs/ it imports, every path relative to the repository."""
+    uses: dict[str, set[str]] = {}
+    for path in _outside_modules():
+        if path.is_relative_to(REPO / "benchmarks"):
+            jobs = {_relative(f) for f, module, _ in _files_imported(path) if f is not None
+                    and module.startswith("trainer_jobs")}
+            if jobs:
+                uses[_relative(path)] = jobs
+    return {bench: sorted(jobs) for bench, jobs in sorted(uses.items())}
+
+
+def make_benchmarks_use_jobs_table() -> str:
+    rows = [f"| `{bench}` | {', '.join(f'`{j}`' for j in jobs)} |" for bench, jobs in benchmarks_use_jobs().items()]
+    return "\n".join(["| benchmark file | the files of `jobs/` it imports |", "|---|---|", *rows])
+
+
+def make_seam_table() -> str:
+    import trainer.internals as seam
+
+    rows = [f"| {why} | {'; '.join(f'`{m}`: ' + ', '.join(f'`{n}`' for n in names) for m, names in modules.items())} |"
+            for why, modules in seam.SEAM.items()]
+    return "\n".join(["| why the public API does not serve | module: names |", "|---|---|", *rows])
+
+
+def _with_table(page: str, markers: tuple[str, str], table: str) -> str:
+    start, end = page.index(markers[0]) + len(markers[0]), page.index(markers[1])
+    return page[:start] + "\n" + table + "\n" + page[end:]
+
+
+def _with_tables(page: str) -> str:
+    page = _with_table(page, BENCHMARKS_USE_JOBS, make_benchmarks_use_jobs_table())
+    return _with_table(page, SEAM_TABLE, make_seam_table())
+
+
+def test_architecture_md_tables_of_the_seam_and_of_the_benchmarks_use_of_the_jobs_are_the_code_s():
+    page = ARCHITECTURE.read_text(encoding="utf-8")
+    assert all(m in page for m in BENCHMARKS_USE_JOBS + SEAM_TABLE), "docs/architecture.md lost a table's markers"
+    assert len(benchmarks_use_jobs()) >= 5, benchmarks_use_jobs()  # the drawing still finds them (10 on 2026-11-28)
+    assert page == _with_tables(page), ("docs/architecture.md's tables of the seam or of the benchmarks' use of the "
+                                        "jobs differ from the code: run `python tests/test_architecture.py --write`")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--write"]:
+        sys.exit("usage: python tests/test_architecture.py --write   (writes docs/architecture.md's generated tables)")
+    ARCHITECTURE.write_text(_with_tables(ARCHITECTURE.read_text(encoding="utf-8")), encoding="utf-8")
+    print("wrote the tables of the seam and of the benchmarks' use of the jobs into docs/architecture.md")

@@ -19,7 +19,7 @@ from ps_fakes import (
 )
 
 from trainer.ps import ParameterServer, PSClient, PSNotStartedError, RemoteError
-from trainer.ps.server import completed_epochs, uniform_progress
+from trainer.ps.epochs import completed_epochs, uniform_progress
 from trainer.transport import wire
 from trainer.transport.wire import ConnectionClosed, Msg, TransportError
 

@@ -1,6 +1,7 @@
 """What the jobs share, outside the library.
 
     datasets   -- offline MNIST and electricity-demand loaders
+    timeseries -- the forecasting jobs' recipe in Spark: invertible min-max scaling, lag windows, the last hours held out
     scaling    -- sessions, the plain-Keras baseline and result rows of the scaling jobs
     plain_keras -- plain Keras in fresh processes on a Spark task's cores (also the benchmarks' worker loop's base)
     models     -- the MNIST CNN and its learning rate

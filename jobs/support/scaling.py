@@ -30,14 +30,16 @@ from trainer_jobs.support.report import markdown_table, speedup_rows
 
 @contextlib.contextmanager
 def cluster_session(master: str | None, workers: int, cores_per_worker: int = 1,
-                    app_name: str = "trainer-job") -> Iterator[Any]:
+                    app_name: str = "trainer-job", wait_for_workers: bool = False) -> Iterator[Any]:
     """SparkSession on `master`, or on an embedded LocalCluster with `workers` workers.
 
     On `master` the job asks for the cores of its largest run only (``spark.cores.max``), leaving the rest of a
-    shared cluster to others."""
+    shared cluster to others; with `wait_for_workers` it returns once the executors of `workers` task slots have
+    registered (at most 180 s), for a job whose first step uses them all."""
     if master:
-        spark = spark_session(master, app_name, cores_per_worker=cores_per_worker,
-                              **{"spark.cores.max": str(workers * cores_per_worker)})
+        executors = -(-workers // cores_per_worker) if wait_for_workers else 0  # cores_per_worker slots each
+        spark = spark_session(master, app_name, cores_per_worker=cores_per_worker, expected_executors=executors,
+                              executor_timeout=180.0, **{"spark.cores.max": str(workers * cores_per_worker)})
         print(f"Spark master {master}", flush=True)
         try:
             yield spark

@@ -49,10 +49,10 @@ import pyarrow as pa
 from pyspark import BarrierTaskContext
 
 from trainer.selection import (
-    ASHA, STRATEGIES, GridSearch, Hyperband, ModelSelector, RandomSearch, SelectionResult, SuccessiveHalving,
+    ASHA, STRATEGIES, GridSearch, Hyperband, ModelSelector, RandomSearch, Search, SelectionResult, SuccessiveHalving,
     TPESearch,
 )
-from trainer.internals import Search, configure_process, plot_gantt_comparison, task_resources
+from trainer.internals import configure_process, plot_gantt_comparison, task_resources
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.report import markdown_table, write_results
 

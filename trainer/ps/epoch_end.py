@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trainer.ps.server import completed_epochs
+from trainer.ps.epochs import completed_epochs
 
 EpochEndHook = Callable[[int, list[np.ndarray], float], Any]
 

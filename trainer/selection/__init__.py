@@ -2,8 +2,8 @@
 
     choice, uniform, loguniform, quniform, randint, when, sample,
     grid                                                         -- trainer.selection.space
-    Metric, Config, GridSearch, RandomSearch, SuccessiveHalving,
-    Hyperband                                                    -- trainer.selection.search
+    Search (what every search is), Metric, Config, GridSearch,
+    RandomSearch, SuccessiveHalving, Hyperband                   -- trainer.selection.search
     TPESearch, ASHA (Optuna, the [search] extra)                 -- trainer.selection.model_based
     MopScheduler, simulate                                       -- trainer.selection.scheduler
     TaskParallelScheduler                                        -- trainer.selection.baseline
@@ -26,7 +26,8 @@ from trainer.selection.callbacks import SelectionCallback
 from trainer.selection.model_based import ASHA, TPESearch
 from trainer.selection.result import SelectionResult, load_schedule
 from trainer.selection.scheduler import MopScheduler, simulate
-from trainer.selection.search import Config, GridSearch, Hyperband, Metric, RandomSearch, SuccessiveHalving
+from trainer.selection.search import (Config, GridSearch, Hyperband, Metric, RandomSearch, Search,
+                                      SuccessiveHalving)
 from trainer.selection.selector import STRATEGIES, ModelSelector
 from trainer.selection.space import choice, grid, loguniform, quniform, randint, sample, uniform, when
 
@@ -43,6 +44,7 @@ __all__ = [
     "RandomSearch",
     "SelectionCallback",
     "SelectionError",
+    "Search",
     "SelectionResult",
     "SuccessiveHalving",
     "TPESearch",

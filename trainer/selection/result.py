@@ -21,7 +21,7 @@ import numpy as np
 
 from trainer.data.checks import DataSpec
 from trainer.errors import SelectionError
-from trainer.fit.checkpoints import atomic_write_json
+from trainer.files import atomic_write_json
 from trainer.fit.fitted import FittedModel, TrainingHistory
 from trainer.runtime.state import load_state
 from trainer.selection.plots import plot_config_curve, plot_gantt, plot_learning_curves

@@ -8,7 +8,7 @@ Layout of a checkpoint directory::
                          (JSON in the uint8 array "history")
     progress.json        the schedule issued so far and every finished unit of work
 
-Every file is written by ``trainer.fit.checkpoints.atomic_write_bytes`` (a temporary
+Every file is written by ``trainer.files.atomic_write_bytes`` (a temporary
 file, fsync'ed, renamed over the old one, the directory fsync'ed): a crash
 leaves the previous complete file, never a torn one. A model file is
 self-contained (its state and the history of exactly the epochs that state
@@ -31,14 +31,7 @@ from typing import Any
 import numpy as np
 
 from trainer.errors import CheckpointError
-from trainer.fit.checkpoints import (
-    DEFAULT_KEEP,
-    atomic_write_bytes,
-    atomic_write_json,
-    json_default,
-    read_npz,
-    versions,
-)
+from trainer.files import DEFAULT_KEEP, atomic_write_bytes, atomic_write_json, json_default, read_npz, versions
 
 __all__ = ["CheckpointStore"]
 
