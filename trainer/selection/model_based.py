@@ -45,6 +45,7 @@ Optuna is imported when a search is made: ``pip install 'spark-keras-trainer[sea
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 from typing import Any, Mapping
@@ -54,11 +55,18 @@ from trainer.selection.search import (
 )
 from trainer.selection.space import SearchSpaceError, decode, suggest
 
-__all__ = ["AskTellSearch", "TPESearch", "ASHA", "SAMPLERS", "PRUNERS"]
+__all__ = ["AskTellSearch", "TPESearch", "ASHA", "SAMPLERS", "PRUNERS", "trial_seed"]
 
 SAMPLERS = ("tpe", "random")
 PRUNERS = (None, "asha")
 LOG_VERSION = 1
+
+
+def trial_seed(seed: int, number: int) -> int:
+    """The seed of the sampler that suggests trial ``number`` of a search seeded ``seed`` (31 bits, stable across
+    machines and Python versions)."""
+    digest = hashlib.sha256(f"{int(seed)}|trial|{int(number)}".encode("ascii")).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 def _optuna():
@@ -132,15 +140,20 @@ class AskTellSearch(Search):
     # -- the study -----------------------------------------------------------------
     def _new_study(self):
         optuna = _optuna()
-        if self.sampler == "tpe":
-            sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.n_startup_trials)
-        else:
-            sampler = optuna.samplers.RandomSampler(seed=self.seed)
         pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=self.min_epochs, reduction_factor=self.eta,
                                                           min_early_stopping_rate=0)
                   if self.pruner == "asha" else optuna.pruners.NopPruner())
         direction = "maximize" if self.metric.mode == "max" else "minimize"
-        return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner)
+        return optuna.create_study(direction=direction, sampler=self._sampler(0), pruner=pruner)
+
+    def _sampler(self, number: int):
+        """A sampler seeded for trial ``number`` alone (:func:`trial_seed`): what it suggests depends on the seed,
+        the number and the study's trials at that moment, not on how many draws the trials before it took."""
+        optuna = _optuna()
+        seed = trial_seed(self.seed, number)
+        if self.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=self.n_startup_trials)
+        return optuna.samplers.RandomSampler(seed=seed)
 
     @property
     def study(self):
@@ -155,6 +168,7 @@ class AskTellSearch(Search):
     def _ask(self, cid: str | None = None, point: dict[str, Any] | None = None) -> Config:
         if point is not None:
             self._study.enqueue_trial(dict(point))
+        self._study.sampler = self._sampler(len(self._study.trials))
         trial = self._study.ask()
         try:
             point = suggest(self.space, trial)
