@@ -40,6 +40,15 @@ would sample now); nothing is unpickled. Replaying (:meth:`AskTellSearch.follow`
 takes each report's decision from the log, so a replayed run adds, promotes and
 stops the same trials even when reports arrive in another order.
 
+Seeds: each trial's sampler is seeded by ``trial_seed(seed, number)``, so a
+suggestion depends on the seed, the trial's number and the study when it is
+asked, not on the draws before it. The seed fixes the random suggestions (every
+one of ``sampler="random"``, TPE's first ``n_startup_trials``) whatever the
+timing and across resume; TPE's later ones are the same given the same
+reports in the same order (``strategy="sequential"``, or a resumed sequential
+run), not under model hopper parallelism, whose order of reports depends on
+timing: replay reproduces those runs. See docs/model-selection.md.
+
 Optuna is imported when a search is made: ``pip install 'spark-keras-trainer[search]'``.
 """
 
@@ -324,8 +333,12 @@ class TPESearch(AskTellSearch):
         n_trials: Integer or None. The most configurations.
         max_total_epochs: Integer or None. The most epochs over all configurations.
         max_concurrent: Integer. Trials training at once (at least the workers).
-        seed: Integer. Seeds the sampler: the same seed and the same reports in the
-            same order give the same suggestions.
+        seed: Integer. Seeds each trial's sampler (with the trial's number). It
+            fixes the first ``n_startup_trials`` suggestions (random) whatever
+            the timing; every suggestion is the same given the same
+            reports in the same order (``strategy="sequential"``, resumed or
+            not). Under model hopper parallelism the order of reports depends
+            on timing: ``fit(replay=...)`` reproduces such a run.
         pruner: None (every trial trains ``max_epochs``) or ``"asha"``.
         min_epochs, eta: ASHA's rungs, ``min_epochs * eta**k`` epochs.
         n_startup_trials: Integer. Random trials before TPE models the results.
@@ -355,6 +368,10 @@ class ASHA(AskTellSearch):
 
     Args:
         sampler: ``"random"`` (the paper's ASHA) or ``"tpe"`` (TPE suggestions).
+        seed: Integer. With ``sampler="random"`` it fixes the k-th configuration
+            whatever the timing, resumed or not; which trials stop
+            follows the values and their order (``fit(replay=...)`` repeats a
+            run's stops). With ``"tpe"``: as for :class:`TPESearch`.
         The others: as for :class:`TPESearch` (``pruner`` is always ``"asha"``).
     """
 
