@@ -1,9 +1,11 @@
 """Searches that learn (TPESearch, ASHA): the space on Optuna, ask-and-tell, stops without a barrier, seeds,
-resume and replay of the study; the driver adding configurations (fake tasks, real sockets); one real search.
+resume and replay of the study; the driver adding configurations (fake tasks, real sockets); real searches.
 
 The first part is pure (Optuna, no Spark, no Keras). The fake-task tests drive the real driver-side run over
-real sockets, as tests/test_selection_runner.py does; the last test runs TPE with ASHA through ModelSelector on
-the shared 2-worker cluster.
+real sockets, as tests/test_selection_runner.py does; the last two run through ModelSelector on the shared
+2-worker cluster: TPE with ASHA under model hopper parallelism (stops and promotions without a barrier, the
+seed's start-up suggestions whatever the timing), and a sequential TPE study stopped, resumed and compared with
+a whole run of the same seed.
 """
 
 from __future__ import annotations
