@@ -365,25 +365,25 @@ def test_a_tpe_study_resumes_where_it_stopped_and_its_seed_reproduces_it(digits,
 
     def select(checkpoint_dir=None):
         # Sequential: one trial at a time, so the reports come in one order and TPE learns the same things.
-        search = TPESearch({"lr": loguniform(1e-4, 1e-1), "units": 16}, max_epochs=1, n_trials=5, max_concurrent=1,
-                           n_startup_trials=2, seed=3, batch_size=64)
+        search = TPESearch({"lr": loguniform(1e-4, 1e-1), "units": 16}, max_epochs=1, n_trials=4, max_concurrent=1,
+                           n_startup_trials=1, seed=3, batch_size=64)
         return search, ModelSelector(_digits_mlp, search, strategy="sequential", num_workers=1, seed=0,
                                      verbose=False, checkpoint_dir=checkpoint_dir)
 
     whole_search, selector = select()
     whole = selector.fit(train, validation=val)
     stopped_search, selector = select(tmp_path)
-    stopped = selector.fit(train, validation=val, callbacks=[StopAfterEpochs(3)])
-    assert stopped.interrupted and [len(h) for h in stopped.history.values()][:3] == [1, 1, 1]
+    stopped = selector.fit(train, validation=val, callbacks=[StopAfterEpochs(2)])
+    assert stopped.interrupted and [len(h) for h in stopped.history.values()][:2] == [1, 1]
     resumed_search, selector = select(tmp_path)
     resumed = selector.fit(train, validation=val, resume=True)
-    assert not resumed.interrupted and resumed.resumed_epochs == {"c000": 1, "c001": 1, "c002": 1}
-    assert {u["model"] for u in resumed.units} == {"c003", "c004"}  # the completed trials are not trained again
+    assert not resumed.interrupted and resumed.resumed_epochs == {"c000": 1, "c001": 1}
+    assert {u["model"] for u in resumed.units} == {"c002", "c003"}  # the completed trials are not trained again
     # The study goes on: its first trials, with their values, are the interrupted run's.
-    kept = [(t.params, t.state, t.value) for t in stopped_search.study.trials[:3]]
-    assert [(t.params, t.state, t.value) for t in resumed_search.study.trials[:3]] == kept
-    assert len(resumed_search.study.trials) == 5 and all(t.value is not None for t in resumed_search.study.trials)
-    # The same seed suggests the same configurations, TPE's included (c002 on), across the interruption too.
+    kept = [(t.params, t.state, t.value) for t in stopped_search.study.trials[:2]]
+    assert [(t.params, t.state, t.value) for t in resumed_search.study.trials[:2]] == kept
+    assert len(resumed_search.study.trials) == 4 and all(t.value is not None for t in resumed_search.study.trials)
+    # The same seed suggests the same configurations, TPE's included (c001 on), across the interruption too.
     assert [c.params for c in resumed.configs] == [c.params for c in whole.configs]
     assert [t.value for t in whole_search.study.trials] == pytest.approx(
         [t.value for t in resumed_search.study.trials], rel=1e-5)
