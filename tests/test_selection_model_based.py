@@ -1,9 +1,11 @@
 """Searches that learn (TPESearch, ASHA): the space on Optuna, ask-and-tell, stops without a barrier, seeds,
-resume and replay of the study; the driver adding configurations (fake tasks, real sockets); one real search.
+resume and replay of the study; the driver adding configurations (fake tasks, real sockets); real searches.
 
 The first part is pure (Optuna, no Spark, no Keras). The fake-task tests drive the real driver-side run over
-real sockets, as tests/test_selection_runner.py does; the last test runs TPE with ASHA through ModelSelector on
-the shared 2-worker cluster.
+real sockets, as tests/test_selection_runner.py does; the last two run through ModelSelector on the shared
+2-worker cluster: TPE with ASHA under model hopper parallelism (stops and promotions without a barrier, the
+seed's start-up suggestions whatever the timing), and a sequential TPE study stopped, resumed and compared with
+a whole run of the same seed.
 """
 
 from __future__ import annotations
@@ -18,7 +20,9 @@ import pytest
 
 optuna = pytest.importorskip("optuna")
 
-from trainer.selection import ASHA, ModelSelector, TPESearch, choice, loguniform, quniform, randint, when  # noqa: E402
+from trainer.selection import (  # noqa: E402
+    ASHA, ModelSelector, SelectionCallback, TPESearch, choice, loguniform, quniform, randint, when,
+)
 from trainer.selection.search_run import make_search_run  # noqa: E402
 from trainer.selection.hopper import HopperClient, HopperServer  # noqa: E402
 from trainer.selection.scheduler import MopScheduler  # noqa: E402
@@ -81,14 +85,19 @@ def test_randint_and_when_in_the_plain_samplers():
 
 # ============================================================ ask and tell
 def test_a_seed_reproduces_the_suggestions():
-    def configs(seed):
-        search = TPESearch(SPACE, max_epochs=2, n_trials=12, max_concurrent=2, n_startup_trials=3, seed=seed)
-        run_to_end(search)
+    def configs(seed, order=None, sampler="tpe"):
+        search = ASHA(SPACE, max_epochs=2, eta=2, n_trials=12, max_concurrent=2, n_startup_trials=3, seed=seed,
+                      sampler=sampler)
+        run_to_end(search, order)
         return [c.params for c in search.configs()]
 
     first = configs(5)
-    assert len(first) == 12 and configs(5) == first
+    assert len(first) == 12 and configs(5) == first  # the same reports in the same order: the same suggestions
     assert configs(6) != first
+    # Reports in another order (as under MOP): the random start-up is the same, what TPE learns may not be.
+    assert configs(5, order=lambda queue: queue.pop())[:3] == first[:3]
+    # Random suggestions depend on the seed and the trial's number alone, whatever the order of the reports.
+    assert configs(5, sampler="random") == configs(5, order=lambda queue: queue.pop(), sampler="random")
 
 
 def test_asha_stops_a_trial_below_its_rung_at_once_and_promotes_without_a_barrier():
@@ -126,7 +135,7 @@ def test_resume_retells_the_study_into_a_fresh_search():
     assert again.state() == first.state()
     assert [(t.params, t.state, t.intermediate_values) for t in again.study.trials] == \
         [(t.params, t.state, t.intermediate_values) for t in first.study.trials]
-    # Interrupted half-way: the restored search goes on from there.
+    # Interrupted half-way: the restored search goes on from there, and suggests what the whole run did.
     half = {"version": log["version"], "search": log["search"], "trials": log["trials"],
             "events": log["events"][:len(done) // 2]}
     resumed = make()
@@ -134,6 +143,16 @@ def test_resume_retells_the_study_into_a_fresh_search():
     assert resumed.active() and len(resumed.configs()) <= len(first.configs())
     run_to_end(resumed)
     assert resumed.finished and len(resumed.configs()) == 10
+    assert [c.params for c in resumed.configs()] == [c.params for c in first.configs()]
+    # Each trial's sampler is seeded by the seed and the trial's number: wherever the run was interrupted, a resumed
+    # random search suggests the configurations of the whole run (a shared generator would be at another draw).
+    whole = ASHA(SPACE, max_epochs=4, eta=2, n_trials=10, max_concurrent=3, seed=2)
+    events = run_to_end(whole)
+    for cut in range(len(events)):
+        again = ASHA(SPACE, max_epochs=4, eta=2, n_trials=10, max_concurrent=3, seed=2)
+        again.restore({**whole.state(), "events": whole.state()["events"][:cut]})
+        run_to_end(again)
+        assert [c.params for c in again.configs()] == [c.params for c in whole.configs()], cut
 
 
 def test_replay_follows_the_logged_decisions_whatever_the_order_of_reports():
@@ -294,15 +313,26 @@ def _digits_mlp(params: dict):
 @pytest.mark.timeout(300)
 def test_tpe_with_asha_stops_a_trial_early_and_its_slot_takes_a_new_one(digits, tmp_path):
     train, val = digits
-    # Seed 0's first three (random start-up) suggestions are a useless, a good and a useless learning rate: whatever
+
+    def make():
+        return TPESearch({"lr": choice([3e-2, 1e-7]), "units": 16}, max_epochs=2, pruner="asha", eta=2,
+                         n_trials=5, max_concurrent=2, n_startup_trials=5, seed=1, batch_size=64,
+                         metric="val_accuracy")
+
+    # Seed 1's first three (random start-up) suggestions are a useless, a good and a useless learning rate: whatever
     # the order of the reports, one useless trial is below its rung. Only the learning rate varies, so each task
     # builds and traces one Keras model for all the trials (trainer.selection.search_task.compiled_signature).
-    search = TPESearch({"lr": choice([3e-2, 1e-7]), "units": 16}, max_epochs=2, pruner="asha", eta=2,
-                       n_trials=5, max_concurrent=2, n_startup_trials=5, seed=0, batch_size=64,
-                       metric="val_accuracy")
+    search = make()
     result = ModelSelector(_digits_mlp, search, num_workers=2, seed=0, verbose=False).fit(train, validation=val)
     board = result.leaderboard.set_index("config_id")
     assert len(result.configs) == 5 and board["stopped"].any()
+    # What the seed promises under MOP: it fixes the start-up suggestions (here all five), whatever the timing.
+    alone = make()
+    run_to_end(alone, order=lambda queue: queue.pop())
+    assert [c.params for c in result.configs] == [c.params for c in alone.configs()]
+    # Promotion without a barrier: a trial trains past the first rung before the last one has reached it.
+    first_rung_end = max(u["end"] for u in result.units if u["epoch"] == 0)
+    assert min(u["start"] for u in result.units if u["epoch"] == 1) < first_rung_end
     assert board.loc[result.best_config.id, "param_lr"] == 3e-2 and result.best_value > 0.8
     stops = [e for e in result.search_log["events"] if e[3]]
     stopped, added = stops[0][0], stops[0][5]
@@ -314,3 +344,46 @@ def test_tpe_with_asha_stops_a_trial_early_and_its_slot_takes_a_new_one(digits, 
     # the same result files as the other searches, with the search's log
     paths = result.save(tmp_path)
     assert json.loads(paths["json"].read_text())["search_log"]["search"] == "TPESearch"
+
+
+class StopAfterEpochs(SelectionCallback):
+    """Stop the search after ``epochs`` reported epochs (an interruption)."""
+
+    def __init__(self, epochs: int) -> None:
+        self.epochs, self.seen = epochs, 0
+
+    def on_epoch_end(self, config_id, epoch, logs):
+        self.seen += 1
+        if self.seen >= self.epochs:
+            self.selector.stop_search = True
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(300)
+def test_a_tpe_study_resumes_where_it_stopped_and_its_seed_reproduces_it(digits, tmp_path):
+    train, val = digits
+
+    def select(checkpoint_dir=None):
+        # Sequential: one trial at a time, so the reports come in one order and TPE learns the same things.
+        search = TPESearch({"lr": loguniform(1e-4, 1e-1), "units": 16}, max_epochs=1, n_trials=4, max_concurrent=1,
+                           n_startup_trials=1, seed=3, batch_size=64)
+        return search, ModelSelector(_digits_mlp, search, strategy="sequential", num_workers=1, seed=0,
+                                     verbose=False, checkpoint_dir=checkpoint_dir)
+
+    whole_search, selector = select()
+    whole = selector.fit(train, validation=val)
+    stopped_search, selector = select(tmp_path)
+    stopped = selector.fit(train, validation=val, callbacks=[StopAfterEpochs(2)])
+    assert stopped.interrupted and [len(h) for h in stopped.history.values()][:2] == [1, 1]
+    resumed_search, selector = select(tmp_path)
+    resumed = selector.fit(train, validation=val, resume=True)
+    assert not resumed.interrupted and resumed.resumed_epochs == {"c000": 1, "c001": 1}
+    assert {u["model"] for u in resumed.units} == {"c002", "c003"}  # the completed trials are not trained again
+    # The study goes on: its first trials, with their values, are the interrupted run's.
+    kept = [(t.params, t.state, t.value) for t in stopped_search.study.trials[:2]]
+    assert [(t.params, t.state, t.value) for t in resumed_search.study.trials[:2]] == kept
+    assert len(resumed_search.study.trials) == 4 and all(t.value is not None for t in resumed_search.study.trials)
+    # The same seed suggests the same configurations, TPE's included (c001 on), across the interruption too.
+    assert [c.params for c in resumed.configs] == [c.params for c in whole.configs]
+    assert [t.value for t in whole_search.study.trials] == pytest.approx(
+        [t.value for t in resumed_search.study.trials], rel=1e-5)

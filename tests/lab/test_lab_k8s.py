@@ -249,6 +249,10 @@ def test_shared_claim_is_mounted_by_workers_and_jupyter(rendered):
         assert {"/data", "/checkpoints", "/results"} <= mounts, pod_name
     assert claims_of(pod_specs(docs)["mlflow"]) == {"lab-mlflow"}, "only the MLflow server mounts its store"
     assert not claims_of(pod_specs(docs)["spark-master"])
+    # Jupyter's folder ($HOME/work, images/entrypoint.sh) is on the claim: a user's notebooks outlive the pod.
+    jupyter = pod_specs(docs)["jupyter"]
+    (work,) = [m for m in jupyter["containers"][0]["volumeMounts"] if m["mountPath"] == "/home/spark/work"]
+    assert work["name"] == "shared" and work["subPath"] == "notebooks", work
 
 
 def test_mlflow_server_is_the_tracking_uri_of_the_lab(rendered):

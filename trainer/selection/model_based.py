@@ -40,11 +40,21 @@ would sample now); nothing is unpickled. Replaying (:meth:`AskTellSearch.follow`
 takes each report's decision from the log, so a replayed run adds, promotes and
 stops the same trials even when reports arrive in another order.
 
+Seeds: each trial's sampler is seeded by ``trial_seed(seed, number)``, so a
+suggestion depends on the seed, the trial's number and the study when it is
+asked, not on the draws before it. The seed fixes the random suggestions (every
+one of ``sampler="random"``, TPE's first ``n_startup_trials``) whatever the
+timing and across resume; TPE's later ones are the same given the same
+reports in the same order (``strategy="sequential"``, or a resumed sequential
+run), not under model hopper parallelism, whose order of reports depends on
+timing: replay reproduces those runs. See docs/model-selection.md.
+
 Optuna is imported when a search is made: ``pip install 'spark-keras-trainer[search]'``.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import numbers
 from typing import Any, Mapping
@@ -54,11 +64,18 @@ from trainer.selection.search import (
 )
 from trainer.selection.space import SearchSpaceError, decode, suggest
 
-__all__ = ["AskTellSearch", "TPESearch", "ASHA", "SAMPLERS", "PRUNERS"]
+__all__ = ["AskTellSearch", "TPESearch", "ASHA", "SAMPLERS", "PRUNERS", "trial_seed"]
 
 SAMPLERS = ("tpe", "random")
 PRUNERS = (None, "asha")
 LOG_VERSION = 1
+
+
+def trial_seed(seed: int, number: int) -> int:
+    """The seed of the sampler that suggests trial ``number`` of a search seeded ``seed`` (31 bits, stable across
+    machines and Python versions)."""
+    digest = hashlib.sha256(f"{int(seed)}|trial|{int(number)}".encode("ascii")).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
 def _optuna():
@@ -132,15 +149,20 @@ class AskTellSearch(Search):
     # -- the study -----------------------------------------------------------------
     def _new_study(self):
         optuna = _optuna()
-        if self.sampler == "tpe":
-            sampler = optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=self.n_startup_trials)
-        else:
-            sampler = optuna.samplers.RandomSampler(seed=self.seed)
         pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=self.min_epochs, reduction_factor=self.eta,
                                                           min_early_stopping_rate=0)
                   if self.pruner == "asha" else optuna.pruners.NopPruner())
         direction = "maximize" if self.metric.mode == "max" else "minimize"
-        return optuna.create_study(direction=direction, sampler=sampler, pruner=pruner)
+        return optuna.create_study(direction=direction, sampler=self._sampler(0), pruner=pruner)
+
+    def _sampler(self, number: int):
+        """A sampler seeded for trial ``number`` alone (:func:`trial_seed`): what it suggests depends on the seed,
+        the number and the study's trials at that moment, not on how many draws the trials before it took."""
+        optuna = _optuna()
+        seed = trial_seed(self.seed, number)
+        if self.sampler == "tpe":
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=self.n_startup_trials)
+        return optuna.samplers.RandomSampler(seed=seed)
 
     @property
     def study(self):
@@ -155,6 +177,7 @@ class AskTellSearch(Search):
     def _ask(self, cid: str | None = None, point: dict[str, Any] | None = None) -> Config:
         if point is not None:
             self._study.enqueue_trial(dict(point))
+        self._study.sampler = self._sampler(len(self._study.trials))
         trial = self._study.ask()
         try:
             point = suggest(self.space, trial)
@@ -310,8 +333,12 @@ class TPESearch(AskTellSearch):
         n_trials: Integer or None. The most configurations.
         max_total_epochs: Integer or None. The most epochs over all configurations.
         max_concurrent: Integer. Trials training at once (at least the workers).
-        seed: Integer. Seeds the sampler: the same seed and the same reports in the
-            same order give the same suggestions.
+        seed: Integer. Seeds each trial's sampler (with the trial's number). It
+            fixes the first ``n_startup_trials`` suggestions (random) whatever
+            the timing; every suggestion is the same given the same
+            reports in the same order (``strategy="sequential"``, resumed or
+            not). Under model hopper parallelism the order of reports depends
+            on timing: ``fit(replay=...)`` reproduces such a run.
         pruner: None (every trial trains ``max_epochs``) or ``"asha"``.
         min_epochs, eta: ASHA's rungs, ``min_epochs * eta**k`` epochs.
         n_startup_trials: Integer. Random trials before TPE models the results.
@@ -341,6 +368,10 @@ class ASHA(AskTellSearch):
 
     Args:
         sampler: ``"random"`` (the paper's ASHA) or ``"tpe"`` (TPE suggestions).
+        seed: Integer. With ``sampler="random"`` it fixes the k-th configuration
+            whatever the timing, resumed or not; which trials stop
+            follows the values and their order (``fit(replay=...)`` repeats a
+            run's stops). With ``"tpe"``: as for :class:`TPESearch`.
         The others: as for :class:`TPESearch` (``pruner`` is always ``"asha"``).
     """
 
