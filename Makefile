@@ -161,7 +161,7 @@ test-matrix: venv ## run the Spark-integration core (-m core) in each cell of MA
 matrix-venv: venv ## build (or find in MATRIX_DIR) the venv of each cell of MATRIX_CELLS, run nothing
 	for cell in $(MATRIX_CELLS); do $(PY) tests/matrix.py --cell $$cell --cache $(MATRIX_DIR) --venv-only; done
 
-bench: venv ## run the MNIST and forecasting benchmarks, the default rule then allreduce, with where an all-reduce step goes (options: MNIST_ARGS="...", FORECAST_ARGS="..."); results under $(OUT)/
+bench: venv ## run the MNIST and forecasting benchmarks, the default algorithm then allreduce, with where an all-reduce step goes (options: MNIST_ARGS="...", FORECAST_ARGS="..."); results under $(OUT)/
 	$(PY) jobs/bench.py --out $(OUT) --mnist-args='$(MNIST_ARGS)' --forecast-args='$(FORECAST_ARGS)'
 
 bench-quality: venv ## recompute the spread behind the tests' quality floors (RUNS=20 fits of each calibrated case) and write it into docs/benchmarks.md
@@ -218,8 +218,8 @@ LINK          ?=
 LINK_DELAY    ?=
 #> LINKS  the links `make bench-lab` runs at, unshaped or tc rates (default "unshaped 1gbit 100mbit")
 LINKS         ?= unshaped 1gbit 100mbit
-#> RULES  the rules `make bench-lab` runs once each beside the defaults (default "allreduce localsgd downpour")
-RULES         ?= allreduce localsgd downpour
+#> ALGORITHMS  the algorithms `make bench-lab` runs once each beside the defaults (default "allreduce localsgd downpour")
+ALGORITHMS         ?= allreduce localsgd downpour
 SHAPE_LINKS   := compose/shape-links.sh
 # bench-lab's own defaults where the user left the shared WORKERS (make up's 2) and RUNS (bench-quality's 20) alone.
 BENCH_LAB_WORKERS = $(if $(filter file,$(origin WORKERS)),1 2 3,$(WORKERS))
@@ -342,9 +342,9 @@ bench-cluster: ## for each N in WORKERS="1 2 3": lab with N workers, mnist on N 
 	echo; echo "mnist on the lab ($(BENCH_ARGS)):"; \
 	$(PYTHON) compose/bench_table.py $(OUT)/lab/bench-cluster $(WORKERS) | tee $(OUT)/lab/bench-cluster.md
 
-bench-lab: ## at each link of LINKS, a lab of max(WORKERS="1 2 3") workers: MNIST and forecasting on each N, RUNS=3 runs with the defaults and one per rule of RULES; CSV and Markdown in $(OUT)/lab/bench-lab
+bench-lab: ## at each link of LINKS, a lab of max(WORKERS="1 2 3") workers: MNIST and forecasting on each N, RUNS=3 runs with the defaults and one per algorithm of ALGORITHMS; CSV and Markdown in $(OUT)/lab/bench-lab
 	$(PYTHON) compose/bench_lab.py --out $(OUT)/lab/bench-lab --project $(LAB_PROJECT) --links '$(LINKS)' \
-	    --workers '$(BENCH_LAB_WORKERS)' --runs $(BENCH_LAB_RUNS) --rules '$(RULES)' --delay '$(LINK_DELAY)' \
+	    --workers '$(BENCH_LAB_WORKERS)' --runs $(BENCH_LAB_RUNS) --algorithms '$(ALGORITHMS)' --delay '$(LINK_DELAY)' \
 	    $(if $(MNIST_ARGS),--mnist-args='$(MNIST_ARGS)') $(if $(FORECAST_ARGS),--forecast-args='$(FORECAST_ARGS)')
 
 k8s-secrets: ## your own k8s Secret values: create k8s/components/own-secrets/lab-secrets.env (random, 0600, git-ignored; edit at will)

@@ -28,7 +28,7 @@ from trainer_jobs.support.report import markdown_row, write_report
 JOBS_DIR = Path(__file__).resolve().parent
 CODECS = ["none", "bf16", "bf16+replies", "fp16", "topk:0.01"]
 FULL = {"mnist": ["--workers", "2", "--no-baseline"],
-        "forecast": ["--workers", "2", "--no-baseline", "--algorithm", "dynsgd"]}  # codecs need a delta rule
+        "forecast": ["--workers", "2", "--no-baseline", "--algorithm", "dynsgd"]}  # codecs need a delta algorithm
 QUICK = {"mnist": ["--workers", "2", "--no-baseline", "--limit", "3000", "--epochs", "1"],
          "forecast": ["--workers", "2", "--no-baseline", "--algorithm", "dynsgd", "--limit", "1500", "--epochs", "1",
                       "--models", "lstm"]}

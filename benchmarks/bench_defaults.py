@@ -1,7 +1,7 @@
 """The first fit with the defaults against plain Keras: small problems a new user tries, 1 to 8 workers.
 
 ``Trainer(build, num_workers=N, epochs=3, batch_size=32).fit(df)`` with no algorithm named (the default
-rule: DOWNPOUR with an automatic window, docs/algorithms.md) against plain ``model.fit`` on the same rows,
+algorithm: DOWNPOUR with an automatic window, docs/algorithms.md) against plain ``model.fit`` on the same rows,
 same epochs, same compiled optimizer (Adam at Keras's default rate), on three problems a Dense(16) network
 learns in 3 epochs:
 
@@ -18,11 +18,11 @@ MSE). A run is within the bounds when its accuracy is at most 0.02 below plain K
 measured here, never speed. `tests/test_defaults.py` runs it at 2 and 8 workers in `make test`.
 
 ``--algorithm allreduce`` holds `AllReduce` with its defaults (the compiled rate scaled to the global batch)
-to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND). Several rules run on one
+to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND). Several algorithms run on one
 cluster, one after the other in the order given, each over its problems (``--allreduce-problems`` narrows
 all-reduce's), every problem's plain Keras run trained once: `make test` runs ``--algorithm allreduce,default``
 under TensorFlow. All-reduce goes first: its 8 training processes start beside Python workers that have not
-loaded TensorFlow for the default rule's fits yet (the other order kept 8 such workers alive beside them, and a
+loaded TensorFlow for the default algorithm's fits yet (the other order kept 8 such workers alive beside them, and a
 `.ci/run` lost a JVM to the out-of-memory killer).
 
     python benchmarks/bench_defaults.py --workers 1,2,4,8 --out results/defaults
@@ -148,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=32, help="minibatch per worker (default 32)")
     parser.add_argument("--seed", type=int, default=0, help="data and model seed (default 0)")
     parser.add_argument("--algorithm", default="default",
-                        help="the rule(s), comma-separated: default (the Trainer's, no algorithm named), "
+                        help="the algorithm(s), comma-separated: default (the Trainer's, no algorithm named), "
                              "allreduce and/or localsgd (default: default)")
     parser.add_argument("--allreduce-problems", help="the problems of allreduce (default: --problems)")
     parser.add_argument("--localsgd-problems", help="the problems of localsgd (default: --problems)")
@@ -171,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[dict] = []
     slots = max(counts)
     with cluster_session(None, 2 if slots > 1 else 1, max(1, (slots + 1) // 2), "defaults") as spark:
-        prepared: dict[str, tuple] = {}  # per problem, once for every rule: plain Keras, the frames, the width
+        prepared: dict[str, tuple] = {}  # per problem, once for every algorithm: plain Keras, the frames, the width
         for algorithm, kind in [(a, k) for a in algorithms for k in PROBLEMS if k in problems[a]]:
             if kind not in prepared:
                 train, test = frames(spark, kind, args.seed)
@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in counts:
                 started = time.time()
                 keras.utils.set_random_seed(args.seed)  # the driver builds the initial center as plain Keras did
-                rule = {} if algorithm == "default" else {"algorithm": algorithm}
+                algorithm = {} if algorithm == "default" else {"algorithm": algorithm}
                 fitted = Trainer(builder(kind, features), num_workers=n, epochs=args.epochs,
-                                 batch_size=args.batch_size, seed=args.seed, verbose=False, **rule).fit(train)
+                                 batch_size=args.batch_size, seed=args.seed, verbose=False, **algorithm).fit(train)
                 # the parameter server's last window, or local SGD's period: the batches between two exchanges
                 windows = [(w.get("window") or {}).get("last") or w.get("period") for w in fitted.history.workers]
                 rows.append({"algorithm": algorithm, **compare(kind, n, plain, fitted.evaluate(test),

@@ -11,7 +11,7 @@ the Keras backend(s) given, each set-up in fresh processes
 * ``workers=N``: N worker processes running the task loop's callback
   (``trainer.runtime.ps_worker.exchange.make_sync_callback``) on 1/N of the rows each,
   sharing the machine's device(s), and a real ``ParameterServer`` in a
-  process of its own, with the Trainer's default rule (DOWNPOUR, automatic
+  process of its own, with the Trainer's default algorithm (DOWNPOUR, automatic
   window) unless --window says otherwise; ``overlap`` rows commit in the
   background as ``Trainer(overlap=True)`` does;
 * ``--algorithm allreduce``: N processes of the all-reduce loop
@@ -119,8 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--batch-size", type=int, default=128, help="minibatch per worker (default 128)")
     parser.add_argument("--limit", type=int, default=None, help="training rows (default all 60,000; --quick 6,000)")
     parser.add_argument("--algorithm", choices=["default", "allreduce"], default="default",
-                        help="the Trainer's default rule with its parameter server, or allreduce (default: default)")
-    parser.add_argument("--window", default="auto", help="the rule's window: auto (default) or a number of batches")
+                        help="the Trainer's default algorithm with its parameter server, or allreduce "
+                             "(default: default)")
+    parser.add_argument("--window", default="auto",
+                        help="the algorithm's window: auto (default) or a number of batches")
     parser.add_argument("--overlap", choices=["off", "on", "both"], default="both",
                         help="workers commit in the background: off, on, or both one after the other (default both)")
     parser.add_argument("--cores-per-worker", type=int, default=None,

@@ -23,7 +23,7 @@ that checks every frame with that MAC can reach on this machine), ``vs_echo``
 (PS / the authenticated echo: what the server's own work costs),
 ``vs_raw_1`` (PS / raw with 1 client), ``vs_1_client`` (PS at K / PS at 1
 client, same shards and MAC), ``extra_ms`` (what a commit costs beyond the
-raw round trip with 1 client) and ``rule_ms`` (the update rule alone, one
+raw round trip with 1 client) and ``rule_ms`` (the algorithm alone, one
 thread). Targets of issue 17: ``vs_raw`` >= 0.8 with 1 client;
 ``vs_1_client`` >= 0.8 at 4.
 

@@ -1,6 +1,6 @@
 """The quality floors of the tests, recomputed: each calibrated fit of the test suite run many times.
 
-A test that checks "this rule learns" with one fit needs a floor below the worst
+A test that checks "this algorithm learns" with one fit needs a floor below the worst
 case of many runs, or it flips now and then. The floors live here (`CASES`),
 the tests import them (`tests/test_trainer.py`), and this command measures the
 spread they were set from: every case trained --runs times (20 by default) on
@@ -35,10 +35,10 @@ BEGIN, END = "<!-- bench-quality:begin -->", "<!-- bench-quality:end -->"
 
 @dataclass(frozen=True)
 class QualityCase:
-    """One calibrated fit: a rule on `workers` workers at Adam's rate `lr`, and the test's floor."""
+    """One calibrated fit: an algorithm on `workers` workers at Adam's rate `lr`, and the test's floor."""
 
     name: str
-    rule: str  # a get_algorithm name
+    algorithm_name: str  # a get_algorithm name
     params: tuple[tuple[str, object], ...]
     workers: int
     lr: float
@@ -48,7 +48,7 @@ class QualityCase:
     def algorithm(self):
         from trainer.algorithms import get_algorithm
 
-        return get_algorithm(self.rule, **dict(self.params))
+        return get_algorithm(self.algorithm_name, **dict(self.params))
 
 
 #: The floors of tests/test_trainer.py's `test_algorithm_trains_digits`: each sits below its case's worst run by

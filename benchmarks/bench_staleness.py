@@ -1,9 +1,9 @@
-"""What staleness costs the default rule, with the timing taken out: N workers in one process, in lockstep.
+"""What staleness costs the default algorithm, with the timing taken out: N workers in one process, in lockstep.
 
-A deterministic simulation of the default rule (DOWNPOUR, `trainer.algorithms`) with real Keras and
+A deterministic simulation of the default algorithm (DOWNPOUR, `trainer.algorithms`) with real Keras and
 without Spark: N copies of the model, each with its own optimizer (optimizer state stays local, as in a
 fit), each train ``window`` batches of their own shard from their last reply, then commit in turn through
-the rule's own ``worker_payload`` and ``server_commit``. So every commit's base misses the other workers'
+the algorithm's own ``worker_payload`` and ``server_commit``. So every commit's base misses the other workers'
 last windows, ``(N - 1) * window`` batches of staleness: the quantity `trainer.runtime.ps_worker.cadence` bounds
 (``STALENESS_BUDGET``). In a fit the interleaving depends on timing (a busy machine, a slow link) and the
 same seed ends differently from run to run; here it is fixed, so a window's cost is a property of the
@@ -74,7 +74,7 @@ def plain_keras(seed: int, epochs: int = EPOCHS) -> float:
 
 
 def simulate(workers: int, window: int, seed: int, epochs: int = EPOCHS) -> float:
-    """The default rule with `workers` workers in lockstep (module docstring): the center's test accuracy.
+    """The default algorithm with `workers` workers in lockstep (module docstring): the center's test accuracy.
 
     Worker i holds rows i, i + N, ...; each epoch it visits them in a seeded order. In each round every
     worker trains `window` batches from its last reply, then they commit in turn; a worker whose epoch is
@@ -90,7 +90,7 @@ def simulate(workers: int, window: int, seed: int, epochs: int = EPOCHS) -> floa
     anchors = [list(center) for _ in range(workers)]
     for model in models:
         model.set_weights(center)
-    rule = DOWNPOUR(window=window)
+    algorithm = DOWNPOUR(window=window)
     rng = np.random.default_rng(seed)
     shards = [np.arange(i, len(x), workers) for i in range(workers)]
     for _ in range(epochs):
@@ -106,8 +106,8 @@ def simulate(workers: int, window: int, seed: int, epochs: int = EPOCHS) -> floa
                     models[i].train_on_batch(x[rows], y[rows])
             for i in active:  # in turn: each base misses the windows the others committed this round
                 done[i] += window
-                payload = rule.worker_payload(models[i].get_weights(), anchors[i])
-                center, reply = rule.server_commit(center, payload, len(active) - 1)
+                payload = algorithm.worker_payload(models[i].get_weights(), anchors[i])
+                center, reply = algorithm.server_commit(center, payload, len(active) - 1)
                 models[i].set_weights(reply)
                 anchors[i] = list(reply)
     models[0].set_weights(center)
@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         for window in windows:
             rows.append(summary(workers, window, [simulate(workers, window, seed) for seed in seeds], plain))
             print(markdown_table(rows[-1:], COLUMNS), flush=True)
-    text = write_report(out, "staleness", "What staleness costs the default rule (lockstep simulation)",
+    text = write_report(out, "staleness", "What staleness costs the default algorithm (lockstep simulation)",
                         f"the digits CNN, {EPOCHS} epochs, batch {BATCH_SIZE}, seeds {args.seeds}", rows, COLUMNS,
                         {"job": "bench_staleness", **vars(args)})
     print(text)

@@ -3,10 +3,10 @@
 
 For each link (``unshaped`` or a tc rate such as ``1gbit``) it brings the lab up with the most workers asked
 for (``make up WORKERS=3 LINK=1gbit``; compose/shape-links.sh shapes every container), then runs each job
-once with the defaults, ``--workers 1,2,3 --repeats RUNS``, and once per rule, ``--algorithm RULE``
+once with the defaults, ``--workers 1,2,3 --repeats RUNS``, and once per algorithm, ``--algorithm ALGORITHM``
 (``make submit``, whose driver container is shaped too). The first link's default run of each job also
 trains plain Keras, one process in the driver's container, with the same seeds: the reference for
-"time to plain Keras's metric". A submit that fails (an unknown rule, a crash, --timeout) is recorded as an
+"time to plain Keras's metric". A submit that fails (an unknown algorithm, a crash, --timeout) is recorded as an
 error for its cells and the bench goes on.
 
 Written under --out: ``submits.jsonl`` (one line per submit: link, job, asked: the defaults or an algorithm,
@@ -20,7 +20,7 @@ whose test accuracy reaches plain Keras's mean accuracy (MNIST), or whose MAPE i
 mean MAPE (forecasting); empty when no epoch did.
 
     python3 compose/bench_lab.py --out results/lab/bench-lab                       (what make bench-lab runs)
-    python3 compose/bench_lab.py --links "unshaped 100mbit" --workers "1 2" --runs 1 --rules allreduce
+    python3 compose/bench_lab.py --links "unshaped 100mbit" --workers "1 2" --runs 1 --algorithms allreduce
 Stdlib only, like bench_table.py: it drives make and reads JSON.
 """
 
@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 JOBS = ("mnist", "forecast")
-# Small data, so that 3 links x 3 lab sizes x (RUNS + rules) fit in about an hour on 2 cores.
+# Small data, so that 3 links x 3 lab sizes x (RUNS + algorithms) fit in about an hour on 2 cores.
 JOB_ARGS = {"mnist": "--limit 6000 --epochs 2", "forecast": "--models lstm --limit 3000 --epochs 2"}
 HIGHER_IS_BETTER = {"accuracy": True, "mape": False}
 RESULTS_IN_VOLUME = "/results/bench-lab"
@@ -53,7 +53,7 @@ CSV_COLUMNS = ["link", "job", "model", "asked", "algorithm", "workers", "run", "
 
 @dataclass
 class Submit:
-    """One `make submit`: a job at one link with the defaults (``asked`` "default") or one rule."""
+    """One `make submit`: a job at one link with the defaults (``asked`` "default") or one algorithm."""
 
     link: str
     job: str
@@ -94,13 +94,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="worker counts; the lab has the largest (default '%(default)s')")
     parser.add_argument("--runs", type=int, default=3,
                         help="runs (seeds) of each job with the defaults (default %(default)s)")
-    parser.add_argument("--rules", default="allreduce localsgd downpour",
-                        help="rules run once each with --algorithm RULE (default '%(default)s'; '' for none)")
+    parser.add_argument("--algorithms", default="allreduce localsgd downpour",
+                        help="algorithms run once each with --algorithm ALGORITHM (default '%(default)s'; '' for none)")
     parser.add_argument("--jobs", default=" ".join(JOBS), help="jobs to run (default '%(default)s')")
     parser.add_argument("--mnist-args", default=JOB_ARGS["mnist"],
-                        help="the MNIST job's arguments besides workers, rule and runs (default '%(default)s')")
+                        help="the MNIST job's arguments besides workers, algorithm and runs (default '%(default)s')")
     parser.add_argument("--forecast-args", default=JOB_ARGS["forecast"],
-                        help="the forecasting job's arguments besides workers, rule and runs (default "
+                        help="the forecasting job's arguments besides workers, algorithm and runs (default "
                              "'%(default)s')")
     parser.add_argument("--timeout", type=float, default=2400,
                         help="seconds one submit may run before it is stopped and recorded as an error "
@@ -111,7 +111,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--tables-only", action="store_true",
                         help="rebuild bench-lab.csv and bench-lab.md from what --out holds, run nothing")
     args = parser.parse_args(argv)
-    args.links, args.rules, args.jobs = words(args.links), words(args.rules), words(args.jobs)
+    args.links, args.algorithms, args.jobs = words(args.links), words(args.algorithms), words(args.jobs)
     try:
         args.workers = sorted({int(w) for w in words(args.workers)})
     except ValueError:
@@ -130,12 +130,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plan(args: argparse.Namespace) -> list[Submit]:
     """Every submit, link by link: each job's defaults (plain Keras beside them at the first link), then each
-    rule once."""
+    algorithm once."""
     submits = []
     for i, link in enumerate(args.links):
         for job in args.jobs:
             submits.append(Submit(link, job, "default", args.workers, args.runs, baseline=i == 0))
-            submits += [Submit(link, job, asked, args.workers, 1, baseline=False) for asked in args.rules]
+            submits += [Submit(link, job, asked, args.workers, 1, baseline=False) for asked in args.algorithms]
     return submits
 
 
@@ -366,8 +366,8 @@ def report(out: Path, args: argparse.Namespace | None = None) -> str:
     parts = ["# make bench-lab", ""]
     if args is not None:
         parts += [f"Links {' '.join(args.links)}{f' (delay {args.delay})' if args.delay else ''}; workers "
-                  f"{' '.join(map(str, args.workers))}; {args.runs} run(s) with the defaults, one per rule "
-                  f"({' '.join(args.rules) or 'none'}); MNIST `{args.mnist_args}`, forecasting "
+                  f"{' '.join(map(str, args.workers))}; {args.runs} run(s) with the defaults, one per algorithm "
+                  f"({' '.join(args.algorithms) or 'none'}); MNIST `{args.mnist_args}`, forecasting "
                   f"`{args.forecast_args}`.", ""]
     parts += ["Plain Keras, one process in the lab's driver container (the reference of \"to Keras's metric\"):", ""]
     parts.append(markdown([{"job": job, "model": model, "runs": k["runs"], "s/epoch": _num(k["epoch_time_s"], 2),

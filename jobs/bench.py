@@ -31,7 +31,7 @@ in docs/benchmarks.md.
     python jobs/bench.py --dry-run          # print the commands only
     python jobs/bench.py --skip-forecast --mnist-args="--window 10 --overlap"
 
-All-reduce next to the default rule: each job runs a second time with
+All-reduce next to the default algorithm: each job runs a second time with
 ``--algorithm allreduce`` (``trainer.algorithms.allreduce``: the workers form
 one group on the Keras backend's collective engine and all-reduce every
 step's gradients, no parameter server), under the same backend, on 1, 2 and 4
@@ -101,7 +101,7 @@ class Step:
     argv: list[str]
     out: Path
     workers: list[int] = field(default_factory=list)
-    label: str = ""  # "" for the job's default rule, "allreduce" for its all-reduce run
+    label: str = ""  # "" for the job's default algorithm, "allreduce" for its all-reduce run
 
     @property
     def command(self) -> list[str]:
@@ -238,7 +238,7 @@ def _section(step: Step, rc: int, seconds: float, out: Path) -> list[str]:
 
 
 def _side_by_side(*steps: Step) -> list[str]:
-    """One table of the rows of `steps` (a job's default-rule and all-reduce runs), with each run's backend."""
+    """One table of the rows of `steps` (a job's default-algorithm and all-reduce runs), with each run's backend."""
     rows = []
     for step in steps:
         meta, found = _load_rows(step)
@@ -247,8 +247,8 @@ def _side_by_side(*steps: Step) -> list[str]:
                  for r in found]
     if not rows:
         return []
-    return [f"### {TITLES[steps[0].job]}: the default rule and all-reduce side by side", "",
-            "Each speed-up is against the 1-worker run of the same rule and backend; `workers` 0 is plain Keras "
+    return [f"### {TITLES[steps[0].job]}: the default algorithm and all-reduce side by side", "",
+            "Each speed-up is against the 1-worker run of the same algorithm and backend; `workers` 0 is plain Keras "
             "under that backend.", "",
             markdown_table(rows, [c for c in SIDE_BY_SIDE if any(c in r for r in rows)]), ""]
 

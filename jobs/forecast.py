@@ -20,7 +20,7 @@ set-up with K seeds. Batch 32 per worker and 4 epochs by default.
 
 The defaults, each chosen for time to the 1-worker MAPE:
 
-* the rule: synchronous model averaging (``--algorithm sync``) every 5
+* the algorithm: synchronous model averaging (``--algorithm sync``) every 5
   batches up to 2 workers and every 10 // N batches above (2 at 4 workers,
   1 at 8; ``--window`` sets it): eight models that drift apart for 5 batches
   average into a worse center than eight averaged more often;
@@ -329,7 +329,7 @@ def window_for(args: argparse.Namespace, workers: int) -> int | str:
 
 
 def _algorithm(args: argparse.Namespace, workers: int):
-    """The job's rule. All-reduce takes the job's own rate for N workers (--lr-scaling, planned over each
+    """The job's algorithm. All-reduce takes the job's own rate for N workers (--lr-scaling, planned over each
     worker's steps, which are the global steps there), not its own scaling on top."""
     algorithm = algorithm_from_args(args.algorithm, window_for(args, workers))
     collective = getattr(algorithm, "fit_kind", None) == COLLECTIVE

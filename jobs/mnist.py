@@ -16,7 +16,7 @@ the test set at an epoch end, with the epochs and sequential steps it took
 --epochs (at the schedule's final rate) when they need more epochs to get
 there; ``metric_value`` stays the accuracy after --epochs.
 
-Repeated runs: an asynchronous rule's result is a property of the run (how
+Repeated runs: an asynchronous algorithm's result is a property of the run (how
 the workers' commits interleave) as much as of the seed, so one good run
 proves little; ``--repeats 5`` runs plain Keras and every worker count with
 seeds --seed .. --seed + 4 and prints the accuracy's mean ± sd per set-up.

@@ -13,9 +13,9 @@ from pathlib import Path
 import numpy as np
 
 
-def run_processes(model, shards: list[tuple[np.ndarray, np.ndarray]], rule, *, batch_size: int, epochs: int,
+def run_processes(model, shards: list[tuple[np.ndarray, np.ndarray]], algorithm, *, batch_size: int, epochs: int,
                   seed: int) -> tuple[list[dict], list[np.ndarray]]:
-    """(each process's record, the state process 0 last reported) after `epochs` of `rule` (an `AllReduce`) over
+    """(each process's record, the state process 0 last reported) after `epochs` of `algorithm` (an `AllReduce`) over
     `shards`, from compiled `model`'s weights, under this process's Keras backend."""
     import keras
 
@@ -40,8 +40,8 @@ def run_processes(model, shards: list[tuple[np.ndarray, np.ndarray]], rule, *, b
                                 ps_address=server.address, secret=server.credentials, addresses=addresses,
                                 process_id=pid, num_processes=len(shards), batch_size=batch_size, epochs=epochs,
                                 seed=seed, keras_backend=keras.backend.backend(),
-                                lr_factor=rule.learning_rate_factor(len(shards)), period=rule.period,
-                                max_period=rule.max_period, wire=rule.wire, parent_pid=os.getpid(),
+                                lr_factor=algorithm.learning_rate_factor(len(shards)), period=algorithm.period,
+                                max_period=algorithm.max_period, wire=algorithm.wire, parent_pid=os.getpid(),
                                 record={"worker": pid, "attempt": 0, "rows": rows, "padded_rows": rows})
             processes.append((start_process(directory, job), directory))
         records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]

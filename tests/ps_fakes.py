@@ -1,7 +1,7 @@
 """Fakes and helpers shared by the parameter server's tests (test_ps_server*.py).
 
-The update rules are tiny fakes (async: center += payload, sync: mean of the
-payloads) so those tests do not depend on the real rules.
+The algorithms are tiny fakes (async: center += payload, sync: mean of the
+payloads) so those tests do not depend on the real algorithms.
 """
 
 from __future__ import annotations
@@ -84,8 +84,9 @@ class BrokenRoundRule(MeanRule):
         raise RuntimeError("round boom")
 
 
-def server(rule: Any = None, num_workers: int = 1, **kw) -> ParameterServer:
-    return ParameterServer(rule if rule is not None else AddRule(), initial_center(), num_workers, SECRET, **kw)
+def server(algorithm: Any = None, num_workers: int = 1, **kw) -> ParameterServer:
+    algorithm = algorithm if algorithm is not None else AddRule()
+    return ParameterServer(algorithm, initial_center(), num_workers, SECRET, **kw)
 
 
 def client(ps: ParameterServer, worker: int = 0, attempt: int = 0, secret: bytes = SECRET, timeout=10.0) -> PSClient:

@@ -1,4 +1,4 @@
-"""Exact values of every update rule on tiny arrays, computed by hand."""
+"""Exact values of every algorithm on tiny arrays, computed by hand."""
 
 import numpy as np
 import pytest
@@ -24,56 +24,56 @@ W, W0, C = arr(3.0, 5.0), arr(1.0, 1.0), arr(2.0, 0.0)
 
 
 def test_downpour_commits_delta_and_adopts_center():
-    rule = DOWNPOUR(window=5)
-    payload = rule.worker_payload(W, W0)
+    algorithm = DOWNPOUR(window=5)
+    payload = algorithm.worker_payload(W, W0)
     assert_arrays(payload, arr(2.0, 4.0))
-    center, reply = rule.server_commit(C, payload, staleness=3)
+    center, reply = algorithm.server_commit(C, payload, staleness=3)
     assert_arrays(center, arr(4.0, 4.0))
     assert_arrays(reply, center)
-    weights, anchor = rule.worker_apply(W, W0, reply)
+    weights, anchor = algorithm.worker_apply(W, W0, reply)
     assert_arrays(weights, arr(4.0, 4.0))
     assert_arrays(anchor, arr(4.0, 4.0))
 
 
 def test_adag_normalises_delta_by_window():
-    rule = ADAG(window=4)
-    payload = rule.worker_payload(W, W0)
+    algorithm = ADAG(window=4)
+    payload = algorithm.worker_payload(W, W0)
     assert_arrays(payload, arr(0.5, 1.0))
-    center, reply = rule.server_commit(C, payload, staleness=0)
+    center, reply = algorithm.server_commit(C, payload, staleness=0)
     assert_arrays(center, arr(2.5, 1.0))
-    assert_arrays(rule.worker_apply(W, W0, reply)[0], arr(2.5, 1.0))
+    assert_arrays(algorithm.worker_apply(W, W0, reply)[0], arr(2.5, 1.0))
 
 
 @pytest.mark.parametrize(("staleness", "expected"), [(0, (4.0, 4.0)), (1, (3.0, 2.0)), (3, (2.5, 1.0))])
 def test_dynsgd_divides_by_staleness_plus_one(staleness, expected):
-    rule = DynSGD(window=5)
-    center, reply = rule.server_commit(C, rule.worker_payload(W, W0), staleness=staleness)
+    algorithm = DynSGD(window=5)
+    center, reply = algorithm.server_commit(C, algorithm.worker_payload(W, W0), staleness=staleness)
     assert_arrays(center, arr(*expected))
     assert_arrays(reply, arr(*expected))
 
 
 def test_aeasgd_elastic_exchange():
-    rule = AEASGD(window=32, rho=5.0, lr=0.1)  # alpha = 0.5
-    payload = rule.worker_payload(W, W0)
+    algorithm = AEASGD(window=32, rho=5.0, lr=0.1)  # alpha = 0.5
+    payload = algorithm.worker_payload(W, W0)
     assert_arrays(payload, W)
-    center, reply = rule.server_commit(C, payload, staleness=7)
+    center, reply = algorithm.server_commit(C, payload, staleness=7)
     # E = 0.5 * ([3, 5] - [2, 0]) = [0.5, 2.5]
     assert_arrays(center, arr(2.5, 2.5))
     assert_arrays(reply, arr(2.5, 2.5))
-    assert_arrays(rule.worker_apply(W, W0, reply)[0], arr(2.5, 2.5))
+    assert_arrays(algorithm.worker_apply(W, W0, reply)[0], arr(2.5, 2.5))
 
 
 def test_aeasgd_small_alpha():
-    rule = AEASGD(rho=1.0, lr=0.1)  # alpha = 0.1
-    center, reply = rule.server_commit(arr(0.0), arr(10.0), staleness=0)
+    algorithm = AEASGD(rho=1.0, lr=0.1)  # alpha = 0.1
+    center, reply = algorithm.server_commit(arr(0.0), arr(10.0), staleness=0)
     assert_arrays(center, arr(1.0))
     assert_arrays(reply, arr(9.0))
 
 
 def test_easgd_synchronous_round():
-    rule = EASGD(window=8, beta=0.9)  # 3 workers: alpha = 0.3
+    algorithm = EASGD(window=8, beta=0.9)  # 3 workers: alpha = 0.3
     payloads = [arr(1.0), arr(2.0), arr(6.0)]
-    center, replies = rule.server_round(arr(0.0), payloads)
+    center, replies = algorithm.server_round(arr(0.0), payloads)
     # E_i = 0.3 * W_i = 0.3, 0.6, 1.8; C = 0 + 2.7
     assert_arrays(center, arr(2.7))
     assert_arrays(replies[0], arr(0.7))
@@ -82,13 +82,13 @@ def test_easgd_synchronous_round():
 
 
 def test_sync_averaging_mean_keeps_dtype():
-    rule = SyncAveraging(every=3)
-    assert rule.window == 3 and rule.synchronous and not rule.exchanges_optimizer_state
+    algorithm = SyncAveraging(every=3)
+    assert algorithm.window == 3 and algorithm.synchronous and not algorithm.exchanges_optimizer_state
     payloads = [
         [np.array([1.0, 2.0], np.float32), np.array(4, np.int64)],
         [np.array([3.0, 6.0], np.float32), np.array(4, np.int64)],
     ]
-    center, replies = rule.server_round([np.zeros(2, np.float32)], payloads)
+    center, replies = algorithm.server_round([np.zeros(2, np.float32)], payloads)
     assert_arrays(center, [np.array([2.0, 4.0], np.float32), np.array(4, np.int64)])
     assert len(replies) == 2
     assert_arrays(replies[1], center)
@@ -97,24 +97,24 @@ def test_sync_averaging_mean_keeps_dtype():
 
 
 def test_sync_averaging_per_epoch_and_optimizer_state():
-    rule = SyncAveraging(average_optimizer_state=True)
-    assert rule.window is None and rule.exchanges_optimizer_state
+    algorithm = SyncAveraging(average_optimizer_state=True)
+    assert algorithm.window is None and algorithm.exchanges_optimizer_state
 
 
 def test_single_worker_keeps_the_weights():
-    rule = SingleWorker()
-    center, reply = rule.server_commit(C, rule.worker_payload(W, W0), staleness=0)
+    algorithm = SingleWorker()
+    center, reply = algorithm.server_commit(C, algorithm.worker_payload(W, W0), staleness=0)
     assert_arrays(center, W)
     assert_arrays(reply, W)
     with pytest.raises(AlgorithmConfigError, match="exactly one worker"):
-        rule.check_workers(2)
+        algorithm.check_workers(2)
 
 
 def test_rules_do_not_modify_inputs():
     w, w0, c = arr(3.0, 5.0), arr(1.0, 1.0), arr(2.0, 0.0)
-    for rule in (DOWNPOUR(), ADAG(), DynSGD(), AEASGD()):
-        rule.server_commit(c, rule.worker_payload(w, w0), staleness=1)
-        rule.worker_apply(w, w0, c)
+    for algorithm in (DOWNPOUR(), ADAG(), DynSGD(), AEASGD()):
+        algorithm.server_commit(c, algorithm.worker_payload(w, w0), staleness=1)
+        algorithm.worker_apply(w, w0, c)
     assert_arrays(w + w0 + c, arr(3.0, 5.0) + arr(1.0, 1.0) + arr(2.0, 0.0))
 
 
@@ -136,8 +136,8 @@ def test_bad_hyper_parameters_are_named(factory, message):
 
 def test_lookup_by_name():
     assert get_algorithm("ADAG", window=10) == ADAG(window=10)
-    rule = EASGD()
-    assert get_algorithm(rule) is rule
+    algorithm = EASGD()
+    assert get_algorithm(algorithm) is algorithm
 
 
 @pytest.mark.parametrize("scale", [1.0, 0.5])
@@ -170,27 +170,27 @@ def _same_bits(actual, expected):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int32"])
-@pytest.mark.parametrize("rule", [DOWNPOUR(), ADAG(window=3), DynSGD()], ids=lambda r: r.name)
+@pytest.mark.parametrize("algorithm", [DOWNPOUR(), ADAG(window=3), DynSGD()], ids=lambda r: r.name)
 @pytest.mark.parametrize("staleness", [0, 1, 6])
-def test_server_apply_gives_the_bits_of_server_commit(rule, dtype, staleness):
+def test_server_apply_gives_the_bits_of_server_commit(algorithm, dtype, staleness):
     center, delta = _center_and_delta(dtype)
     if dtype == "int32":
         delta = [np.asarray(np.arange(d.size).reshape(d.shape) - 3, dtype) for d in delta]
     before = [c.copy() for c in center]
-    expected, reply = rule.server_commit(center, delta, staleness)
+    expected, reply = algorithm.server_commit(center, delta, staleness)
     out = [np.full_like(c, 7) for c in center]
-    assert rule.server_apply(center, delta, staleness, out) is None
+    assert algorithm.server_apply(center, delta, staleness, out) is None
     _same_bits(out, expected)
     _same_bits(reply, expected)
     _same_bits(center, before)  # the center is read, never written
     # One tensor at a time, as the server calls it under each tensor's lock.
     one_by_one = [np.empty_like(c) for c in center]
     for i in range(len(center)):
-        rule.server_apply(center[i:i + 1], delta[i:i + 1], staleness, one_by_one[i:i + 1])
+        algorithm.server_apply(center[i:i + 1], delta[i:i + 1], staleness, one_by_one[i:i + 1])
     _same_bits(one_by_one, expected)
-    # The payload may be the output buffer itself (a compressed rule decodes the delta into it).
+    # The payload may be the output buffer itself (a compressed algorithm decodes the delta into it).
     aliased = [d.copy() for d in delta]
-    rule.server_apply(center, aliased, staleness, aliased)
+    algorithm.server_apply(center, aliased, staleness, aliased)
     _same_bits(aliased, expected)
 
 
@@ -209,10 +209,10 @@ def test_add_into_follows_add_for_a_numpy_scale_and_mixed_dtypes():
 
 
 def test_only_the_delta_rules_have_an_in_place_form():
-    for rule in (DOWNPOUR(), ADAG(), DynSGD()):
-        assert callable(getattr(rule, "server_apply", None)) and rule.payload_arrays == 1
-    for rule in (AEASGD(), EASGD(), SingleWorker(), SyncAveraging()):
-        assert getattr(rule, "server_apply", None) is None
+    for algorithm in (DOWNPOUR(), ADAG(), DynSGD()):
+        assert callable(getattr(algorithm, "server_apply", None)) and algorithm.payload_arrays == 1
+    for algorithm in (AEASGD(), EASGD(), SingleWorker(), SyncAveraging()):
+        assert getattr(algorithm, "server_apply", None) is None
     with pytest.raises(ValueError, match="staleness"):
         DynSGD().server_apply(arr(1.0), arr(1.0), -1, arr(0.0))
 
@@ -221,7 +221,7 @@ def test_a_late_reply_is_folded_with_the_progress_it_has_not_seen():
     from trainer.algorithms import with_compression
     from trainer.algorithms.delta import fold_late, overlappable
 
-    rule = DOWNPOUR(window=2)
+    algorithm = DOWNPOUR(window=2)
     center = [np.array([1.0, 2.0], np.float32)]
     anchor = [np.array([0.5, 0.5], np.float32)]  # where this window started
     weights = [np.array([0.75, 1.0], np.float32)]  # after it: progress (0.25, 0.5), committed without waiting
@@ -229,7 +229,7 @@ def test_a_late_reply_is_folded_with_the_progress_it_has_not_seen():
     np.testing.assert_allclose(folded[0], [1.25, 2.5])
     assert folded[0].dtype == np.float32
     # What the worker commits next measures from the folded weights: nothing is sent twice.
-    np.testing.assert_allclose(rule.worker_payload(folded, folded)[0], [0.0, 0.0])
+    np.testing.assert_allclose(algorithm.worker_payload(folded, folded)[0], [0.0, 0.0])
     # Into the worker's own copy of its weights (no temporaries), or new arrays where it is read-only.
     own = [w.copy() for w in weights]
     assert fold_late(center, own, anchor, out=own)[0] is own[0]

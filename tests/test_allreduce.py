@@ -33,16 +33,17 @@ from trainer.runtime.collective.loop import epoch_order
 from trainer.runtime.collective.collective_task import equal_rows
 
 
-# --------------------------------------------------------------------------- the rule, pure
+# --------------------------------------------------------------------------- the algorithm, pure
 
 
 def test_allreduce_is_a_named_collective_rule():
-    rule = get_algorithm("allreduce")
-    assert isinstance(rule, AllReduce) and ALGORITHMS["allreduce"] is AllReduce
-    assert rule.fit_kind == "collective" and rule.exchanges_optimizer_state
-    assert rule.describe() == "allreduce(every step)"
-    # it poses as no parameter-server rule: the server-side and worker-side functions are the base's (unset)
-    assert type(rule).server_commit is Algorithm.server_commit and type(rule).worker_payload is Algorithm.worker_payload
+    algorithm = get_algorithm("allreduce")
+    assert isinstance(algorithm, AllReduce) and ALGORITHMS["allreduce"] is AllReduce
+    assert algorithm.fit_kind == "collective" and algorithm.exchanges_optimizer_state
+    assert algorithm.describe() == "allreduce(every step)"
+    # it poses as no parameter-server algorithm: the server-side and worker-side functions are the base's (unset)
+    assert type(algorithm).server_commit is Algorithm.server_commit
+    assert type(algorithm).worker_payload is Algorithm.worker_payload
     endpoint = ReportedState()  # the collective fit's once-per-epoch endpoint
     state = [np.arange(3.0), np.ones((2, 2))]
     center, reply = endpoint.server_commit([np.zeros(3), np.zeros((2, 2))], state, staleness=0)
@@ -68,7 +69,8 @@ def test_every_keras_backend_has_a_collective_path_and_another_is_named_with_the
     from trainer.algorithms.allreduce import COLLECTIVE_BACKENDS
     from trainer.runtime.backends import KERAS_BACKENDS, keras_backend
 
-    assert set(COLLECTIVE_BACKENDS) == set(KERAS_BACKENDS)  # the one registry, named again where rules import nothing
+    # the one registry, named again where the algorithms import nothing
+    assert set(COLLECTIVE_BACKENDS) == set(KERAS_BACKENDS)
     for backend in KERAS_BACKENDS:
         AllReduce().check_backend(backend)
         assert keras_backend(backend).name == backend

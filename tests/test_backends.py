@@ -27,8 +27,8 @@ def test_fit_resume_transform_evaluate_and_save_under_this_backend(digits, tmp_p
                     verbose=False).fit(train)
     assert first.history.backend == backend
     assert {w["backend"] for w in first.history.workers} == {backend}
-    # no rule named: the embedded cluster is one host, so the fit chose DOWNPOUR and kept why
-    assert first.history.choice["rule"] == "downpour" and first.history.choice["facts"]["hosts"] == 1
+    # no algorithm named: the embedded cluster is one host, so the fit chose DOWNPOUR and kept why
+    assert first.history.choice["algorithm"] == "downpour" and first.history.choice["facts"]["hosts"] == 1
 
     resumed = Trainer(digits_model(0.005), num_workers=2, epochs=4, verbose=False).fit(
         train, resume_from=str(checkpoints))

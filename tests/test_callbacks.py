@@ -52,7 +52,7 @@ def test_early_stopping_stops_the_workers_and_restores_the_best_center(spark, tm
     assert all(e["val_rows"] == 200 for e in history.epochs), history.epochs
     assert all({"updates", "bytes", "staleness", "epoch_time_s"} <= set(e) for e in history.epochs)
     # the workers really stopped. The driver's epoch ends when every worker has ended it, so the
-    # slowest worker sets the pace: under a synchronous rule no worker ran all the epochs; under an
+    # slowest worker sets the pace: under a synchronous algorithm no worker ran all the epochs; under an
     # asynchronous one a fast worker may finish its epochs before the slowest one's epoch stops the
     # fit (seen on a loaded 2-core machine), and the slowest one must not have run them all.
     ended = [len([e for e in w["epochs"] if "end" in e]) for w in history.workers]

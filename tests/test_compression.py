@@ -1,4 +1,4 @@
-"""Codecs for committed deltas (trainer.algorithms.compression) and the Compressed rule, over a real loopback server."""
+"""Codecs for committed deltas (trainer.algorithms.compression) and the Compressed algorithm, over a loopback server."""
 
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def test_topk_with_feedback_moves_every_coordinate_without_it_small_ones_never_m
     assert np.count_nonzero(without) == 5  # the same five, every time
 
 
-# -- the Compressed rule ------------------------------------------------------------------------
+# -- the Compressed algorithm ------------------------------------------------------------------------
 
 
 def test_compressed_rule_decodes_on_the_server_and_keeps_the_inner_rule():
@@ -186,21 +186,21 @@ def test_compressed_rule_decodes_on_the_server_and_keeps_the_inner_rule():
     center = [np.full(4, 10.0, np.float32)]
     for inner, expected in ((DOWNPOUR(), [11, 12, 13, 14]), (ADAG(window=2), [10.5, 11, 11.5, 12]),
                             (DynSGD(), [10.5, 11, 11.5, 12])):
-        rule = with_compression(inner, "bf16")
-        assert rule.window == inner.window and rule.name == inner.name and not rule.synchronous
-        payload, residual = rule.worker_commit(w, w0, None)
+        algorithm = with_compression(inner, "bf16")
+        assert algorithm.window == inner.window and algorithm.name == inner.name and not algorithm.synchronous
+        payload, residual = algorithm.worker_commit(w, w0, None)
         assert payload[0].dtype == np.int16 and all(np.all(r == 0) for r in residual)
-        new_center, reply = rule.server_commit(center, payload, staleness=1)
+        new_center, reply = algorithm.server_commit(center, payload, staleness=1)
         np.testing.assert_array_equal(new_center[0], np.array(expected, np.float32))
         assert reply[0].dtype == np.float32
     assert "bf16" in with_compression(DOWNPOUR(), "bf16").describe()
     assert with_compression(DOWNPOUR(), "none") == DOWNPOUR()
 
 
-@pytest.mark.parametrize("rule", [EASGD(), SyncAveraging()])
-def test_compression_refuses_rules_that_send_full_weights(rule):
+@pytest.mark.parametrize("algorithm", [EASGD(), SyncAveraging()])
+def test_compression_refuses_rules_that_send_full_weights(algorithm):
     with pytest.raises(AlgorithmConfigError, match="commit deltas"):
-        with_compression(rule, "fp16")
+        with_compression(algorithm, "fp16")
     with pytest.raises(AlgorithmConfigError, match="compressed already"):
         with_compression(with_compression(DOWNPOUR(), "fp16"), "bf16")
 
@@ -208,16 +208,16 @@ def test_compression_refuses_rules_that_send_full_weights(rule):
 @pytest.mark.timeout(30)
 def test_topk_commits_through_a_real_parameter_server_and_bad_payloads_get_a_clear_error():
     center = [np.zeros((8, 8), np.float32), np.zeros(8, np.float32)]
-    rule = Compressed(DOWNPOUR(window=1), TopK(0.25))
-    with ParameterServer(rule, center, 1, SECRET) as ps:
+    algorithm = Compressed(DOWNPOUR(window=1), TopK(0.25))
+    with ParameterServer(algorithm, center, 1, SECRET) as ps:
         with PSClient(*ps.address, SECRET, worker=0) as c:
             c.connect()
             anchor, _ = c.hello()
             weights = [np.arange(64, dtype=np.float32).reshape(8, 8), np.ones(8, np.float32)]
-            payload, residual = rule.worker_commit(weights, [np.array(a) for a in anchor], None)
+            payload, residual = algorithm.worker_commit(weights, [np.array(a) for a in anchor], None)
             reply, meta = c.commit(payload, {"epoch": 0, "step": 1})
             assert meta["version"] == 1
-            sent = rule.codec.decode(payload, center)
+            sent = algorithm.codec.decode(payload, center)
             for got, s, r, w in zip(reply, sent, residual, weights):
                 np.testing.assert_array_equal(got, s)
                 np.testing.assert_array_equal(s + r, w)
@@ -244,27 +244,27 @@ def test_trainer_option_wraps_the_rule_or_names_the_problem():
 def test_compressed_rule_survives_pickling_as_in_a_spark_task():
     import pickle
 
-    rule = with_compression(DynSGD(window=3), "topk:0.05")
-    copy = pickle.loads(pickle.dumps(rule))
-    assert copy == rule and copy.window == 3 and copy.describe() == rule.describe()
+    algorithm = with_compression(DynSGD(window=3), "topk:0.05")
+    copy = pickle.loads(pickle.dumps(algorithm))
+    assert copy == algorithm and copy.window == 3 and copy.describe() == algorithm.describe()
 
 
 @pytest.mark.parametrize("codec", [Float16(), BFloat16(), TopK(0.1), TopK(1.0)], ids=lambda c: c.describe())
 @pytest.mark.parametrize("inner", [DOWNPOUR(), ADAG(window=4), DynSGD()], ids=lambda r: r.name)
 def test_compressed_server_apply_gives_the_bits_of_server_commit(codec, inner):
-    rule = Compressed(inner, codec)
-    assert rule.payload_arrays == codec.wire_arrays == (2 if isinstance(codec, TopK) else 1)
+    algorithm = Compressed(inner, codec)
+    assert algorithm.payload_arrays == codec.wire_arrays == (2 if isinstance(codec, TopK) else 1)
     center = delta(3)
-    payload, _ = rule.worker_commit(delta(4), [np.zeros_like(c) for c in center], None)
-    expected, _ = rule.server_commit(center, payload, staleness=2)
+    payload, _ = algorithm.worker_commit(delta(4), [np.zeros_like(c) for c in center], None)
+    expected, _ = algorithm.server_commit(center, payload, staleness=2)
     out = [np.full_like(c, np.nan) for c in center]
-    rule.server_apply(center, payload, 2, out)
+    algorithm.server_apply(center, payload, 2, out)
     for o, e in zip(out, expected):
         assert o.dtype == e.dtype and o.tobytes() == e.tobytes()
-    per = rule.payload_arrays  # one tensor at a time, as the server calls it
+    per = algorithm.payload_arrays  # one tensor at a time, as the server calls it
     out = [np.empty_like(c) for c in center]
     for i in range(len(center)):
-        rule.server_apply(center[i:i + 1], payload[per * i:per * (i + 1)], 2, out[i:i + 1])
+        algorithm.server_apply(center[i:i + 1], payload[per * i:per * (i + 1)], 2, out[i:i + 1])
     for o, e in zip(out, expected):
         assert o.tobytes() == e.tobytes()
 

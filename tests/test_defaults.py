@@ -45,7 +45,7 @@ def batteries(request, tmp_path_factory):
     Keras backend. Under TensorFlow with the defaults' test selected (make test's main run), ONE run of the
     benchmark serves the three, all-reduce first (``--algorithm allreduce,localsgd,default``: the benchmark's
     docstring says why all-reduce goes first): one embedded cluster, one driver and one plain-Keras run per
-    problem instead of one of each per rule. The backend runs select the all-reduce test only."""
+    problem instead of one of each per algorithm. The backend runs select the all-reduce test only."""
     import keras
 
     backend = keras.backend.backend()

@@ -134,7 +134,7 @@ def printed_literals(output: str) -> list:
 
 
 def shown_tables(output: str) -> list[list[str]]:
-    """The tables DataFrame.show() printed: each the list of its rows (header first), the +---+ rules left out."""
+    """The tables DataFrame.show() printed: each the list of its rows (header first), the +---+ algorithms left out."""
     tables, current = [], []
     for line in output.splitlines() + [""]:
         if line.startswith(("+-", "|")):
@@ -154,7 +154,7 @@ def evaluated(output: str, metric: str = "accuracy") -> list[float]:
 
 
 # The 2,000 rows of the README's and the guide's example: 10 classes whose centres lie about 11 apart, noise 2
-# per feature: 4 epochs of Adam at 1e-3 reach 0.93-0.95 as a rule, and 0.8985 once on a loaded machine
+# per feature: 4 epochs of Adam at 1e-3 reach 0.93-0.95 as an algorithm, and 0.8985 once on a loaded machine
 # (2026-11-27, the README's 2-worker fit beside make test's backend runs); chance is 0.1, so 0.8 still tells a
 # fit that learned from one that did not.
 LEARNED = 0.8

@@ -12,7 +12,7 @@ Four checks, pure Python (no Spark), in ``make test-quick``'s tier:
   first sentence; ``python tests/test_docs_current.py --write`` writes it between its markers.
 * **Defaults as the code has them.** ``STATED_DEFAULTS`` declares where a page states a default and which
   option it is; the value in the text must equal ``FitOptions.default(name)`` (``trainer/options.py``) or the
-  rule's own field. A page that drops the sentence fails too: move the row with it.
+  algorithm's own field. A page that drops the sentence fails too: move the row with it.
 
 Code blocks and code spans count for the file check (a path in backticks is a claim), not for the history check
 (a hash in a command's output is not history); link targets are left to ``test_docs_links.py``.
@@ -273,8 +273,8 @@ def test_a_wrong_default_is_found(tmp_path):
 
 def test_the_first_sentence_is_cut_where_the_sentence_ends(tmp_path):
     source = tmp_path / "test_x.py"
-    source.write_text('"""The rule (trainer.algorithms.x): exact values. Then more.\n\nDetails."""\n')
-    assert first_sentence(source) == "The rule (trainer.algorithms.x): exact values."
+    source.write_text('"""The algorithm (trainer.algorithms.x): exact values. Then more.\n\nDetails."""\n')
+    assert first_sentence(source) == "The algorithm (trainer.algorithms.x): exact values."
     source.write_text('"""No full stop here\nbut two lines\n\nDetails."""\n')
     assert first_sentence(source) == "No full stop here but two lines"
     page = f"a\n{TABLE_BEGIN}\nold\n{TABLE_END}\nb"

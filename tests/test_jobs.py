@@ -164,7 +164,7 @@ def test_forecast_flags_and_defaults(forecast_job, capsys):
     assert trainer_options(forecast_job.parse_args(["--algorithm", "dynsgd", "--overlap"]), "gru", 2)[0]["overlap"]
     with pytest.raises(SystemExit):  # averaging waits for every worker at every round: nothing to overlap
         forecast_job.parse_args(["--overlap"])
-    assert "--overlap needs a delta rule with a window" in capsys.readouterr().err
+    assert "--overlap needs a delta algorithm with a window" in capsys.readouterr().err
     assert trainer_options(forecast_job.parse_args(["--algorithm", "dynsgd", "--compression", "TopK:0.01"]), "gru",
                            2)[0]["compression"] == "topk:0.01"
     both = forecast_job.parse_args(["--algorithm", "dynsgd", "--compression", "bf16", "--compress-replies"])
@@ -280,7 +280,7 @@ def test_an_allreduce_step_is_broken_down_against_the_side_by_side_limit():
     assert by["framework_ms"] == pytest.approx(3.0)  # 40 - 12 - 25
     assert by["epoch_end_ms"] == pytest.approx(5.0)  # 450 ms an epoch over 10 steps, 40 of them in fit
     assert "| cnn | 2 | 40.00 | 25.00 | 8.00 | 4.00 | 3.00 | 5.00 |" in step_breakdown_table([by])
-    # JAX measures no all-reduce time: compute and the epoch's end only; other rules: nothing
+    # JAX measures no all-reduce time: compute and the epoch's end only; other algorithms: nothing
     jax = allreduce_parts(SimpleNamespace(workers=[{**r, "allreduce_ms": None} for r in records]))
     assert set(jax) == {"step_ms", "step_rows", "steps_per_epoch"}
     assert allreduce_parts(SimpleNamespace(workers=[{"commits": 3}])) == {}
@@ -393,7 +393,7 @@ def test_bench_runs_each_job_again_with_allreduce_next_to_the_default_rule(bench
     assert [(s.job, s.label) for s in steps] == [("mnist", ""), ("mnist", "allreduce"), ("forecast", ""),
                                                 ("forecast", "allreduce")]
     for default, allreduce in (steps[:2], steps[2:]):
-        assert allreduce.workers == [1, 2, 4]  # 4 time-shared here; not the 8 the default forecast rule runs
+        assert allreduce.workers == [1, 2, 4]  # 4 time-shared here; not the 8 the default forecast algorithm runs
         assert allreduce.argv[-2:] == ["--algorithm", "allreduce"]
         assert allreduce.argv[allreduce.argv.index("--out") + 1] == str(tmp_path / f"{default.job}-allreduce")
         assert {a for a in default.argv if a.startswith("--")} == {a for a in allreduce.argv[:-2]
@@ -413,7 +413,7 @@ def test_bench_passes_more_job_arguments_and_checks_them_before_running(bench_jo
                 "--workers 3": "may not set --workers", "--out=elsewhere": "may not set --out",
                 "--epochs '2": "No closing quotation",
                 "--overlap": "refused --mnist-args '--overlap' in its all-reduce run (--algorithm allreduce; "
-                             "or --skip-allreduce): --overlap needs a delta rule"}
+                             "or --skip-allreduce): --overlap needs a delta algorithm"}
     for text, message in refusals.items():
         with pytest.raises(SystemExit):
             bench_job.parse_args([f"--mnist-args={text}"])
@@ -466,7 +466,7 @@ def test_bench_summary_puts_the_default_rule_and_allreduce_side_by_side(bench_jo
     text = bench_job.write_summary(tmp_path, [(mnist, 0, 60.0), (mnist_allreduce, 0, 60.0)],
                                    bench_job.dt.datetime.now(bench_job.dt.timezone.utc), quick=False).read_text()
     assert "## MNIST CNN: allreduce" in text and "[mnist.log](mnist-allreduce/mnist.log)" in text
-    table = text.split("### MNIST CNN: the default rule and all-reduce side by side")[1]
+    table = text.split("### MNIST CNN: the default algorithm and all-reduce side by side")[1]
     assert "| cnn | 2 | jax | allreduce(every step) | 12.0" in table
     assert "| cnn | 0 | jax | plain keras |" in table and "| downpour(auto window) |" in table
 

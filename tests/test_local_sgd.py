@@ -1,4 +1,4 @@
-"""Periodic averaging over the all-reduce group (``AllReduce(period=H)``, ``LocalSGD``): the rule, the average,
+"""Periodic averaging over the all-reduce group (``AllReduce(period=H)``, ``LocalSGD``): the algorithm, the average,
 the period sized by time, and the collective loop under each Keras backend.
 
 The pure parts run without Spark or a backend. The loop runs as two real collective processes on the backend's
@@ -23,15 +23,17 @@ from trainer.runtime.collective.averaging import Averager, choose_period
 from trainer.runtime.collective.loop import epoch_order
 
 
-# --------------------------------------------------------------------------- the rule and the average, pure
+# --------------------------------------------------------------------------- the algorithm and the average, pure
 
 
 def test_localsgd_is_allreduce_with_a_time_sized_period_and_bfloat16_on_the_wire():
-    rule = get_algorithm("localsgd")
-    assert ALGORITHMS["localsgd"] is LocalSGD and isinstance(rule, AllReduce) and rule.fit_kind == "collective"
-    assert (rule.period, rule.max_period, rule.wire, rule.lr_scaling) == ("auto", 16, "bf16", "linear")
-    assert rule.periodic and not AllReduce().periodic
-    assert rule.describe() == "localsgd(averaged every auto <= 16 steps, bf16)"
+    algorithm = get_algorithm("localsgd")
+    assert ALGORITHMS["localsgd"] is LocalSGD and isinstance(algorithm, AllReduce)
+    assert algorithm.fit_kind == "collective"
+    assert (algorithm.period, algorithm.max_period, algorithm.wire, algorithm.lr_scaling) == (
+        "auto", 16, "bf16", "linear")
+    assert algorithm.periodic and not AllReduce().periodic
+    assert algorithm.describe() == "localsgd(averaged every auto <= 16 steps, bf16)"
     assert AllReduce(period=8).describe() == "allreduce(averaged every 8 steps)"
     assert get_algorithm("localsgd", period=4, wire="fp32").describe() == "localsgd(averaged every 4 steps)"
 
@@ -148,7 +150,7 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     weights equal the two-replica reference's (``_reference``) after 6 local steps and 4 averages (every 2 steps
     and at each epoch end), at twice the compiled rate (linear scaling for 2 workers); its optimizer counted its
     own 6 steps."""
-    rule = AllReduce(period=2, wire="bf16")
+    algorithm = AllReduce(period=2, wire="bf16")
     rng = np.random.default_rng(1)
     x = rng.random((96, 64), dtype=np.float32)
     y = rng.integers(0, 10, 96).astype(np.int32)
@@ -157,7 +159,7 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     model = digits_model(0.005)
     model.optimizer.build(model.trainable_variables)
     start = [w.copy() for w in model.get_weights()]
-    records, center = run_processes(model, shards, rule, batch_size=16, epochs=2, seed=5)
+    records, center = run_processes(model, shards, algorithm, batch_size=16, epochs=2, seed=5)
     reference = _reference(start, shards, 0.005 * 2, 16, 2, seed=5, period=2)
     weights = len(reference.weights)
     for got, want in zip(center[:weights], reference.get_weights()):
@@ -176,7 +178,7 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
 # --------------------------------------------------------------------------- the default's choice, pure
 
 
-@pytest.mark.parametrize("facts, rule, why", [
+@pytest.mark.parametrize("facts, algorithm, why", [
     (dict(workers=1, hosts=3), "downpour", "one worker"),
     (dict(workers=3, hosts=4), "localsgd", "3 workers on 4 hosts"),
     (dict(workers=2, gpus_per_worker=1, hosts=1), "localsgd", "2 workers on GPUs"),
@@ -184,12 +186,12 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     (dict(workers=2, hosts=None), "downpour", "2 CPU workers on hosts not known"),
     (dict(workers=4, hosts=4, ps_options=("compression",)), "downpour", "compression asked for the parameter server"),
 ])
-def test_with_no_rule_named_the_fit_chooses_from_what_it_runs_on(facts, rule, why):
-    from trainer.algorithms.choice import FitFacts, choose_rule
+def test_with_no_rule_named_the_fit_chooses_from_what_it_runs_on(facts, algorithm, why):
+    from trainer.algorithms.choice import FitFacts, choose_algorithm
 
-    choice = choose_rule(FitFacts(**facts))
-    assert choice.rule.name == rule and why in choice.reason
-    assert choice.line().startswith(f"rule: {choice.rule.describe()} (chosen: ")
+    choice = choose_algorithm(FitFacts(**facts))
+    assert choice.algorithm.name == algorithm and why in choice.reason
+    assert choice.line().startswith(f"algorithm: {choice.algorithm.describe()} (chosen: ")
     assert choice.record()["facts"]["workers"] == facts["workers"]
 
 
@@ -197,12 +199,12 @@ def test_the_trainer_keeps_auto_across_changed_options_and_a_named_rule_is_not_c
     from trainer import DOWNPOUR, Trainer
 
     trainer = Trainer(digits_model, num_workers=2)
-    assert trainer.algorithm == DOWNPOUR() and trainer.options.rule_choice is not None  # no hosts known yet
+    assert trainer.algorithm == DOWNPOUR() and trainer.options.algorithm_choice is not None  # no hosts known yet
     trainer.epochs = 3  # the options are checked again: still chosen per fit
-    assert trainer.options.rule_choice is not None and trainer.options.given("algorithm") == "auto"
+    assert trainer.options.algorithm_choice is not None and trainer.options.given("algorithm") == "auto"
     assert trainer.options.facts(hosts=2).hosts == 2
     named = Trainer(digits_model, num_workers=2, algorithm="downpour")
-    assert named.options.rule_choice is None and named.options.given("algorithm") == DOWNPOUR()
+    assert named.options.algorithm_choice is None and named.options.given("algorithm") == DOWNPOUR()
     compressed = Trainer(digits_model, num_workers=2, compression="bf16")
     assert compressed.options.facts(hosts=3).ps_options == ("compression",)
     plain = Trainer(digits_model, num_workers=2, compression="none")  # as the jobs pass it: no compression
@@ -210,9 +212,9 @@ def test_the_trainer_keeps_auto_across_changed_options_and_a_named_rule_is_not_c
 
 
 def test_the_measured_period_joins_the_choice_in_the_history():
-    from trainer.algorithms.choice import FitFacts, choose_rule, measured_choice, measured_line
+    from trainer.algorithms.choice import FitFacts, choose_algorithm, measured_choice, measured_line
 
-    choice = choose_rule(FitFacts(workers=2, hosts=2))
+    choice = choose_algorithm(FitFacts(workers=2, hosts=2))
     records = [{"worker": 1, "period": 8}, {"worker": 0, "period": 8, "wire": "bf16", "probe_step_ms": 31.0,
                                             "probe_average_ms": 12.0, "average_bytes": 2_000_000, "rows": 5}]
     measured = measured_choice(choice, records).record()["measured"]

@@ -63,9 +63,10 @@ def test_the_lab_notebook_runs_on_a_cluster(drivers_cluster, tmp_path, monkeypat
 
 
 def test_the_notebook_uses_the_public_api_and_the_lab_s_worker_count():
-    """The notebook teaches what the docs advise: the public API, the default rule, the lab's TRAINER_WORKERS."""
+    """The notebook teaches what the docs advise: the public API, the default algorithm, the lab's TRAINER_WORKERS."""
     source = NOTEBOOK.read_text(encoding="utf-8")
     assert "TRAINER_WORKERS" in source, "the notebook must follow the lab's worker count (compose and k8s set it)"
     for internal in ("trainer.spark", "trainer.runtime", "trainer.fit", "wait_for_executors", "NUM_WORKERS"):
         assert internal not in source, f"the notebook uses {internal!r}: use the public API (trainer, trainer.ml)"
-    assert "algorithm=" not in source, "the notebook trains with the default rule (docs/guide.md#choosing-a-rule)"
+    assert "algorithm=" not in source, \
+        "the notebook trains with the default algorithm (docs/guide.md#choosing-an-algorithm)"

@@ -3,7 +3,7 @@
 A shard larger than the worker's budget (``Trainer(shard_budget_mb=...)``, the
 small memory limit of these tests) is streamed from a spill file in the
 executor's local directory and trains as well as in memory: with shared
-epochs, with a synchronous rule that needs padded, equal shards, and across a
+epochs, with a synchronous algorithm that needs padded, equal shards, and across a
 resume from a checkpoint. The killed-executor retry runs on both paths in
 ``test_faults.py``. The spill file and the shuffle buffer are tested without
 Spark in ``test_spill.py``.

@@ -49,8 +49,8 @@ def good() -> list[np.ndarray]:
     return [np.full((4, 3), 0.5, "f4"), np.full(3, 0.5, "f4")]
 
 
-def server(rule=None, **kw) -> ParameterServer:
-    return ParameterServer(rule or AddRule(), center(), kw.pop("num_workers", 1), SECRET, weight_names=NAMES, **kw)
+def server(algorithm=None, **kw) -> ParameterServer:
+    return ParameterServer(algorithm or AddRule(), center(), kw.pop("num_workers", 1), SECRET, weight_names=NAMES, **kw)
 
 
 def client(ps: ParameterServer, worker: int = 0, attempt: int = 0) -> PSClient:

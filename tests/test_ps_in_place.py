@@ -1,6 +1,6 @@
 """The parameter server's in-place path under concurrent clients (trainer.ps.center, trainer.ps.commits).
 
-Real rules (DOWNPOUR, DynSGD), real sockets, client threads and client
+Real algorithms (DOWNPOUR, DynSGD), real sockets, client threads and client
 processes committing at once. Deltas are multiples of powers of two small
 enough that every sum is exact in any order, so the final center must equal
 the initial one plus every delta, bit for bit. Every commit adds the same

@@ -1,7 +1,7 @@
 """Tests of the parameter server and its client over loopback (trainer.ps.server, trainer.ps.ps_client):
 lifecycle, asynchronous requests and synchronous rounds. Hostile peers: test_ps_server_peers.py.
 
-The update rules are the fakes of tests/ps_fakes.py, so these tests do not depend on the real rules.
+The algorithms are the fakes of tests/ps_fakes.py, so these tests do not depend on the real algorithms.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def test_constructor_validation():
 
 @pytest.mark.timeout(20)
 def test_pull_commit_round_trip_version_and_staleness():
-    rule = AddRule()
+    algorithm = AddRule()
     seen = []
-    with server(rule, num_workers=2, on_update=seen.append) as ps:
+    with server(algorithm, num_workers=2, on_update=seen.append) as ps:
         with client(ps, 0) as c0, client(ps, 1) as c1:
             center, meta = c0.hello()
             assert meta == {"version": 0, "start_epoch": 0, "num_workers": 2}
@@ -80,7 +80,7 @@ def test_pull_commit_round_trip_version_and_staleness():
             assert meta["staleness"] == 0  # the pull refreshed c0
             assert c0.bytes_sent > 0 and c0.bytes_received > 0
 
-        assert rule.staleness == [0, 1, 0, 0]
+        assert algorithm.staleness == [0, 1, 0, 0]
         np.testing.assert_array_equal(ps.center()[0], np.full(3, 5.0, "f4"))
         assert ps.center()[0].flags.writeable
         records = ps.updates

@@ -31,9 +31,9 @@ def constant(value: float) -> list[np.ndarray]:
     return [np.full(s, value, np.float32) for s in SHAPES]
 
 
-def client(ps, worker: int = 0, rule=None, attempt: int = 0) -> ShardedPSClient:
+def client(ps, worker: int = 0, algorithm=None, attempt: int = 0) -> ShardedPSClient:
     return ShardedPSClient(ps.addresses, ps.credentials, worker, attempt, timeout=20,
-                           split=rule.split_payload if rule is not None else None).connect()
+                           split=algorithm.split_payload if algorithm is not None else None).connect()
 
 
 @pytest.mark.parametrize("shards", [1, 2, 3, 5])
@@ -107,15 +107,15 @@ def test_concurrent_commits_add_up_on_every_shard_and_shard_0_keeps_the_books():
 
 @pytest.mark.timeout(60)
 def test_a_sharded_top_k_commit_lands_where_the_unsharded_one_does():
-    rule = with_compression(DOWNPOUR(window=1), "topk:0.3")
+    algorithm = with_compression(DOWNPOUR(window=1), "topk:0.3")
     rng = np.random.default_rng(0)
     weights = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
-    payload, _ = rule.worker_commit(weights, zeros(), None)
-    with ParameterServer(rule, zeros(), 1, SECRET) as single, connect_ps(single.addresses, SECRET, 0) as c:
+    payload, _ = algorithm.worker_commit(weights, zeros(), None)
+    with ParameterServer(algorithm, zeros(), 1, SECRET) as single, connect_ps(single.addresses, SECRET, 0) as c:
         c.hello()
         expected, _ = c.commit(payload, {})
         expected = [np.array(a) for a in expected]
-    with ShardedParameterServer(rule, zeros(), 1, SECRET, shards=2) as ps, client(ps, 0, rule) as c:
+    with ShardedParameterServer(algorithm, zeros(), 1, SECRET, shards=2) as ps, client(ps, 0, algorithm) as c:
         c.hello()
         reply, meta = c.commit(payload, {})
         assert meta["version"] == 1

@@ -59,8 +59,8 @@ def test_replies_need_a_compression_and_the_rule_says_so():
     def model():  # never called: the options are checked first
         raise AssertionError
 
-    rule = Trainer(model, algorithm="downpour", compression="bf16", compress_replies=True).algorithm
-    assert rule.reply_codec == BFloat16() and "replies too" in rule.describe()
+    algorithm = Trainer(model, algorithm="downpour", compression="bf16", compress_replies=True).algorithm
+    assert algorithm.reply_codec == BFloat16() and "replies too" in algorithm.describe()
     assert Trainer(model, algorithm="downpour", compression="bf16").algorithm.reply_codec is None
     with pytest.raises(AlgorithmConfigError, match="compress_replies=True needs a compression"):
         Trainer(model, algorithm="downpour", compress_replies=True)
@@ -71,11 +71,11 @@ def test_replies_need_a_compression_and_the_rule_says_so():
 
 @pytest.mark.timeout(60)
 def test_a_worker_gets_the_center_within_one_replys_rounding_at_half_the_bytes():
-    rule = with_compression(DOWNPOUR(window=1), "bf16", replies=True)
+    algorithm = with_compression(DOWNPOUR(window=1), "bf16", replies=True)
     dense_rule = with_compression(DOWNPOUR(window=1), "bf16")
     start = arrays(0)
     received = {}
-    for name, r in (("change", rule), ("dense", dense_rule)):
+    for name, r in (("change", algorithm), ("dense", dense_rule)):
         codec = r.reply_codec
         with ParameterServer(r, start, 2, SECRET) as ps, \
                 PSClient(*ps.address, SECRET, worker=0, reply_codec=codec) as c, \
@@ -106,11 +106,11 @@ def test_a_worker_gets_the_center_within_one_replys_rounding_at_half_the_bytes()
 
 @pytest.mark.timeout(60)
 def test_a_commit_before_hello_is_refused_with_compressed_replies_and_the_connection_stays():
-    rule = with_compression(DOWNPOUR(window=1), "bf16", replies=True)
-    with ParameterServer(rule, arrays(0), 1, SECRET) as ps, \
-            PSClient(*ps.address, SECRET, worker=0, reply_codec=rule.reply_codec) as c:
+    algorithm = with_compression(DOWNPOUR(window=1), "bf16", replies=True)
+    with ParameterServer(algorithm, arrays(0), 1, SECRET) as ps, \
+            PSClient(*ps.address, SECRET, worker=0, reply_codec=algorithm.reply_codec) as c:
         c.connect()
-        payload, _ = rule.worker_commit(arrays(1), arrays(0), None)
+        payload, _ = algorithm.worker_commit(arrays(1), arrays(0), None)
         with pytest.raises(RemoteError, match="sends HELLO before its first COMMIT"):
             c.commit(payload, {})
         assert ps.version == 0
@@ -120,8 +120,8 @@ def test_a_commit_before_hello_is_refused_with_compressed_replies_and_the_connec
 
 @pytest.mark.timeout(60)
 def test_a_client_without_the_servers_reply_codec_is_told_what_to_give_it():
-    rule = with_compression(DOWNPOUR(window=1), "bf16", replies=True)
-    with ParameterServer(rule, arrays(0), 1, SECRET) as ps:
+    algorithm = with_compression(DOWNPOUR(window=1), "bf16", replies=True)
+    with ParameterServer(algorithm, arrays(0), 1, SECRET) as ps:
         for given, said in ((None, "no reply codec"), (TopK(0.1), "'topk:0.1'")):
             with PSClient(*ps.address, SECRET, worker=0, reply_codec=given) as c:
                 c.connect()
@@ -132,18 +132,19 @@ def test_a_client_without_the_servers_reply_codec_is_told_what_to_give_it():
 
 @pytest.mark.timeout(60)
 def test_sharded_servers_compress_each_shards_reply_and_the_worker_gets_the_whole_center():
-    rule = with_compression(DOWNPOUR(window=1), "topk:0.3", replies=True)
+    algorithm = with_compression(DOWNPOUR(window=1), "topk:0.3", replies=True)
     start = arrays(0)
-    with ShardedParameterServer(rule, start, 1, SECRET, shards=2) as ps, \
-            connect_ps(ps.addresses, ps.credentials, 0, split=rule.split_payload, reply_codec=rule.reply_codec) as c:
+    with ShardedParameterServer(algorithm, start, 1, SECRET, shards=2) as ps, \
+            connect_ps(ps.addresses, ps.credentials, 0, split=algorithm.split_payload,
+                       reply_codec=algorithm.reply_codec) as c:
         held = [np.array(a) for a in c.hello()[0]]
         for step in range(1, 30):
-            payload, _ = rule.worker_commit([h + d for h, d in zip(held, arrays(step, 1e-2))], held, None)
+            payload, _ = algorithm.worker_commit([h + d for h, d in zip(held, arrays(step, 1e-2))], held, None)
             reply, meta = c.commit(payload, {"step": step})
             held = [np.array(a) for a in reply]
         assert meta["version"] == 29
         for _ in range(30):  # no more commits of weight: replies to empty ones bring the rest of the center
-            reply, _ = c.commit(rule.worker_commit(held, held, None)[0], {})
+            reply, _ = c.commit(algorithm.worker_commit(held, held, None)[0], {})
             held = [np.array(a) for a in reply]
         for got, want in zip(held, ps.center()):
             assert got.shape == want.shape

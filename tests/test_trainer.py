@@ -16,9 +16,10 @@ from trainer import (
 )
 from trainer_benchmarks.bench_quality import CASES as QUALITY_CASES
 
-# The floor of each rule's test accuracy: digits, 1,500 rows, 2 workers, batch 32, 8 epochs (chance: 0.1). The
+# The floor of each algorithm's test accuracy: digits, 1,500 rows, 2 workers, batch 32, 8 epochs (chance: 0.1). The
 # floors and the worst run of their calibration (20 runs each) are benchmarks/bench_quality.py's CASES; `make
-# bench-quality` runs each case 20 times again and writes the spread into docs/benchmarks.md. One fit per rule here.
+# bench-quality` runs each case 20 times again and writes the spread into docs/benchmarks.md. One fit per
+# algorithm here.
 ALGORITHMS = [pytest.param(case.algorithm(), case.workers, case.lr, case.floor, id=case.name,
                            marks=[pytest.mark.core] if case.name in ("adag", "sync-every-4") else [])
               for case in QUALITY_CASES]
@@ -226,7 +227,7 @@ def test_bad_arguments_are_named():
         Trainer("model.h5")
     with pytest.raises(ValueError, match="ps_shards` must be a positive integer"):
         Trainer(digits_model(), ps_shards=0)
-    with pytest.raises(ValueError, match="overlap=True` needs a delta rule with a window"):
+    with pytest.raises(ValueError, match="overlap=True` needs a delta algorithm with a window"):
         Trainer(digits_model(), algorithm=SyncAveraging(every=4), overlap=True)
     with pytest.raises(ValueError, match="cannot be sharded"):
         Trainer(digits_model(), algorithm=SyncAveraging(average_optimizer_state=True), ps_shards=2)

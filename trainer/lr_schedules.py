@@ -1,7 +1,7 @@
 """Learning rates for N data-parallel workers: scale the rate with N, warm up, then decay.
 
 Why scale. With a fixed budget of epochs, N workers that share each epoch
-take 1/N of the optimizer steps one worker takes, and an update rule that
+take 1/N of the optimizer steps one worker takes, and an algorithm that
 averages their progress (synchronous averaging, or DynSGD, which divides a
 commit by its staleness + 1, about N) moves the center like ONE worker taking
 those few steps on an N-times larger batch. Large-batch practice raises the

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 from trainer.algorithms import Algorithm, get_algorithm, parse_compression, with_compression
-from trainer.algorithms.choice import AUTO, FitFacts, choose_rule
+from trainer.algorithms.choice import AUTO, FitFacts, choose_algorithm
 from trainer.algorithms.delta import overlappable
 from trainer.errors import OptionError
 from trainer.ps.layout import check_shards
@@ -241,7 +241,7 @@ class SharedOptions(Options):
 
 @dataclass(kw_only=True)
 class FitOptions(SharedOptions):
-    """A fit's options: `SharedOptions` and the rule, the sizes, checkpoints, hooks, the feed, the server."""
+    """A fit's options: `SharedOptions` and the algorithm, the sizes, checkpoints, hooks, the feed, the server."""
 
     algorithm: Algorithm | str = option("auto", as_given)
     batch_size: int = option(32, positive_int)
@@ -262,10 +262,10 @@ class FitOptions(SharedOptions):
     overlap: bool = option(False, flag)
 
     def check_together(self) -> None:
-        # "auto": the rule for what is known here (no hosts yet); each fit chooses again with its cluster's hosts
-        self.rule_choice = choose_rule(self.facts()) if _is_auto(self.algorithm) else None
-        rule = self.rule_choice.rule if self.rule_choice is not None else self.algorithm
-        self.algorithm = with_compression(get_algorithm(rule), self.compression, replies=self.compress_replies)
+        # "auto": the algorithm for what is known here (no hosts yet); each fit chooses again with its cluster's hosts
+        self.algorithm_choice = choose_algorithm(self.facts()) if _is_auto(self.algorithm) else None
+        algorithm = self.algorithm_choice.algorithm if self.algorithm_choice is not None else self.algorithm
+        self.algorithm = with_compression(get_algorithm(algorithm), self.compression, replies=self.compress_replies)
         self.ps_shards = _domain(lambda shards: check_shards(shards, self.algorithm))("ps_shards", self.ps_shards)
         try:
             self.algorithm.check_workers(self.num_workers)
@@ -274,15 +274,16 @@ class FitOptions(SharedOptions):
         if self.min_workers > self.num_workers:
             raise _fail("min_workers", f"<= num_workers={self.num_workers}", self.min_workers)
         if self.overlap and not overlappable(self.algorithm):
-            raise OptionError(f"`overlap=True` needs a delta rule with a window (downpour, adag, dynsgd). Received: "
-                              f"{self.algorithm.describe()}. Fix: use one of those rules or overlap=False.")
+            raise OptionError(f"`overlap=True` needs a delta algorithm with a window (downpour, adag, dynsgd). "
+                              f"Received: {self.algorithm.describe()}. Fix: use one of those algorithms or "
+                              "overlap=False.")
 
 
     def given(self, name: str) -> Any:
-        return "auto" if name == "algorithm" and self.rule_choice is not None else getattr(self, name)
+        return "auto" if name == "algorithm" and self.algorithm_choice is not None else getattr(self, name)
 
     def facts(self, hosts: int | None = None) -> FitFacts:
-        """What an automatic choice of the rule goes by (``trainer.fit.choice``), `hosts` from the cluster."""
+        """What an automatic choice of the algorithm goes by (``trainer.fit.choice``), `hosts` from the cluster."""
         compressed = parse_compression(self.compression) is not None  # "none" is no compression
         ps_options = tuple(name for name, given in (("compression", compressed), ("overlap", self.overlap),
                                                     ("ps_shards", self.ps_shards != 1)) if given)

@@ -146,7 +146,7 @@ def epoch_logger(logger: RunLogger):
 
 
 def fit_params(trainer: Any, algorithm: Any, model, num_rows: int, validation_rows: int) -> dict[str, Any]:
-    """The parameters of a `Trainer` fit worth comparing across runs (`algorithm`: the rule the fit runs)."""
+    """The parameters of a `Trainer` fit worth comparing across runs (`algorithm`: the algorithm the fit runs)."""
     try:
         rate: Any = float(model.optimizer.learning_rate)
     except (AttributeError, TypeError, ValueError):

@@ -6,7 +6,7 @@ each commit the same payload in a loop through a real `PSClient` for a fixed
 time. `measure_raw` does the same with a plain TCP echo server: every client
 sends the bytes of one COMMIT frame and reads back the bytes of one reply, so
 the two differ only by what the parameter server does (framing, the frame
-MAC, decoding, the update rule under its lock, the reply). `measure_echo`
+MAC, decoding, the algorithm under its lock, the reply). `measure_echo`
 sits between them: the same frames, sealed and verified by the transport's
 real `Channel` with the frame MAC on both ends, echoed with no server work at
 all; it is the ceiling of any server that authenticates every frame with
@@ -58,29 +58,29 @@ def model_layout(params: int) -> list[tuple[int, ...]]:
 
 
 def _payload(shapes, compression: str | None, seed: int = 0) -> tuple[Any, list[np.ndarray], list[np.ndarray]]:
-    """(rule, center, payload on the wire) for DOWNPOUR with `compression` (a codec name, then ``+replies``
+    """(algorithm, center, payload on the wire) for DOWNPOUR with `compression` (a codec name, then ``+replies``
     for compressed replies too).
 
     Without compression only what every version of the package has is used
     (``DOWNPOUR``, ``worker_payload``): the script also measures older trees.
     """
-    rule = algorithms.DOWNPOUR(window=1)
+    algorithm = algorithms.DOWNPOUR(window=1)
     rng = np.random.default_rng(seed)
     center = [np.zeros(s, np.float32) for s in shapes]
     delta = [(rng.standard_normal(s) * 1e-3).astype(np.float32) for s in shapes]
     if compression in (None, "none"):
-        return rule, center, rule.worker_payload(delta, center)
+        return algorithm, center, algorithm.worker_payload(delta, center)
     name = compression.removesuffix(REPLIES)
-    rule = algorithms.with_compression(rule, name, **({"replies": True} if name != compression else {}))
-    payload, _ = rule.worker_commit(delta, center, None)
-    return rule, center, payload
+    algorithm = algorithms.with_compression(algorithm, name, **({"replies": True} if name != compression else {}))
+    payload, _ = algorithm.worker_commit(delta, center, None)
+    return algorithm, center, payload
 
 
 def _frames(shapes, compression: str | None, seed: int = 0) -> tuple[list, list]:
     """The buffers of one COMMIT frame and of its reply, as a client and the server send them."""
-    rule, center, payload = _payload(shapes, compression, seed)
+    algorithm, center, payload = _payload(shapes, compression, seed)
     meta = {"worker": 0, "epoch": 0, "step": 0, "loss": 0.1}
-    codec = getattr(rule, "reply_codec", None)
+    codec = getattr(algorithm, "reply_codec", None)
     reply = center if codec is None else codec.encode(center)
     return encode(Msg.COMMIT, meta, payload), encode(Msg.OK, {"version": 1}, reply)
 
@@ -92,10 +92,10 @@ def frame_bytes(shapes, compression: str | None) -> tuple[int, int]:
 
 
 def rule_seconds(shapes, compression: str | None, repeats: int = 5) -> float:
-    """Median seconds of the update rule alone, single thread: ``server_apply`` into a buffer allocated once
-    where the rule has it (decode and add, as the server runs it), else ``server_commit``."""
-    rule, center, payload = _payload(shapes, compression)
-    apply = getattr(rule, "server_apply", None)
+    """Median seconds of the algorithm alone, single thread: ``server_apply`` into a buffer allocated once
+    where the algorithm has it (decode and add, as the server runs it), else ``server_commit``."""
+    algorithm, center, payload = _payload(shapes, compression)
+    apply = getattr(algorithm, "server_apply", None)
     out = [np.empty_like(c) for c in center]
     times = []
     for _ in range(repeats + 1):  # the first touches the buffer's pages
@@ -103,7 +103,7 @@ def rule_seconds(shapes, compression: str | None, repeats: int = 5) -> float:
         if apply is not None:
             apply(center, payload, 0, out)
         else:
-            rule.server_commit(center, payload, 0)
+            algorithm.server_commit(center, payload, 0)
         times.append(time.perf_counter() - started)
     return statistics.median(times[1:])
 
@@ -112,11 +112,11 @@ def rule_seconds(shapes, compression: str | None, repeats: int = 5) -> float:
 
 
 def _ps_client(addresses, secret, worker, shapes, compression, seconds, ready, start, results) -> None:
-    rule, _, payload = _payload(shapes, compression, seed=worker)
-    codec = getattr(rule, "reply_codec", None)
+    algorithm, _, payload = _payload(shapes, compression, seed=worker)
+    codec = getattr(algorithm, "reply_codec", None)
     replies = {} if codec is None else {"reply_codec": codec}  # older trees have no compressed replies
     if len(addresses) > 1:
-        client = ShardedPSClient(addresses, secret, worker, timeout=120.0, split=rule.split_payload,
+        client = ShardedPSClient(addresses, secret, worker, timeout=120.0, split=algorithm.split_payload,
                                             **replies)
     else:
         client = PSClient(*addresses[0], secret, worker=worker, timeout=120.0, **replies)
@@ -287,14 +287,14 @@ def measure_ps(shapes, clients: int, seconds: float, compression: str | None = N
                frame_mac: bool | str = True) -> float:
     """Commits per second of `clients` processes against a real ParameterServer (or one of `shards` shards)
     in this process, with the default frame MAC (True), none (False) or the one named."""
-    rule, center, _ = _payload(shapes, compression)  # a bad codec fails here, before any process starts
+    algorithm, center, _ = _payload(shapes, compression)  # a bad codec fails here, before any process starts
     secret = new_secret()
     options = {} if frame_mac is True else {"frame_mac": frame_mac}  # older trees have no option: the MAC is on
     if shards > 1:
-        server = ShardedParameterServer(rule, center, clients, secret, shards=shards, io_timeout=120.0,
+        server = ShardedParameterServer(algorithm, center, clients, secret, shards=shards, io_timeout=120.0,
                                                    **options)
     else:
-        server = ParameterServer(rule, center, clients, secret, io_timeout=120.0, **options)
+        server = ParameterServer(algorithm, center, clients, secret, io_timeout=120.0, **options)
     with server as ps:
         addresses = getattr(ps, "addresses", [ps.address])
         credentials = getattr(ps, "credentials", secret)

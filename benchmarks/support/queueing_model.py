@@ -6,7 +6,7 @@ own exchange work (``worker_s``: reading its weights, building the payload,
 loading the reply), then one commit that must pass three shared stations of
 the server side, each serving one commit at a time:
 
-* the server's CPU (``server_s`` per commit: decoding, the update rule under
+* the server's CPU (``server_s`` per commit: decoding, the algorithm under
   its lock, copying and encoding the reply);
 * the driver link inbound (the COMMIT frame: ``4 * params * compression``
   bytes) and outbound (the reply: the dense center, ``4 * params`` bytes, or
@@ -198,7 +198,7 @@ def local_sgd_average_s(work: Workload, cluster: Cluster, n: int, hop_s: float =
 
 def local_sgd_period(step_s: float, average_s: float, max_period: int = 16, overhead: float = 0.05) -> int:
     """The period the trainer chooses for these times (``trainer.runtime.collective.averaging.choose_period``'s
-    rule, restated here: the scale model imports nothing of the package)."""
+    algorithm, restated here: the scale model imports nothing of the package)."""
     if average_s <= 0:
         return 1
     return int(min(max_period, max(1, -(-average_s // (overhead * step_s)))))

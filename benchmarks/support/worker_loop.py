@@ -162,7 +162,7 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
     from trainer.internals import CollectiveJob, ModelSource, ParameterServer, reserve_port, start_process, wait_process
 
     initial = model_in_fresh_process(builder, backend, seed)
-    rule = AllReduce(lr_scaling=lr_scaling)
+    algorithm = AllReduce(lr_scaling=lr_scaling)
     server = ParameterServer(ReportedState(), initial, 1, new_secret())  # task 0 reports once per epoch
     server.start()
     shards = np.array_split(np.arange(len(x)), workers)
@@ -178,7 +178,7 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
             job = CollectiveJob(model=ModelSource(builder=builder), ps_address=server.address,
                                 secret=server.credentials, addresses=addresses, process_id=pid, num_processes=workers,
                                 batch_size=batch_size, epochs=epochs, seed=seed, keras_backend=backend, cpus=threads,
-                                gpus=gpus, lr_factor=rule.learning_rate_factor(workers), parent_pid=os.getpid(),
+                                gpus=gpus, lr_factor=algorithm.learning_rate_factor(workers), parent_pid=os.getpid(),
                                 record={"worker": pid, "attempt": 0, "rows": len(shards[pid]), "padded_rows": rows})
             processes.append((start_process(directory, job), directory))
         records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]

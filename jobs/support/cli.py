@@ -134,7 +134,7 @@ def check_trainer_args(parser, args) -> None:
         except ValueError as exc:
             parser.error(f"{exc} In a job: --backend {'/'.join(BACKENDS)}.")
     if getattr(args, "overlap", False) and not overlappable(algorithm):
-        parser.error(f"--overlap needs a delta rule with a window (downpour, adag, dynsgd); received "
+        parser.error(f"--overlap needs a delta algorithm with a window (downpour, adag, dynsgd); received "
                      f"{algorithm.describe()}. Fix: pass --algorithm dynsgd (or downpour, adag), or drop --overlap.")
 
 

@@ -150,7 +150,7 @@ def allreduce_parts(history) -> dict[str, float]:
     the first epoch (tracing) left out as in the epoch times: ``step_ms`` (the time in ``fit``),
     ``in_allreduce_ms`` (in the step's all-reduce: waiting for the slower process, then reducing; not measured
     under JAX) and ``allreduce_ms`` (one all-reduce of the gradients alone, after a barrier); ``step_rows`` and
-    ``steps_per_epoch``, a process's. Empty for other rules."""
+    ``steps_per_epoch``, a process's. Empty for other algorithms."""
     workers = [w for w in history.workers if w.get("fit_s") and w.get("steps")]
     if not workers:
         return {}

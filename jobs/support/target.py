@@ -45,7 +45,7 @@ class EpochSnapshots:
 
 def score_epochs(snapshots: EpochSnapshots, model, score: Callable[[Any], float]) -> dict[int, float]:
     """``{epoch: score(model)}`` with `model` holding each snapshot's model weights in turn (the center's
-    first arrays; the rest is optimizer state for the rules that exchange it)."""
+    first arrays; the rest is optimizer state for the algorithms that exchange it)."""
     scores = {}
     for epoch, center in snapshots.epochs:
         model.set_weights(center[: len(model.weights)])

@@ -431,7 +431,7 @@ def check_the_notebooks_mlflow_run(lab, run_id: str) -> None:
     run_ = json.loads(body)["run"]
     assert run_["info"]["status"] == "FINISHED" and run_["info"]["run_name"] == "digits pipeline", run_["info"]
     params = {p["key"]: p["value"] for p in run_["data"]["params"]}
-    # the notebook's defaults: the rule chosen for the lab's hosts (local SGD), the lab's workers, its EPOCHS
+    # the notebook's defaults: the algorithm chosen for the lab's hosts (local SGD), the lab's workers, its EPOCHS
     expected = ("localsgd", str(LAB_WORKERS), str(NOTEBOOK_EPOCHS))
     assert (params["algorithm"], params["num_workers"], params["epochs"]) == expected, params
     metrics = {m["key"] for m in run_["data"]["metrics"]}

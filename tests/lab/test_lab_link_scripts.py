@@ -59,7 +59,7 @@ def test_shape_links_names_what_the_host_lacks(tmp_path, tools, uid, message):
 
 def test_bench_lab_plans_the_defaults_then_each_rule_at_each_link(bench_lab):
     args = bench_lab.parse_args(["--links", "unshaped,100mbit", "--workers", "2 1", "--runs", "3",
-                                 "--rules", "allreduce localsgd", "--jobs", "mnist"])
+                                 "--algorithms", "allreduce localsgd", "--jobs", "mnist"])
     submits = bench_lab.plan(args)
     assert [(s.link, s.asked, s.runs, s.baseline) for s in submits] == [
         ("unshaped", "default", 3, True), ("unshaped", "allreduce", 1, False), ("unshaped", "localsgd", 1, False),

@@ -1,4 +1,4 @@
-"""Distributed update rules: pure numpy functions, one module per rule.
+"""Distributed algorithms: pure numpy functions, one module per algorithm.
 
 Pick one by instance (``ADAG(window=12)``) or by name through
 :func:`get_algorithm` (``get_algorithm("adag", window=12)``).

@@ -16,11 +16,11 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from trainer.algorithms.base import check_window
-from trainer.algorithms.delta import DeltaRule
+from trainer.algorithms.delta import DeltaAlgorithm
 
 
 @dataclass(frozen=True)
-class ADAG(DeltaRule):
+class ADAG(DeltaAlgorithm):
     window: int = 12
 
     name: ClassVar[str] = "adag"

@@ -20,9 +20,9 @@ default) multiplies the compiled rate by N, ``"sqrt"`` by the square root
 of N, ``"none"`` keeps it (for a rate already set for the global batch).
 
 The driver hears from task 0 once per epoch, through the same parameter
-server as the other rules, but with one client only: task 0 commits the
+server as the other algorithms, but with one client only: task 0 commits the
 model's full state (weights and optimizer variables) at every epoch end and
-reports the epoch's logs. The endpoint's rule (``ReportedState``,
+reports the epoch's logs. The endpoint's algorithm (``ReportedState``,
 ``trainer.algorithms.reported``) keeps that state as the center: it is what
 checkpoints save, what the driver's callbacks see and where a retried stage resumes from. Nothing crosses the driver per step.
 
@@ -48,7 +48,7 @@ from typing import ClassVar
 from trainer.algorithms.base import COLLECTIVE, Algorithm, AlgorithmConfigError
 
 #: Keras backends with a collective path: every one ``trainer.runtime.backends.KERAS_BACKENDS`` registers (named
-#: again here because the rules import nothing of the package; tests/test_backends.py keeps the two equal).
+#: again here because the algorithms import nothing of the package; tests/test_backends.py keeps the two equal).
 COLLECTIVE_BACKENDS = ("jax", "tensorflow", "torch")
 #: How the compiled learning rate follows the global batch of N workers (the module docstring).
 LR_SCALING = {"linear": float, "sqrt": math.sqrt, "none": lambda workers: 1.0}
@@ -115,7 +115,7 @@ class AllReduce(Algorithm):
         raise AlgorithmConfigError(
             f"AllReduce trains on the Keras backend's own collective engine, which exists for "
             f"{', '.join(COLLECTIVE_BACKENDS)}. Received: backend={backend!r}. Fix: set KERAS_BACKEND to one of "
-            "them before Keras starts (the tasks use the driver's backend), or pick a parameter-server rule "
+            "them before Keras starts (the tasks use the driver's backend), or pick a parameter-server algorithm "
             "(leave `algorithm` out: DOWNPOUR)."
         )
 
@@ -136,18 +136,18 @@ class AllReduce(Algorithm):
         return f"{self.name}({cadence}{wire}){scaling}"
 
 
-def check_cadence(rule: AllReduce) -> None:
-    """Raise AlgorithmConfigError unless `rule`'s period, max_period and wire work together."""
-    period, bound, wire = rule.period, rule.max_period, rule.wire
+def check_cadence(algorithm: AllReduce) -> None:
+    """Raise AlgorithmConfigError unless `algorithm`'s period, max_period and wire work together."""
+    period, bound, wire = algorithm.period, algorithm.max_period, algorithm.wire
     if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
-        raise AlgorithmConfigError(f"{rule.name}'s max_period is an integer >= 1. Received: max_period={bound!r}. "
+        raise AlgorithmConfigError(f"{algorithm.name}'s max_period is an integer >= 1. Received: max_period={bound!r}. "
                                    f"Fix: leave it out ({MAX_PERIOD}) or pass e.g. max_period=8.")
     if period != "auto" and (isinstance(period, bool) or not isinstance(period, int) or period < 1):
         raise AlgorithmConfigError(
-            f"{rule.name}'s period is an integer >= 1 or 'auto'. Received: period={period!r}. Fix: period=1 for a "
+            f"{algorithm.name}'s period is an integer >= 1 or 'auto'. Received: period={period!r}. Fix: period=1 for a "
             "gradient all-reduce every step, period=8 to average the weights every 8 steps, or 'auto'.")
     if wire not in WIRES:
-        raise AlgorithmConfigError(f"{rule.name}'s wire is one of {', '.join(map(repr, WIRES))}. Received: "
+        raise AlgorithmConfigError(f"{algorithm.name}'s wire is one of {', '.join(map(repr, WIRES))}. Received: "
                                    f"wire={wire!r}. Fix: 'bf16' to halve the bytes of each average, else 'fp32'.")
     if wire != "fp32" and period == 1:
         raise AlgorithmConfigError(

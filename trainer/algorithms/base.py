@@ -1,4 +1,4 @@
-"""The contract every distributed update rule implements.
+"""The contract every distributed algorithm implements.
 
 An algorithm is a small frozen dataclass holding its hyper-parameters and four
 PURE functions (lists of numpy arrays in, lists of numpy arrays out). It knows
@@ -12,12 +12,12 @@ worker side (runs in each Spark task)
         once the server's reply arrives.
 
 server side (runs in the parameter server thread of the driver)
-    asynchronous rules (``synchronous = False``):
+    asynchronous algorithms (``synchronous = False``):
         ``server_commit(center, payload, staleness)`` -> ``(new_center, reply)``
         applied under a lock as soon as one worker's payload arrives.
         ``staleness`` is the number of center updates made by other workers
         since this worker last received the center.
-        Optional in-place form, for rules whose reply is the new center
+        Optional in-place form, for algorithms whose reply is the new center
         (DOWNPOUR, ADAG, DynSGD and their compressed forms):
         ``server_apply(center, payload, staleness, out)`` writes the new center
         into `out` (arrays shaped and typed like `center`, not aliasing it) and
@@ -27,19 +27,19 @@ server side (runs in the parameter server thread of the driver)
         ``payload_arrays`` arrays of that tensor, ``out[i:i+1]``) under that
         tensor's lock and keep its center allocated once
         (``trainer.ps.center``). The payload may alias `out`.
-    synchronous rules (``synchronous = True``):
+    synchronous algorithms (``synchronous = True``):
         ``server_round(center, payloads)`` -> ``(new_center, replies)``
         applied once every worker has sent its payload for the round;
         ``payloads`` and ``replies`` are ordered by worker index.
 
 ``window`` is the number of minibatches between two exchanges, ``None``
-for one exchange at the end of every epoch, or ``"auto"`` (rules with
+for one exchange at the end of every epoch, or ``"auto"`` (algorithms with
 ``auto_window``: DOWNPOUR, DynSGD) for a window the worker sizes from the
 measured step and exchange times (``trainer.runtime.ps_worker.cadence``). Every worker also makes one last
 exchange at the end of training if batches are left since its last one.
 
-Copies. A rule never modifies the arrays it is given, and nobody modifies the
-arrays a rule returns, so returned arrays may alias inputs or each other (the
+Copies. An algorithm never modifies the arrays it is given, and nobody modifies the
+arrays an algorithm returns, so returned arrays may alias inputs or each other (the
 reply of DOWNPOUR is the new center itself; the worker adopts the received
 reply without copying it). With a worker's 4 MB of weights every copy saved
 is about a millisecond per exchange.
@@ -47,10 +47,10 @@ is about a millisecond per exchange.
 Shards. With ``Trainer(ps_shards=S)`` each shard of the server holds flat
 pieces of the tensors; a worker's payload is cut into each shard's part by
 ``split_payload`` (flat views of a dense payload; a top-k payload is cut by
-index). Every rule but those that keep optimizer state on the server is
-element-wise, so each shard runs the same rule on its pieces.
+index). Every algorithm but those that keep optimizer state on the server is
+element-wise, so each shard runs the same algorithm on its pieces.
 
-Compression (``trainer.algorithms.compressed``) wraps a delta rule: the worker
+Compression (``trainer.algorithms.compressed``) wraps a delta algorithm: the worker
 calls ``worker_commit(weights, anchor, residual)``, which by default is
 ``worker_payload`` with the error-feedback residual passed through unchanged.
 """
@@ -65,7 +65,7 @@ import numpy as np
 Arrays = list[np.ndarray]
 #: The window a worker sizes itself from the measured step and exchange times (``trainer.runtime.ps_worker.cadence``).
 AUTO = "auto"
-#: The kinds of fit a rule declares (`Algorithm.fit_kind`; ``trainer.fit.kinds`` runs each): workers committing
+#: The kinds of fit an algorithm declares (`Algorithm.fit_kind`; ``trainer.fit.kinds`` runs each): workers committing
 #: to the driver's parameter server, or tasks averaging among themselves on the backend's collective engine.
 PARAMETER_SERVER, COLLECTIVE = "parameter server", "collective"
 #: Each shard's pieces of the model: ``(tensor index, first flat element, end)``.
@@ -86,7 +86,7 @@ class Algorithm:
     window: ClassVar[int | str | None] = None
 
     name: ClassVar[str] = "algorithm"
-    #: The kind of fit that runs this rule (``trainer.fit.kinds``): `PARAMETER_SERVER` or `COLLECTIVE`.
+    #: The kind of fit that runs this algorithm (``trainer.fit.kinds``): `PARAMETER_SERVER` or `COLLECTIVE`.
     fit_kind: ClassVar[str] = PARAMETER_SERVER
     #: True when ``window="auto"`` is allowed (the pure functions do not depend on the window).
     auto_window: ClassVar[bool] = False
@@ -100,7 +100,7 @@ class Algorithm:
         check_window(self.window, allow_auto=self.auto_window)
 
     def check_workers(self, num_workers: int) -> None:
-        """Raise AlgorithmConfigError if this rule cannot run on `num_workers`."""
+        """Raise AlgorithmConfigError if this algorithm cannot run on `num_workers`."""
 
     # -- worker side -------------------------------------------------------
     def worker_payload(self, weights: Sequence[np.ndarray], anchor: Sequence[np.ndarray]) -> Arrays:

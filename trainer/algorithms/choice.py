@@ -1,8 +1,8 @@
-"""The rule a fit runs when none is named (``algorithm="auto"``, the default): chosen from what the fit runs on.
+"""The algorithm a fit runs when none is named (``algorithm="auto"``, the default): chosen from what the fit runs on.
 
 At the start of every fit the driver looks at what it runs on (`FitFacts`:
 the workers, their GPUs, the hosts of the session's executors, and options
-that only the parameter server serves) and `choose_rule` picks:
+that only the parameter server serves) and `choose_algorithm` picks:
 
 * **one worker**: DOWNPOUR with its time-sized window: nothing to average,
   the parameter server's exchanges kept near 5 % of the time (a worker at
@@ -21,10 +21,10 @@ that only the parameter server serves) and `choose_rule` picks:
 * options only the parameter server serves (``compression``, ``overlap``,
   ``ps_shards`` above 1): DOWNPOUR.
 
-The choice and its reason are one line (`RuleChoice.line`) the fit logs and
+The choice and its reason are one line (`AlgorithmChoice.line`) the fit logs and
 shows above its progress bar; ``fitted.history.choice`` keeps them, with what
 the tasks then measured (the period they took, one average's time, the
-step's). Any rule can still be named: ``algorithm="downpour"``,
+step's). Any algorithm can still be named: ``algorithm="downpour"``,
 ``"allreduce"``, ``LocalSGD(period=8)``, ...
 """
 
@@ -52,53 +52,53 @@ class FitFacts:
 
 
 @dataclass(frozen=True)
-class RuleChoice:
-    """The rule a fit runs, why, and the facts it was chosen from."""
+class AlgorithmChoice:
+    """The algorithm a fit runs, why, and the facts it was chosen from."""
 
-    rule: Algorithm
+    algorithm: Algorithm
     reason: str
     facts: FitFacts
     measured: dict[str, Any] = field(default_factory=dict)  # what the tasks measured (after the fit)
 
     def line(self) -> str:
         """One line for the user: what runs and why."""
-        return f"rule: {self.rule.describe()} (chosen: {self.reason})"
+        return f"algorithm: {self.algorithm.describe()} (chosen: {self.reason})"
 
     def record(self) -> dict[str, Any]:
         """The choice as ``fitted.history.choice`` keeps it."""
-        return {"rule": self.rule.name, "described": self.rule.describe(), "reason": self.reason,
+        return {"algorithm": self.algorithm.name, "described": self.algorithm.describe(), "reason": self.reason,
                 "facts": {"workers": self.facts.workers, "gpus_per_worker": self.facts.gpus_per_worker,
                           "hosts": self.facts.hosts, "ps_options": list(self.facts.ps_options)},
                 **({"measured": self.measured} if self.measured else {})}
 
 
-def choose_rule(facts: FitFacts) -> RuleChoice:
-    """The rule for `facts` (the module docstring)."""
+def choose_algorithm(facts: FitFacts) -> AlgorithmChoice:
+    """The algorithm for `facts` (the module docstring)."""
     n = facts.workers
     if n == 1:
-        return RuleChoice(DOWNPOUR(), "one worker: nothing to average; exchanges sized by time", facts)
+        return AlgorithmChoice(DOWNPOUR(), "one worker: nothing to average; exchanges sized by time", facts)
     if facts.ps_options:
-        return RuleChoice(DOWNPOUR(), f"{', '.join(facts.ps_options)} asked for the parameter server", facts)
+        return AlgorithmChoice(DOWNPOUR(), f"{', '.join(facts.ps_options)} asked for the parameter server", facts)
     if facts.gpus_per_worker:
-        return RuleChoice(LocalSGD(), f"{n} workers on GPUs: replicas averaged every few steps over the "
-                                      "all-reduce group, the period sized by the link and the step measured at "
-                                      "the start", facts)
+        return AlgorithmChoice(LocalSGD(), f"{n} workers on GPUs: replicas averaged every few steps over the "
+                                           "all-reduce group, the period sized by the link and the step measured "
+                                           "at the start", facts)
     if facts.hosts is not None and facts.hosts > 1:
-        return RuleChoice(LocalSGD(), f"{n} workers on {facts.hosts} hosts: replicas averaged every few steps over "
-                                      "the all-reduce group, the period sized by the link and the step measured "
-                                      "at the start", facts)
+        return AlgorithmChoice(LocalSGD(), f"{n} workers on {facts.hosts} hosts: replicas averaged every few steps "
+                                           "over the all-reduce group, the period sized by the link and the step "
+                                           "measured at the start", facts)
     where = "one host" if facts.hosts == 1 else "hosts not known"
-    return RuleChoice(DOWNPOUR(), f"{n} CPU workers on {where}: commits over loopback cost little", facts)
+    return AlgorithmChoice(DOWNPOUR(), f"{n} CPU workers on {where}: commits over loopback cost little", facts)
 
 
-def measured_choice(choice: RuleChoice, records: list[dict]) -> RuleChoice:
+def measured_choice(choice: AlgorithmChoice, records: list[dict]) -> AlgorithmChoice:
     """`choice` with what task 0 measured at the start (the period its group took, one average's and one step's
     time), from the tasks' records."""
     first = next((r for r in records if r.get("worker") == 0 and r.get("period") is not None), None)
     if first is None:
         return choice
     keys = ("period", "wire", "probe_step_ms", "probe_average_ms", "average_bytes")
-    return RuleChoice(choice.rule, choice.reason, choice.facts, {k: first[k] for k in keys if k in first})
+    return AlgorithmChoice(choice.algorithm, choice.reason, choice.facts, {k: first[k] for k in keys if k in first})
 
 
 def measured_line(measured: dict[str, Any]) -> str:

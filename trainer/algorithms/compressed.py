@@ -1,21 +1,21 @@
-"""`Compressed`: a delta rule (DOWNPOUR, ADAG, DynSGD) whose commits travel through a lossy codec.
+"""`Compressed`: a delta algorithm (DOWNPOUR, ADAG, DynSGD) whose commits travel through a lossy codec.
 
 The worker encodes its delta (with error feedback by default, see
-``trainer.algorithms.compression``) and the server rule decodes it against
-the center before the wrapped rule folds it in. Replies (the center) stay
+``trainer.algorithms.compression``) and the server algorithm decodes it against
+the center before the wrapped algorithm folds it in. Replies (the center) stay
 dense unless `replies` is set: then the server sends each worker the change
 of the center since what that worker holds, through the same codec
 (``Codec.encode_change``; ``trainer.ps.commits``).
 On the server the delta is decoded straight into the buffer that
 receives the new center (``server_apply``), so a compressed commit allocates
-nothing there either. Only rules whose workers send *deltas* are wrapped: rounding full
+nothing there either. Only algorithms whose workers send *deltas* are wrapped: rounding full
 weights (EASGD, AEASGD, synchronous averaging, the single worker) would lose
 precision of the model itself, not of a step.
 
 The server asks ``check_payload`` whether a received payload decodes, so a
 top-k payload (indices and values, not one array per weight) is checked for
 what it is. ``Trainer(compression="bf16")`` builds it; so does
-``with_compression(rule, "topk:0.01")``.
+``with_compression(algorithm, "topk:0.01")``.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import numpy as np
 
 from trainer.algorithms.base import Algorithm, AlgorithmConfigError
 from trainer.algorithms.compression import Codec, compress_with_feedback, parse_compression
-from trainer.algorithms.delta import DeltaRule
+from trainer.algorithms.delta import DeltaAlgorithm
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,10 @@ class Compressed(Algorithm):
     replies: bool = False
 
     def __post_init__(self) -> None:
-        if not isinstance(self.inner, DeltaRule):
+        if not isinstance(self.inner, DeltaAlgorithm):
             raise AlgorithmConfigError(
-                f"Compression applies to rules whose workers commit deltas (downpour, adag, dynsgd). Received: "
-                f"{getattr(self.inner, 'name', type(self.inner).__name__)}. Fix: use one of those rules or "
+                f"Compression applies to algorithms whose workers commit deltas (downpour, adag, dynsgd). Received: "
+                f"{getattr(self.inner, 'name', type(self.inner).__name__)}. Fix: use one of those algorithms or "
                 "compression='none'."
             )
         if not isinstance(self.codec, Codec):

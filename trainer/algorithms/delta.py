@@ -1,9 +1,9 @@
-"""`DeltaRule`: the shared shape of DOWNPOUR, ADAG and DynSGD.
+"""`DeltaAlgorithm`: the shared shape of DOWNPOUR, ADAG and DynSGD.
 
 A worker commits its progress since its last exchange, ``delta = scale_w *
 (W - W0)``; the server adds it, ``C += scale_s(staleness) * delta``, and replies
 with the new center, which the worker adopts as its weights and its anchor
-(no copies: see the contract in ``trainer.algorithms.base``). The three rules
+(no copies: see the contract in ``trainer.algorithms.base``). The three algorithms
 differ only in the two scales.
 """
 
@@ -18,8 +18,8 @@ from trainer.algorithms.base import Algorithm, Arrays, add, add_into, sub
 
 
 @dataclass(frozen=True)
-class DeltaRule(Algorithm):
-    """Base of the delta rules; subclasses set `worker_scale` and `server_scale`."""
+class DeltaAlgorithm(Algorithm):
+    """Base of the delta algorithms; subclasses set `worker_scale` and `server_scale`."""
 
     auto_window: ClassVar[bool] = True
 
@@ -47,13 +47,13 @@ class DeltaRule(Algorithm):
 
 def overlappable(algorithm: Algorithm) -> bool:
     """Whether a worker may commit in the background and fold the reply a window later (`fold_late`):
-    a delta rule with a window, possibly compressed."""
-    inner = getattr(algorithm, "inner", algorithm)  # trainer.algorithms.compressed wraps a delta rule
-    return isinstance(inner, DeltaRule) and algorithm.window is not None
+    a delta algorithm with a window, possibly compressed."""
+    inner = getattr(algorithm, "inner", algorithm)  # trainer.algorithms.compressed wraps a delta algorithm
+    return isinstance(inner, DeltaAlgorithm) and algorithm.window is not None
 
 
 def fold_late(reply, weights, anchor, out=None) -> Arrays:
-    """A delta rule's reply (the center) that arrives one window late, folded into the worker's weights.
+    """A delta algorithm's reply (the center) that arrives one window late, folded into the worker's weights.
 
     The worker committed ``weights - anchor`` meanwhile without waiting, so
     its new weights are the center plus that progress, which the center has
@@ -66,5 +66,5 @@ def fold_late(reply, weights, anchor, out=None) -> Arrays:
     out = [o if o is not None and o.flags.writeable else np.empty_like(w) for o, w in zip(out, weights, strict=True)]
     for o, w, a in zip(out, weights, anchor, strict=True):
         np.subtract(w, a, out=o)
-    add_into(out, reply, out)  # the shared in-place add (its dtype rules too)
+    add_into(out, reply, out)  # the shared in-place add (its dtype algorithms too)
     return out

@@ -5,7 +5,7 @@ its last exchange); the server adds it to the center (``C += delta``) and the
 worker continues from the new center (``W = W0 = C``). Optimizer state stays
 local to each worker (moments keep tracking the worker's own trajectory).
 
-The default rule of ``Trainer``, with ``window="auto"`` (its default): every
+The default algorithm of ``Trainer``, with ``window="auto"`` (its default): every
 batch any worker trains moves the center once, as every batch moves plain
 Keras's model once, so at the learning rate tuned for one Keras process N
 workers learn about as much per epoch as that process (the table in
@@ -24,11 +24,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.delta import DeltaRule
+from trainer.algorithms.delta import DeltaAlgorithm
 
 
 @dataclass(frozen=True)
-class DOWNPOUR(DeltaRule):
+class DOWNPOUR(DeltaAlgorithm):
     window: int | str | None = "auto"
 
     name: ClassVar[str] = "downpour"

@@ -12,11 +12,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.delta import DeltaRule
+from trainer.algorithms.delta import DeltaAlgorithm
 
 
 @dataclass(frozen=True)
-class DynSGD(DeltaRule):
+class DynSGD(DeltaAlgorithm):
     window: int | str | None = 5
 
     name: ClassVar[str] = "dynsgd"

@@ -5,7 +5,7 @@ steps the workers' weights are averaged in ONE all-reduce over the group on
 the backend's own engine (``trainer.runtime.collective.averaging``): the link
 carries ``1 / H`` of the per-step all-reduce's bytes, in bfloat16 half of that
 again. This is `AllReduce` with other defaults (``period="auto"``,
-``wire="bf16"``), not a rule of its own: the same collective kind of fit, the
+``wire="bf16"``), not an algorithm of its own: the same collective kind of fit, the
 same epoch-end report to the driver, the same checkpoints and resume.
 
 ``H`` is sized by time (``period="auto"``): the first steps of a fit average

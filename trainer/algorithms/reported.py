@@ -1,10 +1,10 @@
-"""`ReportedState`: the server-side rule of a collective fit's once-per-epoch endpoint.
+"""`ReportedState`: the server-side algorithm of a collective fit's once-per-epoch endpoint.
 
 In a collective fit (``AllReduce``, ``LocalSGD``) the tasks train and average
 among themselves; the driver's server hears from task 0 alone, once per epoch,
 for progress, checkpoints and the callbacks. Its center is simply the state
-task 0 reported last, optimizer variables included: this rule says so, so that
-the collective rules need not pose as parameter-server rules. Not a rule a
+task 0 reported last, optimizer variables included: this algorithm says so, so that
+the collective algorithms need not pose as parameter-server algorithms. Not an algorithm a
 user names (it is not in ``ALGORITHMS``).
 """
 

@@ -125,7 +125,7 @@ def _check_args(args: argparse.Namespace) -> tuple[Any, Any]:
     name = args.algorithm.lower()
     if name == "auto":
         if args.window is not None:
-            raise ValueError("--window needs a rule named with --algorithm (auto chooses its own cadence).")
+            raise ValueError("--window needs an algorithm named with --algorithm (auto chooses its own cadence).")
         algorithm = "auto"
     elif name == "sync":
         algorithm = get_algorithm(name, every=args.window or "epoch")

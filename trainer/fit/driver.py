@@ -1,11 +1,11 @@
-"""The one driver of a fit, for every kind: rule, plan, server, stage, callbacks, checkpoints, history, MLflow.
+"""The one driver of a fit, for every kind: algorithm, plan, server, stage, callbacks, checkpoints, history, MLflow.
 
 `drive_fit` runs a fit the same way whatever runs in its tasks; the kind
-(``trainer.fit.kinds``: the parameter-server rules or the collective ones)
+(``trainer.fit.kinds``: the parameter-server algorithms or the collective ones)
 says what the tasks are, what the driver serves and how many reporters the
 server hears from.
 
-1. The rule: the trainer's, or with none named the one chosen for this
+1. The algorithm: the trainer's, or with none named the one chosen for this
    cluster (``trainer.algorithms.choice``); it gives the kind of fit, which
    checks the Keras backend. The controller (``trainer.controller``) makes
    the server's addresses, TLS identity and secret, then `plan_fit` checks
@@ -31,7 +31,7 @@ import logging
 import time
 from typing import Callable
 
-from trainer.algorithms.choice import choose_rule, measured_choice
+from trainer.algorithms.choice import choose_algorithm, measured_choice
 from trainer.controller import StageController, StageResult
 from trainer.errors import TrainingFailedError
 from trainer.fit.checkpoints import Checkpointer
@@ -55,8 +55,8 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     import keras  # deferred: the backend starts only when a fit does
 
     spark = df.sparkSession
-    rule, choice = _rule(trainer, spark)
-    kind = fit_kind(trainer, rule)
+    algorithm, choice = _algorithm(trainer, spark)
+    kind = fit_kind(trainer, algorithm)
     backend = keras.backend.backend()
     kind.check(backend)
     controller = StageController(spark, tls=trainer.tls, ps_host=trainer.ps_host, ps_bind_host=trainer.ps_bind_host,
@@ -64,7 +64,7 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     plan = plan_fit(trainer, kind, df, resume_from, validation)
     callbacks = check_callbacks(callbacks, plan.model, plan.validation_rows > 0)
     if run is not None:
-        run.log_params(fit_params(trainer, rule, plan.model, plan.spec.num_rows, plan.validation_rows))
+        run.log_params(fit_params(trainer, algorithm, plan.model, plan.spec.num_rows, plan.validation_rows))
         callbacks.append(epoch_logger(run))
     epoch_callbacks = EpochCallbacks(plan.model, callbacks, kind.reporters, trainer.epochs,
                                      inline=kind.inline_callbacks)
@@ -92,7 +92,7 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     if epoch_ends is not None:
         epoch_ends.bind(server)
     checkpoint_dir = trainer.checkpoint_dir if trainer.checkpoint_dir is not None else resume_from
-    checkpointer = _checkpointer(trainer, rule, plan, server, checkpoint_dir)
+    checkpointer = _checkpointer(trainer, algorithm, plan, server, checkpoint_dir)
     if checkpointer is not None:
         hooks.append(checkpointer.on_update)
         epoch_hooks.insert(0, checkpointer.on_epoch_done)  # the epoch's checkpoint before its callbacks
@@ -126,7 +126,7 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
             profile=plan.profile, on_started=lambda: epoch_callbacks.start(server), on_retry=on_retry,
             events=events, fatal=lambda: server.failure and TrainingFailedError(
                 f"Training stopped: the parameter server {server.failure}"))
-    history = _history(trainer, rule, server, epoch_callbacks, stage, events)
+    history = _history(trainer, algorithm, server, epoch_callbacks, stage, events)
     if choice is not None:
         history.choice = measured_choice(choice, stage.records).record()
     log.info("Trained in %.1f s (%.1f s per epoch, data delivery %.1f s), %s", history.timings["wall_s"],
@@ -140,34 +140,34 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     return fitted
 
 
-def _rule(trainer, spark) -> tuple:
-    """``(rule, choice)``: with no rule named, the rule for this fit's cluster (``trainer.algorithms.choice``:
-    its hosts are known now), else the trainer's own (choice None)."""
-    default = trainer.options.rule_choice
+def _algorithm(trainer, spark) -> tuple:
+    """``(algorithm, choice)``: with no algorithm named, the algorithm for this fit's cluster
+    (``trainer.algorithms.choice``: its hosts are known now), else the trainer's own (choice None)."""
+    default = trainer.options.algorithm_choice
     if default is None:
         return trainer.algorithm, None
-    choice = choose_rule(trainer.options.facts(fit_hosts(spark)))
-    # the trainer's rule when the choice is the same (a compressed one included), else the one chosen
-    return (trainer.algorithm if choice.rule == default.rule else choice.rule), choice
+    choice = choose_algorithm(trainer.options.facts(fit_hosts(spark)))
+    # the trainer's algorithm when the choice is the same (a compressed one included), else the one chosen
+    return (trainer.algorithm if choice.algorithm == default.algorithm else choice.algorithm), choice
 
 
-def _checkpointer(trainer, rule, plan: FitPlan, server, checkpoint_dir) -> Checkpointer | None:
+def _checkpointer(trainer, algorithm, plan: FitPlan, server, checkpoint_dir) -> Checkpointer | None:
     if checkpoint_dir is None:
         return None
     return Checkpointer(checkpoint_dir, server, trainer.checkpoint_every, {
-        "num_workers": trainer.num_workers, "algorithm": rule.describe(), "epochs": trainer.epochs,
+        "num_workers": trainer.num_workers, "algorithm": algorithm.describe(), "epochs": trainer.epochs,
         "model": plan.model.name, "num_weights": len(plan.model.weights),
     }, keep=trainer.checkpoint_keep)
 
 
-def _history(trainer, rule, server, epoch_callbacks: EpochCallbacks, stage: StageResult,
+def _history(trainer, algorithm, server, epoch_callbacks: EpochCallbacks, stage: StageResult,
              events: list[dict]) -> TrainingHistory:
     """The final center in the driver's model (then on_train_end), and the history (the module docstring, 4)."""
     epoch_callbacks.finish(server.center())  # the final weights, then on_train_end (restore_best_weights)
     stopped = epoch_callbacks.stopped_epoch
     if stopped is not None:
         events.append({"time": time.time(), "event": "stopped_by_callback", "epoch": stopped})
-    history = TrainingHistory.build(rule.describe(), trainer.num_workers, server, stage.records, stage.start,
+    history = TrainingHistory.build(algorithm.describe(), trainer.num_workers, server, stage.records, stage.start,
                                     stage.end, events)
     if stopped is not None:
         history.epochs = [e for e in history.epochs if e["epoch"] <= stopped]

@@ -18,7 +18,7 @@ the driver, once per epoch that EVERY worker finished:
    one changes the optimizer's learning rate (ReduceLROnPlateau) the server
    sends the new rate to the workers' optimizers;
 4. after the stage, the final center is loaded (with the driver model's
-   optimizer built, and the center's optimizer state when the rule averages
+   optimizer built, and the center's optimizer state when the algorithm averages
    it: what ``fitted.save`` saves) and ``on_train_end`` runs (EarlyStopping's
    ``restore_best_weights`` puts the best epoch's weights back: they are what
    ``fit`` returns).

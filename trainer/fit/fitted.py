@@ -67,9 +67,9 @@ class TrainingHistory:
         timings: wall_s, data_delivery_s, model_build_s, train_s, epoch_s.
         backend: the Keras backend the workers trained with (the driver's,
             ``KERAS_BACKEND``); each worker's record has it too, with its cores.
-        choice: with no rule named (``algorithm="auto"``): the rule chosen, the
+        choice: with no algorithm named (``algorithm="auto"``): the algorithm chosen, the
             reason, the facts it went by and what the tasks measured (local SGD's
-            period, one average's and one step's time); empty for a named rule.
+            period, one average's and one step's time); empty for a named algorithm.
     """
 
     algorithm: str
@@ -81,7 +81,8 @@ class TrainingHistory:
     epochs: list[dict] = field(default_factory=list)
     events: list[dict] = field(default_factory=list)
     timings: dict[str, float] = field(default_factory=dict)
-    choice: dict[str, Any] = field(default_factory=dict)  # an automatic rule: what was chosen, why, what was measured
+    # an automatic algorithm: what was chosen, why, what was measured
+    choice: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.update_log = {k: np.asarray(v) for k, v in self.update_log.items()}

@@ -3,17 +3,17 @@
 The one driver (``trainer.fit.driver``) plans, runs the stage through the
 controller (``trainer.controller``), checkpoints, runs the callbacks and
 builds the history the same way for every kind; a kind implements `FitKind`
-for the rest. Each update rule names its kind (``Algorithm.fit_kind``) and
+for the rest. Each algorithm names its kind (``Algorithm.fit_kind``) and
 `fit_kind` builds it from `KINDS`:
 
-* `ParameterServerFit` (every rule but all-reduce and local SGD): N
+* `ParameterServerFit` (every algorithm but all-reduce and local SGD): N
   long-lived worker tasks (``trainer.runtime.ps_worker.worker_task``) commit to the
-  parameter server, which holds the center and applies the rule; it hears
+  parameter server, which holds the center and applies the algorithm; it hears
   from every worker (`reporters` = N). A retry may continue on fewer workers
   (`min_workers`): the server is resized.
 * `CollectiveFit` (``AllReduce``, ``LocalSGD``): N tasks train as one group
   on the Keras backend's own collective engine (``trainer.runtime.collective``);
-  the driver serves task 0's once-per-epoch endpoint, whose rule keeps the
+  the driver serves task 0's once-per-epoch endpoint, whose algorithm keeps the
   state task 0 reports (``ReportedState``): `reporters` = 1, one "worker"
   whose epochs are everybody's, for progress, checkpoints and the callbacks,
   which run before its reply (`inline_callbacks`). A per-step all-reduce never
@@ -59,7 +59,7 @@ class TaskLaunch:
 
 
 class FitKind(abc.ABC):
-    """What a kind of fit declares (the module docstring): built from the `Trainer` and this fit's rule."""
+    """What a kind of fit declares (the module docstring): built from the `Trainer` and this fit's algorithm."""
 
     #: Whether the driver's callbacks run on the server's thread before its reply to the reporter.
     inline_callbacks: ClassVar[bool] = False
@@ -180,14 +180,14 @@ class CollectiveFit(FitKind):
         return ParameterServer(algorithm=ReportedState(), **endpoint)
 
     def task(self, plan: FitPlan, server, launch: TaskLaunch) -> Callable:
-        t, rule = self.trainer, self.algorithm
+        t, algorithm = self.trainer, self.algorithm
         return functools.partial(train_collective_partition, CollectiveConfig(
             model=PickledSource.of(plan.source), ps_host=launch.host, ps_port=server.address[1],
             secret=server.credentials, num_workers=launch.workers, batch_size=t.batch_size, epochs=t.epochs,
             input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=launch.attempt, seed=t.seed,
             io_timeout=t.io_timeout, keras_backend=launch.backend, feed=t.feed, shard_budget=launch.shard_budget,
-            task_memory=launch.task_memory, lr_scaling=rule.lr_scaling, period=rule.period,
-            max_period=rule.max_period, wire=rule.wire,
+            task_memory=launch.task_memory, lr_scaling=algorithm.lr_scaling, period=algorithm.period,
+            max_period=algorithm.max_period, wire=algorithm.wire,
         ))
 
     def resume_center(self, checkpoint: Checkpoint, model) -> list:
@@ -196,7 +196,7 @@ class CollectiveFit(FitKind):
     def retry_policy(self) -> RetryPolicy:
         t = self.trainer
         # Per-step all-reduce never shrinks (its global batch is num_workers * batch_size); local SGD averages
-        # replicas, so a retry may go on with the workers left, as the parameter-server rules do (min_workers).
+        # replicas, so a retry may go on with the workers left, as the parameter-server algorithms do (min_workers).
         return RetryPolicy(t.max_retries, t.retry_timeout, t.min_workers if self.algorithm.periodic else None)
 
     def on_retry(self, server, workers: int) -> int:
@@ -209,7 +209,7 @@ class CollectiveFit(FitKind):
         return f"local SGD over {self.trainer.num_workers} workers, {measured_line(first)}"
 
 
-#: Each kind of fit by the name a rule declares (``Algorithm.fit_kind``).
+#: Each kind of fit by the name an algorithm declares (``Algorithm.fit_kind``).
 KINDS: dict[str, type[FitKind]] = {PARAMETER_SERVER: ParameterServerFit, COLLECTIVE: CollectiveFit}
 
 

@@ -1,7 +1,7 @@
 """A fit's plan: everything checked and built before any cluster work, for every kind of fit.
 
 `plan_fit` takes the `Trainer`, the kind of fit (``trainer.fit.kinds``, with
-this fit's rule) and the user's arguments and returns a `FitPlan`: the
+this fit's algorithm) and the user's arguments and returns a `FitPlan`: the
 driver's model and the source the tasks rebuild it from, the
 two-column frame (training rows, with the validation rows tagged into it),
 its `DataSpec`, the weights to start from (a checkpoint's when resuming) and
@@ -54,9 +54,9 @@ class FitPlan:
 def warn_slow_choice(algorithm: Algorithm, model) -> None:
     """Warn where an explicit choice is known to learn far slower than plain Keras: ADAG at the learning rate
     of one Keras process (it divides every commit by its window)."""
-    rule = getattr(algorithm, "inner", algorithm)  # a compressed rule wraps the delta rule
+    algorithm = getattr(algorithm, "inner", algorithm)  # a compressed algorithm wraps the delta algorithm
     optimizer = getattr(model, "optimizer", None)
-    if not isinstance(rule, ADAG) or optimizer is None:
+    if not isinstance(algorithm, ADAG) or optimizer is None:
         return
     try:
         rate = float(optimizer.learning_rate)
@@ -65,10 +65,10 @@ def warn_slow_choice(algorithm: Algorithm, model) -> None:
         return
     if rate <= default:
         warnings.warn(
-            f"ADAG divides every commit by its window ({rule.window}): at {type(optimizer).__name__}'s default "
-            f"learning rate ({rate:g}), tuned for one Keras process, the center moves about 1/{rule.window} as far "
-            "per batch and learns far slower than plain Keras. Fix: raise the learning rate about "
-            f"{rule.window}x, or leave `algorithm` out (the default learns like plain Keras, docs/algorithms.md).",
+            f"ADAG divides every commit by its window ({algorithm.window}): at {type(optimizer).__name__}'s default "
+            f"learning rate ({rate:g}), tuned for one Keras process, the center moves about 1/{algorithm.window} "
+            "as far per batch and learns far slower than plain Keras. Fix: raise the learning rate about "
+            f"{algorithm.window}x, or leave `algorithm` out (the default learns like plain Keras, docs/algorithms.md).",
             UserWarning, stacklevel=5,  # the user's call of fit (through plan_fit, drive_fit, Trainer.fit)
         )
 
@@ -107,7 +107,7 @@ def resume_center(checkpoint: Checkpoint, model, with_optimizer: bool) -> list:
 
 
 def plan_fit(trainer, kind, df, resume_from, validation=None) -> FitPlan:
-    """Every check before cluster work (the module docstring): the `Trainer`, this fit's kind (its rule)."""
+    """Every check before cluster work (the module docstring): the `Trainer`, this fit's kind (its algorithm)."""
     started = time.time()
     model, source = driver_model(trainer.model, trainer.custom_objects)
     warn_slow_choice(kind.algorithm, model)

@@ -18,7 +18,7 @@ starts a parameter server in this driver and hands ONE barrier stage of
 executors (``max_retries``; a retry waits `retry_timeout` seconds for the lost
 slots, then continues on the slots left, down to `min_workers`; retried workers
 resume from the server's current weights at the first epoch not every worker
-finished). What runs in the tasks depends on the rule (``trainer.fit.kinds``):
+finished). What runs in the tasks depends on the algorithm (``trainer.fit.kinds``):
 the parameter-server worker (``trainer.runtime.ps_worker.worker_task``), or for `AllReduce`
 the backend's collective loop. The tasks' records come back once and become
 the `TrainingHistory`. The server always stops (also on error or Ctrl-C).
@@ -160,14 +160,14 @@ class Trainer(OptionAttributes):
             parts of equal bytes; every worker sends each shard its part of a
             commit at once. It helps when the server is the bottleneck and the
             driver has a free core per shard (docs/guide.md); 1 (the default)
-            is one endpoint. Not for rules that keep optimizer state on the
+            is one endpoint. Not for algorithms that keep optimizer state on the
             server (``SyncAveraging(average_optimizer_state=True)``).
         overlap: Bool. Hide the round trip of each commit: a worker sends its
             commit on a thread of its own and trains the next window meanwhile,
             then folds the reply in (the center plus the progress it has not
             seen). Its view of the center is one window older; it tells the
             server the commits it has not seen, so DynSGD's staleness counts
-            them. For delta rules with a window (DOWNPOUR, ADAG, DynSGD,
+            them. For delta algorithms with a window (DOWNPOUR, ADAG, DynSGD,
             compressed or not); False (the default) waits for every reply.
     """
 

@@ -57,7 +57,7 @@ class KerasEstimatorParams(KerasParams):
 
     model = Param(Params._dummy(), "model", "a compiled keras.Model or a function with no arguments returning one",
                   typeConverter=_model)
-    algorithm = Param(Params._dummy(), "algorithm", f"update rule: auto (chosen per fit), a trainer.algorithms "
+    algorithm = Param(Params._dummy(), "algorithm", f"algorithm: auto (chosen per fit), a trainer.algorithms "
                       f"instance or one of {', '.join(ALGORITHMS)}", typeConverter=_algorithm)
     numWorkers = Param(Params._dummy(), "numWorkers", "number of long-lived worker tasks",
                        typeConverter=TypeConverters.toInt)

@@ -1,13 +1,13 @@
 """The center variable of the parameter server and the locks that guard it (numpy only).
 
-Two modes, chosen by the update rule:
+Two modes, chosen by the algorithm:
 
-* **In place** (the rule has ``server_apply``: DOWNPOUR, ADAG, DynSGD and
+* **In place** (the algorithm has ``server_apply``: DOWNPOUR, ADAG, DynSGD and
   their compressed forms). Each tensor has its own lock; the server's own
   lock guards only its counters. A commit is a two-phase transaction
   (`Center.apply`): it takes the tensor locks in tensor order, computes each
   tensor's new value into an array of its own while holding that tensor's
-  lock (the rule's ufuncs release the GIL on large arrays) and checks it
+  lock (the algorithm's ufuncs release the GIL on large arrays) and checks it
   finite; only when every tensor passed does it publish, one tensor at a
   time, releasing each tensor's lock right after. A refused commit (its
   result would not be finite) has published nothing: the center is exactly
@@ -34,10 +34,10 @@ Two modes, chosen by the update rule:
   the first tensor's lock belongs to that state, because a commit takes its
   version while it holds every tensor's lock.
 
-* **Replaced** (every other rule, and synchronous rounds): the arrays are
-  private read-only copies that a rule's result replaces as a whole under
+* **Replaced** (every other algorithm, and synchronous rounds): the arrays are
+  private read-only copies that an algorithm's result replaces as a whole under
   the server's lock; readers take the list under that lock and need no
-  other. Rules that grow the center (optimizer state) work only here.
+  other. Algorithms that grow the center (optimizer state) work only here.
 
 Lock order, everywhere: the server's callback lock, then the tensor locks in
 tensor order, then the server's lock. Nobody waits for a tensor lock while

@@ -4,7 +4,7 @@
 ``trainer.ps.rounds``): it uses the server's lock, counters, center,
 directives and records.
 
-* In place (the rule has ``server_apply``): `_commit_in_place` runs the
+* In place (the algorithm has ``server_apply``): `_commit_in_place` runs the
   two-phase transaction of ``trainer.ps.center``. Under tensor 0's lock it
   reads the staleness (the commit's place in the order), then computes every
   tensor's new value into arrays of the center's pool and checks it finite;
@@ -20,7 +20,7 @@ directives and records.
   codec's ``encode_change``), encoded after every lock is released, with
   meta ``reply: "change"``; it is computed into the connection's reply
   buffer, copied in, and the buffer is then the encoding's scratch.
-* Replaced (any other asynchronous rule): ``server_commit`` under the
+* Replaced (any other asynchronous algorithm): ``server_commit`` under the
   server's lock, its result frozen and checked, then swapped in.
 """
 
@@ -39,7 +39,7 @@ log = logging.getLogger("trainer.ps")
 
 
 class AsynchronousCommits:
-    """COMMITs of asynchronous rules (see the module docstring)."""
+    """COMMITs of asynchronous algorithms (see the module docstring)."""
 
     def _counted(self: Any, conn: Any, frame: Frame) -> tuple[bool, str | None]:
         """(does this COMMIT count batches of an epoch, why its counts are malformed or None)."""
@@ -147,7 +147,7 @@ class AsynchronousCommits:
             self._center.sent(published)
 
     def _commit_async(self: Any, conn: Any, frame: Frame) -> None:
-        """A rule without ``server_apply``: ``server_commit`` under the server's lock; the center is replaced."""
+        """An algorithm without ``server_apply``: ``server_commit`` under the server's lock; the center is replaced."""
         counted, unseen, malformed = self._commit_fields(conn, frame)
         if malformed is not None:
             self._reply_error(conn, malformed)

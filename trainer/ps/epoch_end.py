@@ -3,7 +3,7 @@
 ``Trainer(on_epoch_end=fn)`` wires it to the parameter server's EPOCH_DONE
 events: when the last worker of an attempt reports an epoch, ``fn(epoch,
 center, time)`` runs with the epoch (0-based), a copy of the center's arrays
-(model weights first, then optimizer state for the rules that exchange it)
+(model weights first, then optimizer state for the algorithms that exchange it)
 and the wall-clock time of that report. It runs on the server's thread,
 serialized with the other server callbacks: keep it fast (copy, record,
 return) and do any evaluation after ``fit``. With shared epochs, the center

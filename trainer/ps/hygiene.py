@@ -1,8 +1,8 @@
 """Update hygiene: what a COMMIT payload must be before the server folds it into the center (numpy only).
 
-A payload must have one array per model weight (then, for rules that keep it
+A payload must have one array per model weight (then, for algorithms that keep it
 on the server, the optimizer state), each with the weight's shape and the
-model's dtype, and every float value finite. The center that an update rule
+model's dtype, and every float value finite. The center that an algorithm
 returns must be finite too. The checks name the array by the model's weight
 name (e.g. ``dense_1/kernel``) so that a refusal says where a worker went
 wrong. A finite check costs one ``sum`` per array; only when that sum is not
@@ -74,8 +74,8 @@ def check_commit(arrays: Sequence[np.ndarray], center: Sequence[np.ndarray], num
 
     Returns ``(problem, diverged)``: `diverged` is True for non-finite values
     (the worker's training blew up), False for a payload of another model.
-    `layout` replaces the count, shape and dtype checks for a rule whose
-    payload is not the model's arrays (a compressed rule's ``check_payload``);
+    `layout` replaces the count, shape and dtype checks for an algorithm whose
+    payload is not the model's arrays (a compressed algorithm's ``check_payload``);
     its float values must still be finite. ``finite=False`` leaves the values
     out (a server that checks every result before publishing it finds a
     non-finite payload there, and asks again with ``finite=True`` to word it).
@@ -112,7 +112,7 @@ def check_commit(arrays: Sequence[np.ndarray], center: Sequence[np.ndarray], num
 
 
 def check_center(center: Sequence[np.ndarray], names: Sequence[str] | None) -> str | None:
-    """Why a center an update rule returned may not replace the current one (non-finite values), or None."""
+    """Why a center an algorithm returned may not replace the current one (non-finite values), or None."""
     for i, a in enumerate(center):
         problem = center_problem(i, a, names)
         if problem is not None:

@@ -4,7 +4,7 @@ The tensors are laid end to end and cut at every S-th of their bytes, so
 the parts weigh the same even when one tensor holds nearly all of the model
 (the dense kernel of a CNN). A part is a list of *pieces* ``(tensor, start,
 stop)``: flat element ranges of the tensors, each a 1-D array on its shard.
-A payload is cut the same way on the worker (the rule's ``split_payload``)
+A payload is cut the same way on the worker (the algorithm's ``split_payload``)
 and a reply joined back with `join_parts`.
 """
 
@@ -19,7 +19,7 @@ Piece = tuple[int, int, int]
 
 
 def check_shards(shards: Any, algorithm: Any = None) -> int:
-    """`shards` as a positive int; ValueError for another value or a rule that cannot be sharded."""
+    """`shards` as a positive int; ValueError for another value or an algorithm that cannot be sharded."""
     if isinstance(shards, bool) or not isinstance(shards, int) or shards < 1:
         raise ValueError(f"`ps_shards` must be a positive integer (parameter-server endpoints). Received: "
                          f"ps_shards={shards!r}")
@@ -60,7 +60,7 @@ def shard_layout(arrays: Sequence[Any], shards: int) -> list[list[Piece]]:
 
 def cut(arrays: Sequence[np.ndarray], layout: Sequence[Sequence[Piece]]) -> list[list[np.ndarray]]:
     """Each shard's pieces of whole tensors: flat views ``ravel(arrays[t])[start:stop]`` (the center on the
-    server; a dense payload on a worker, which the rule's ``split_payload`` cuts the same way)."""
+    server; a dense payload on a worker, which the algorithm's ``split_payload`` cuts the same way)."""
     return [[np.ravel(arrays[t])[start:stop] for t, start, stop in pieces] for pieces in layout]
 
 

@@ -13,7 +13,7 @@ the Spark task fail), not the client's.
 Arrays returned by the client are zero-copy views into the received frame:
 they are writable but share one buffer per reply. With compressed replies
 (the server's HELLO names their codec; the caller gives the client that
-codec, its rule's ``reply_codec``) a COMMIT's reply is the change of the
+codec, its algorithm's ``reply_codec``) a COMMIT's reply is the change of the
 center since what this worker holds: the client keeps that copy, applies the
 change (the codec's ``apply_change``, as the server did to its copy) and
 returns a copy of the result, so callers still get the center.
@@ -60,7 +60,7 @@ class PSClient(AuthenticatedClient):
         self.version: int | None = None
         #: Number of workers announced by the server during the handshake.
         self.num_workers: int | None = None
-        #: The codec of compressed replies (the rule's ``reply_codec``), or None; the center as held here.
+        #: The codec of compressed replies (the algorithm's ``reply_codec``), or None; the center as held here.
         self.reply_codec = reply_codec
         self._held: list[np.ndarray] | None = None
         self._scratch: list[np.ndarray] | None = None  # a reply's decoded change, allocated once per HELLO
@@ -75,8 +75,8 @@ class PSClient(AuthenticatedClient):
         if announced is not None and announced != mine:
             raise ProtocolError(
                 f"the parameter server at {self.host}:{self.port} compresses its replies with {announced!r:.40} but "
-                f"this client was given {'no reply codec' if mine is None else repr(mine)}; give it the rule's "
-                "reply_codec (PSClient(..., reply_codec=rule.reply_codec), connect_ps(..., reply_codec=...))"
+                f"this client was given {'no reply codec' if mine is None else repr(mine)}; give it the algorithm's "
+                "reply_codec (PSClient(..., reply_codec=algorithm.reply_codec), connect_ps(..., reply_codec=...))"
             )
         self._held = None if announced is None else [np.array(a, copy=True) for a in frame.arrays]
         self._scratch = None if announced is None else [np.empty_like(a) for a in self._held]
@@ -90,7 +90,7 @@ class PSClient(AuthenticatedClient):
     def commit(
         self, payload: Sequence[np.ndarray], meta: dict[str, Any] | None = None
     ) -> tuple[list[np.ndarray], dict[str, Any]]:
-        """Send an update-rule payload (meta: epoch, step, loss, ...); returns the reply arrays and meta."""
+        """Send an update-algorithm payload (meta: epoch, step, loss, ...); returns the reply arrays and meta."""
         frame = self._request(Msg.COMMIT, dict(meta or {}), payload)
         if frame.meta.get("reply") == "change":
             return self._changed(frame.arrays), frame.meta
@@ -127,7 +127,7 @@ class PSClient(AuthenticatedClient):
                                     f"during {msg.name}: {exc}")
         if isinstance(exc, TransportTimeout):
             return TransportTimeout(f"no reply from the parameter server at {self.host}:{self.port} to {msg.name} within "
-                             f"timeout={self.timeout}s ({exc}); for synchronous rules the timeout must exceed the "
+                             f"timeout={self.timeout}s ({exc}); for synchronous algorithms the timeout must exceed the "
                              "server's round_timeout")
         if isinstance(exc, IntegrityError):
             return IntegrityError(f"the reply of the parameter server at {self.host}:{self.port} to {msg.name} "

@@ -1,7 +1,7 @@
 """Synchronous rounds of the parameter server: the barrier, ``server_round`` and aborted rounds.
 
 A round waits until every worker has committed; the last arriving thread runs
-the rule's ``server_round`` under the server's lock and every waiter gets its
+the algorithm's ``server_round`` under the server's lock and every waiter gets its
 own reply. A round is aborted (every waiter gets an ERROR reply starting with
 ``"round aborted:"``) when a worker disconnects before committing, when
 ``round_timeout`` expires, when a Spark retry starts a new attempt, or when

@@ -4,23 +4,23 @@
 applies an ``Algorithm`` (see ``trainer.algorithms.base``) to the payloads that
 workers commit over TCP:
 
-* asynchronous rules: a payload is applied as soon as it arrives;
+* asynchronous algorithms: a payload is applied as soon as it arrives;
   staleness is the number of center updates since the committing connection
   last received the center (plus, for a worker that overlaps its commits,
   the updates its payload's older base missed: COMMIT meta ``"unseen"``,
-  ``trainer.ps.commits``). Rules with an in-place form (``server_apply``:
+  ``trainer.ps.commits``). Algorithms with an in-place form (``server_apply``:
   DOWNPOUR, ADAG, DynSGD, compressed) update the center tensor by tensor
   under one lock per tensor, into arrays that are swapped in as the center
   and sent as the reply without copies after every lock is released; the server's lock
   guards only its counters (``trainer.ps.center`` says how commits and
-  readers stay consistent without it). Other rules run ``server_commit``
+  readers stay consistent without it). Other algorithms run ``server_commit``
   under the server's lock. Frames of in-place commits are received into a
   buffer per connection, reused from frame to frame. The server also counts
   the minibatches that the workers of an attempt report for each epoch
   (COMMIT meta ``"batches"``) and returns the running total as
   ``"epoch_batches"``: workers use it to end an epoch together when they
   share its work (see ``trainer.runtime.ps_worker.worker_task``);
-* synchronous rules: a round barrier waits until every worker has committed
+* synchronous algorithms: a round barrier waits until every worker has committed
   and the last arriving thread runs ``server_round`` (``trainer.ps.rounds``).
 
 Serving comes from ``trainer.transport.endpoint.AuthenticatedServer``: one accept
@@ -47,7 +47,7 @@ answered with an ERROR.
 Memory stays bounded: update records go to a ring of `history_size` records
 with exact running totals (``trainer.ps.records.UpdateLog``).
 
-Update rules must be pure (return new arrays, or write only into `out` in
+Algorithms must be pure (return new arrays, or write only into `out` in
 ``server_apply``) as the Algorithm contract requires. Shards: see
 ``trainer.ps.shards``.
 """
@@ -81,7 +81,7 @@ MAX_EVENTS = 10_000
 
 class _Conn(Connection):
     """Server-side state of one TCP connection: the center version it last received and, for in-place
-    rules, its receive buffer, allocated once; with compressed replies, its reply buffer (one array per
+    algorithms, its receive buffer, allocated once; with compressed replies, its reply buffer (one array per
     center tensor, allocated once) and the center as its worker holds it (`held`, from its HELLO on)."""
 
     def __init__(self, sock: Any, addr: Any) -> None:
@@ -181,8 +181,8 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         self._payload_arrays = int(getattr(algorithm, "payload_arrays", 1))
         self._reply_codec = getattr(algorithm, "reply_codec", None)  # compressed replies (trainer.ps.commits)
         if self._reply_codec is not None and not center.in_place:
-            raise ValueError(f"{algorithm.describe()}: compressed replies need a rule the server applies in place "
-                             "(a delta rule without optimizer state)")
+            raise ValueError(f"{algorithm.describe()}: compressed replies need an algorithm the server applies in "
+                             "place (a delta algorithm without optimizer state)")
         # Arrays shaped and typed as a compressed reply's: what one weighs on the wire, whatever its values.
         self._reply_template = (None if self._reply_codec is None
                                 else self._reply_codec.encode([np.zeros_like(a) for a in center.arrays]))
@@ -386,7 +386,7 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
 
     def _recv_buffer(self, conn: _Conn) -> RecvBuffer | None:
         # In-place commits use a frame's arrays only while they are applied: one buffer per connection.
-        # Rounds keep payloads until the round ends and other rules may keep them: a fresh buffer each.
+        # Rounds keep payloads until the round ends and other algorithms may keep them: a fresh buffer each.
         return conn.recv if self._center.in_place else None
 
     def _reply_buffer(self, conn: _Conn) -> list[np.ndarray]:
@@ -430,7 +430,7 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
     def _check_commit(self, frame: Frame, finite: bool = True) -> tuple[str, bool] | None:
         center = self._center.arrays  # replaced as a whole, never changed: its shapes need no lock
         return check_commit(frame.arrays, center, self._num_weights, self._names, self._with_optimizer,
-                            getattr(self._algorithm, "check_payload", None), finite)  # compressed rules
+                            getattr(self._algorithm, "check_payload", None), finite)  # compressed algorithms
 
     def _read_center(self, conn: _Conn, more: Callable[[], tuple]) -> tuple[list[np.ndarray], tuple]:
         """(the center to send `conn`, (version, *more())) of one consistent state; `conn` has received

@@ -3,7 +3,7 @@
 `ShardedPSClient` holds one `PSClient` per shard and offers the same calls.
 HELLO goes to every shard, and each tells which pieces of the model it
 holds (``trainer.ps.layout``). A COMMIT is cut into the shards' parts (the
-rule's ``split_payload``: flat views of a dense payload) and the S requests
+algorithm's ``split_payload``: flat views of a dense payload) and the S requests
 go out at once, shard 0's on the calling thread and the others' on a small
 thread pool (sockets, the MAC and the numpy work release the GIL); the
 replies are joined into whole tensors. Tensors that one shard holds whole
@@ -36,7 +36,7 @@ class ShardedPSClient:
     """One worker's connections to the S shards of a parameter server (see the module docstring).
 
     `addresses`: ``(host, port)`` of each shard, shard 0 first. `split`: the
-    rule's ``split_payload`` (default `~trainer.ps.layout.cut`: dense
+    algorithm's ``split_payload`` (default `~trainer.ps.layout.cut`: dense
     payloads, one array per weight).
     """
 
@@ -178,7 +178,7 @@ def connect_ps(addresses: Sequence[tuple[str, int]], secret: bytes | Credentials
                timeout: float = 600.0, *, split: Split | None = None,
                reply_codec: Any = None) -> PSClient | ShardedPSClient:
     """A connected client of the parameter server at `addresses`: a `PSClient` for one endpoint, a
-    `ShardedPSClient` for the shards of a sharded one (`split`: the rule's ``split_payload``;
+    `ShardedPSClient` for the shards of a sharded one (`split`: the algorithm's ``split_payload``;
     `reply_codec`: its ``reply_codec``, for compressed replies)."""
     if len(addresses) == 1:
         return PSClient(*addresses[0], secret, worker, attempt=attempt, timeout=timeout,

@@ -3,7 +3,7 @@
 ``trainer.ps.layout`` cuts the model into S parts of equal bytes (one large
 tensor too). `ShardedParameterServer` runs one `ParameterServer` per part, each with its
 own socket, accept and connection threads, tensor locks, counters and
-version, over its pieces (1-D arrays); every shard runs the same update rule,
+version, over its pieces (1-D arrays); every shard runs the same algorithm,
 which is element-wise. Workers connect to every shard
 (``trainer.ps.shard_client``) and send the S parts of a commit at once.
 Shard 0 is the one the driver listens to: it counts the epochs (EPOCH_DONE
@@ -17,9 +17,9 @@ across shards a worker's commit arrives at slightly different times, so
 ``center()`` and ``snapshot()`` (shard after shard) may hold a commit's
 part on one shard and not yet on another, and a commit refused by one shard
 (non-finite) may have been applied by another. The center stays finite
-either way, and a refusal stops the fit. For the additive rules this is the
+either way, and a refusal stops the fit. For the additive algorithms this is the
 asynchrony they already have (DistBelief's shards are independent the same
-way); rules that keep optimizer state on the server cannot be sharded.
+way); algorithms that keep optimizer state on the server cannot be sharded.
 
 When it helps: shards divide the server's per-commit work (receiving,
 checking the MAC, applying, replying) over S threads, so commits that would

@@ -25,7 +25,7 @@ variable's ``numpy()`` is already a plain copy. Under JAX and torch, where
 the weights may live on an accelerator, the variables of each dtype are
 first joined into one flat array on their device and copied to the host
 once (one transfer instead of one per variable), then cut into views.
-The delta itself is computed on the host by the rule's pure numpy function
+The delta itself is computed on the host by the algorithm's pure numpy function
 (``trainer.algorithms``): about 1 ms per 4 MB, next to windows of 50-200 ms
 on a GPU (docs/decisions.md).
 """
@@ -101,7 +101,7 @@ def read_weights(model) -> list[np.ndarray]:
             continue
         flat = np.asarray(keras.ops.convert_to_numpy(
             keras.ops.concatenate([keras.ops.reshape(v, (-1,)) for v in values])))
-        if not flat.flags.writeable:  # a read-only view of a CPU buffer: the rules may write into the arrays
+        if not flat.flags.writeable:  # a read-only view of a CPU buffer: the algorithms may write into the arrays
             flat = flat.copy()
         start = 0
         for i in indices:

@@ -3,7 +3,7 @@
 ``model.get_weights()`` (all weights, trainable or not) is followed, when asked
 for, by ``model.optimizer.variables`` (iteration count, learning rate, moment
 slots). The parameter server exchanges the weights (and the optimizer state
-for rules that average it); the model hopper moves the whole state.
+for algorithms that average it); the model hopper moves the whole state.
 """
 
 from __future__ import annotations

@@ -6,5 +6,5 @@
     session        -- spark_session(master): a SparkSession with this project's defaults
     launch         -- barrier stages: free slots, run_stage_with_retries, driver addresses, error summaries
 
-It knows nothing about update rules or Keras.
+It knows nothing about algorithms or Keras.
 """

@@ -16,7 +16,7 @@
 
 Every call here works on classic and Spark Connect sessions (``spark.conf``,
 job tags); where they differ, ``trainer.spark.connect`` decides. It knows
-nothing about update rules or Keras.
+nothing about algorithms or Keras.
 """
 
 from __future__ import annotations

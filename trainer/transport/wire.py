@@ -131,7 +131,7 @@ class Msg(enum.IntEnum):
     ERROR = 4  # reply to a failed request: meta {"error": "..."}
     HELLO = 5  # client -> server: first request, returns center and start epoch
     PULL = 6  # client -> server: returns the current center
-    COMMIT = 7  # client -> server: payload of the update rule, returns its reply
+    COMMIT = 7  # client -> server: payload of the algorithm, returns its reply
     EPOCH_DONE = 8  # client -> server: epoch finished, with its logs
     BYE = 9  # client -> server: closing
 

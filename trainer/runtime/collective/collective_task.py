@@ -1,8 +1,8 @@
 """The barrier task of an `AllReduce` fit: prepare the shard, form the group, run one collective process.
 
 `train_collective_partition` is the function given to
-``mapInArrow(barrier=True)`` when the rule is collective
-(``trainer.algorithms.allreduce``); the parameter-server rules run
+``mapInArrow(barrier=True)`` when the algorithm is collective
+(``trainer.algorithms.allreduce``); the parameter-server algorithms run
 ``trainer.runtime.ps_worker.worker_task`` instead. One task:
 
 1. receives its shard (in memory or spilled, ``trainer.runtime.feeding.shard``) and
@@ -66,8 +66,8 @@ class CollectiveConfig(TaskConfig):
 
     model: ModelSource | PickledSource  # PickledSource from a fit: its task never unpickles the builder
     ps_port: int
-    lr_scaling: str = "linear"  # the rule's: the compiled rate times LR_SCALING[lr_scaling](workers)
-    period: int | str = 1  # the rule's cadence: 1 all-reduces every step's gradients, else periodic averaging
+    lr_scaling: str = "linear"  # the algorithm's: the compiled rate times LR_SCALING[lr_scaling](workers)
+    period: int | str = 1  # the algorithm's cadence: 1 all-reduces every step's gradients, else periodic averaging
     max_period: int = 16
     wire: str = "fp32"
 

@@ -94,7 +94,7 @@ class CollectiveJob:
     gpus: list[str] | None = None
     env: dict[str, str] = field(default_factory=dict)
     validation_batch_size: int = 256
-    lr_factor: float = 1.0  # the compiled learning rate times this, for the global batch (the rule's lr_scaling)
+    lr_factor: float = 1.0  # the compiled learning rate times this, for the global batch (the algorithm's lr_scaling)
     period: int | str = 1  # 1: the gradients all-reduced every step; else local steps, averaged (averaging.py)
     max_period: int = 16
     wire: str = "fp32"

@@ -1,7 +1,7 @@
 """The learning rate of a collective process: the compiled rate scaled for the global batch, the user's rate kept.
 
 An all-reduce fit trains on a global batch of N local batches, so an epoch
-takes 1/N of one process's steps; the rule's ``lr_scaling``
+takes 1/N of one process's steps; the algorithm's ``lr_scaling``
 (``trainer.algorithms.allreduce``) scales the compiled rate by its factor for N.
 `ScaledRate` does it without changing the optimizer's variables (the state
 process 0 reports and checkpoints carry): a float rate is Keras's

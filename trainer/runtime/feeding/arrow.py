@@ -94,7 +94,7 @@ def _flat_values(column: pa.ChunkedArray) -> np.ndarray:
 def pad_shard(x: np.ndarray, y: np.ndarray, size: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Repeat random rows so that every worker has the same number of batches per epoch.
 
-    Synchronous rules need every worker to reach each exchange; Spark's
+    Synchronous algorithms need every worker to reach each exchange; Spark's
     round-robin repartition leaves shards that differ by a few rows.
     """
     missing = size - len(x)

@@ -12,7 +12,7 @@ iterator of its dataset) reads the spill file (`trainer.runtime.feeding.spill`) 
    smaller, as with the in-memory feed).
 
 So every row comes exactly once per pass, the number of minibatches per pass
-is ``ceil(rows / batch_size)`` on both paths (synchronous rules need every
+is ``ceil(rows / batch_size)`` on both paths (synchronous algorithms need every
 worker at every round), and the memory used is a few buffers, whatever the
 shard's size. Pass ``k`` of a feed seeded ``s`` draws its order from
 ``numpy.random.default_rng([s, k])``: the same seed gives the same passes.

@@ -5,7 +5,7 @@ exchange costs about the same whatever the step costs, so a window that hides
 it behind 5 CPU steps of 30 ms leaves it at half of a worker's time behind 5
 GPU steps of 1.7 ms (measured on an H100: 18 ms an exchange, 0.33 of plain Keras).
 
-``window="auto"`` (the default rule's) amortises the exchange over time
+``window="auto"`` (the default algorithm's) amortises the exchange over time
 instead: after every exchange the worker measures the training time per
 batch since the previous one and what the exchange cost its training thread,
 and sizes the next window so that the exchange stays near `OVERHEAD` of the

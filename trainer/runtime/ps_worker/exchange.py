@@ -7,7 +7,7 @@ it into Keras's ``Callback`` (Keras loads only then) as the
 ``ParameterServerSync`` callback that the
 task loop (``trainer.runtime.ps_worker.worker_task``) and ``make bench-gpu``
 (``benchmarks/bench_gpu.py``) run inside plain ``model.fit``. When to exchange is
-the rule's window, counted by a `trainer.runtime.ps_worker.cadence.Cadence` (a fixed
+the algorithm's window, counted by a `trainer.runtime.ps_worker.cadence.Cadence` (a fixed
 number of batches, once per epoch, or ``"auto"``: sized from the measured
 step and exchange times). Each exchange first waits for the steps a backend
 with asynchronous dispatch still has queued (``trainer.runtime.backends``),
@@ -260,11 +260,11 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
     """Build the Keras callback (imported lazily: keras must load after configure_process).
 
     `budget` is the number of minibatches in one epoch over all workers when
-    the workers share each epoch (asynchronous rules with a window), else None;
+    the workers share each epoch (asynchronous algorithms with a window), else None;
     `epoch_batches` the same whether shared or not, and `workers` how many
     train together (they bound an automatic window, `trainer.runtime.ps_worker.cadence`);
     `validation` is this worker's (x, y) validation rows, or None. With
-    `overlap` (delta rules with a window only) a commit's round trip runs on a
+    `overlap` (delta algorithms with a window only) a commit's round trip runs on a
     thread of its own while the next window trains; its reply is folded in at
     the next exchange (``trainer.algorithms.delta.fold_late``), and every
     epoch end waits for it.

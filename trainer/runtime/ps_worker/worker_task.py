@@ -9,7 +9,7 @@ plain ``model.fit`` on a single-threaded input pipeline (`trainer.runtime.feedin
 or `trainer.runtime.feeding.stream`). The ``ParameterServerSync`` Keras callback
 (`trainer.runtime.ps_worker.exchange`) does the exchange every ``window`` batches, at
 every epoch end, or on a window sized by time, through the algorithm's pure
-worker rules. It yields one Arrow record with the worker's history.
+worker algorithms. It yields one Arrow record with the worker's history.
 
 Validation. With validation rows in its shard (``trainer.data.validation``),
 a worker evaluates the CENTER model (pulled from the server) on them at the end
@@ -18,8 +18,8 @@ them by each worker's validation rows. The server's directives in its
 replies are honoured: ``stop`` ends training at the next exchange (the
 driver's EarlyStopping), ``learning_rate`` sets the optimizer's rate.
 
-Epochs. Synchronous rules need every worker at every round, so each worker
-makes exactly one pass over its own shard per epoch. Asynchronous rules with a
+Epochs. Synchronous algorithms need every worker at every round, so each worker
+makes exactly one pass over its own shard per epoch. Asynchronous algorithms with a
 window *share* each epoch by default: the parameter server counts the batches
 all workers report, and an epoch ends for everybody once they add up to one
 pass over all the data. On a shared or uneven machine one worker often runs
@@ -60,13 +60,13 @@ from trainer.runtime.task_config import TaskConfig
 
 @dataclass(kw_only=True)
 class WorkerConfig(TaskConfig):
-    """Everything a parameter-server worker task needs (`TaskConfig` and the rule, the server's ports)."""
+    """Everything a parameter-server worker task needs (`TaskConfig` and the algorithm, the server's ports)."""
 
     model: ModelSource
     algorithm: Algorithm
     ps_ports: tuple[int, ...]  # one per shard of the parameter server, shard 0 first
     share_epochs: bool = True
-    overlap: bool = False  # commit in the background, fold the reply a window later (delta rules)
+    overlap: bool = False  # commit in the background, fold the reply a window later (delta algorithms)
 
 
 def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> int:
