@@ -62,10 +62,11 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     controller = StageController(spark, tls=trainer.tls, ps_host=trainer.ps_host, ps_bind_host=trainer.ps_bind_host,
                                  ps_port=trainer.ps_port, endpoints=kind.endpoints)
     plan = plan_fit(trainer, kind, df, resume_from, validation)
-    callbacks = check_callbacks(callbacks, plan.model, plan.validation_rows > 0)
+    logged = []  # MLflow's epoch logger, after the user's callbacks
     if run is not None:
         run.log_params(fit_params(trainer, algorithm, plan.model, plan.spec.num_rows, plan.validation_rows))
-        callbacks.append(epoch_logger(run))
+        logged.append(epoch_logger(run))
+    callbacks = check_callbacks(callbacks, plan.model, plan.validation_rows > 0) + logged
     epoch_callbacks = EpochCallbacks(plan.model, callbacks, kind.reporters, trainer.epochs,
                                      inline=kind.inline_callbacks)
     steps = planned_steps(plan.spec.num_rows, trainer.num_workers, trainer.batch_size)

@@ -223,9 +223,9 @@ class ModelSelector(OptionAttributes):
             cb.selector = self
         spark = df.sparkSession
         n = self.num_workers
+        df, validation = self._split_validation(df, validation)
         controller = StageController(spark, tls=self.tls, ps_host=self.ps_host, ps_bind_host=self.ps_bind_host,
                                      ps_port=self.ps_port)  # a missing TLS tool fails here, before any cluster work
-        df, validation = self._split_validation(df, validation)
         profile = stage_profile(spark, self.gpus_per_worker)  # fails here when the cluster offers no GPUs
 
         # -- plan: models, data and checks, before any Spark job -------------------------
