@@ -110,7 +110,7 @@ def test_single_worker_keeps_the_weights():
         algorithm.check_workers(2)
 
 
-def test_rules_do_not_modify_inputs():
+def test_algorithms_do_not_modify_inputs():
     w, w0, c = arr(3.0, 5.0), arr(1.0, 1.0), arr(2.0, 0.0)
     for algorithm in (DOWNPOUR(), ADAG(), DynSGD(), AEASGD()):
         algorithm.server_commit(c, algorithm.worker_payload(w, w0), staleness=1)
@@ -208,7 +208,7 @@ def test_add_into_follows_add_for_a_numpy_scale_and_mixed_dtypes():
     _same_bits(out, add(center, wide, 0.5))
 
 
-def test_only_the_delta_rules_have_an_in_place_form():
+def test_only_the_delta_algorithms_have_an_in_place_form():
     for algorithm in (DOWNPOUR(), ADAG(), DynSGD()):
         assert callable(getattr(algorithm, "server_apply", None)) and algorithm.payload_arrays == 1
     for algorithm in (AEASGD(), EASGD(), SingleWorker(), SyncAveraging()):

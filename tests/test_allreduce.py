@@ -36,7 +36,7 @@ from trainer.runtime.collective.collective_task import equal_rows
 # --------------------------------------------------------------------------- the algorithm, pure
 
 
-def test_allreduce_is_a_named_collective_rule():
+def test_allreduce_is_a_named_collective_algorithm():
     algorithm = get_algorithm("allreduce")
     assert isinstance(algorithm, AllReduce) and ALGORITHMS["allreduce"] is AllReduce
     assert algorithm.fit_kind == "collective" and algorithm.exchanges_optimizer_state

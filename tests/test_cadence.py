@@ -48,7 +48,7 @@ def test_the_automatic_window_is_bounded_by_the_other_workers_staleness():
     assert cadence.window == 1 and cadence.due(1)
 
 
-def test_auto_windows_belong_to_the_rules_whose_math_ignores_the_window():
+def test_auto_windows_belong_to_the_algorithms_whose_math_ignores_the_window():
     assert DOWNPOUR().window == "auto" and get_algorithm("downpour").describe() == "downpour(auto window)"
     assert DynSGD(window="auto").window == "auto"
     for make in (lambda: ADAG(window="auto"), lambda: SyncAveraging(every="auto"), lambda: DOWNPOUR(window="5")):

@@ -180,7 +180,7 @@ def test_topk_with_feedback_moves_every_coordinate_without_it_small_ones_never_m
 # -- the Compressed algorithm ------------------------------------------------------------------------
 
 
-def test_compressed_rule_decodes_on_the_server_and_keeps_the_inner_rule():
+def test_compressed_algorithm_decodes_on_the_server_and_keeps_the_inner_algorithm():
     w0 = [np.zeros(4, np.float32)]
     w = [np.array([1.0, 2.0, 3.0, 4.0], np.float32)]
     center = [np.full(4, 10.0, np.float32)]
@@ -198,7 +198,7 @@ def test_compressed_rule_decodes_on_the_server_and_keeps_the_inner_rule():
 
 
 @pytest.mark.parametrize("algorithm", [EASGD(), SyncAveraging()])
-def test_compression_refuses_rules_that_send_full_weights(algorithm):
+def test_compression_refuses_algorithms_that_send_full_weights(algorithm):
     with pytest.raises(AlgorithmConfigError, match="commit deltas"):
         with_compression(algorithm, "fp16")
     with pytest.raises(AlgorithmConfigError, match="compressed already"):
@@ -227,7 +227,7 @@ def test_topk_commits_through_a_real_parameter_server_and_bad_payloads_get_a_cle
             assert c.pull()[1] == 1
 
 
-def test_trainer_option_wraps_the_rule_or_names_the_problem():
+def test_trainer_option_wraps_the_algorithm_or_names_the_problem():
     from trainer import Trainer
 
     def model():  # never called: the options are checked first
@@ -241,7 +241,7 @@ def test_trainer_option_wraps_the_rule_or_names_the_problem():
         Trainer(model, algorithm="adag", compression="zstd")
 
 
-def test_compressed_rule_survives_pickling_as_in_a_spark_task():
+def test_compressed_algorithm_survives_pickling_as_in_a_spark_task():
     import pickle
 
     algorithm = with_compression(DynSGD(window=3), "topk:0.05")

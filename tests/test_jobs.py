@@ -388,7 +388,7 @@ def test_bench_plan(bench_job, tmp_path):
     assert bench_job.plan(tmp_path, cores=16)[2].workers == [1, 2, 4, 8, 16]
 
 
-def test_bench_runs_each_job_again_with_allreduce_next_to_the_default_rule(bench_job, tmp_path):
+def test_bench_runs_each_job_again_with_allreduce_next_to_the_default_algorithm(bench_job, tmp_path):
     steps = bench_job.plan(tmp_path, cores=2, extra={"forecast": ["--models", "gru"]})
     assert [(s.job, s.label) for s in steps] == [("mnist", ""), ("mnist", "allreduce"), ("forecast", ""),
                                                 ("forecast", "allreduce")]
@@ -454,7 +454,7 @@ def test_bench_summary(bench_job, tmp_path):
     assert "| gru | 8 * | 3.40 | 1 of 1 |" in text and "| 237" in text  # epochs and steps, not the time
 
 
-def test_bench_summary_puts_the_default_rule_and_allreduce_side_by_side(bench_job, tmp_path):
+def test_bench_summary_puts_the_default_algorithm_and_allreduce_side_by_side(bench_job, tmp_path):
     mnist, mnist_allreduce = bench_job.plan(tmp_path, cores=2, skip_forecast=True)
     for step, backend, algorithm, time_s in ((mnist, None, "downpour(auto window)", 30.0),
                                             (mnist_allreduce, "jax", "allreduce(every step)", 12.0)):

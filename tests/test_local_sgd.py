@@ -171,6 +171,8 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     assert {r["train_step"] for r in records} == {"the model's own, replicas averaged periodically"}
     assert [r["averages"] for r in records] == [4, 4]
     assert {(r["period"], r["wire"], r["average_bytes"]) for r in records} == {(2, "bf16", 2 * model.count_params())}
+    # the ring's bytes per step are the averages' amortized over the steps (2 (N - 1) / N = 1 at N = 2)
+    assert [r["ring_bytes_per_step"] for r in records] == [pytest.approx(2 * model.count_params() * 4 / steps)] * 2
     # the logs reported are both processes' own, averaged: a finite loss for each epoch
     assert all(math.isfinite(e["logs"]["loss"]) for e in records[0]["epochs"])
 
@@ -186,7 +188,7 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     (dict(workers=2, hosts=None), "downpour", "2 CPU workers on hosts not known"),
     (dict(workers=4, hosts=4, ps_options=("compression",)), "downpour", "compression asked for the parameter server"),
 ])
-def test_with_no_rule_named_the_fit_chooses_from_what_it_runs_on(facts, algorithm, why):
+def test_with_no_algorithm_named_the_fit_chooses_from_what_it_runs_on(facts, algorithm, why):
     from trainer.algorithms.choice import FitFacts, choose_algorithm
 
     choice = choose_algorithm(FitFacts(**facts))
@@ -195,7 +197,7 @@ def test_with_no_rule_named_the_fit_chooses_from_what_it_runs_on(facts, algorith
     assert choice.record()["facts"]["workers"] == facts["workers"]
 
 
-def test_the_trainer_keeps_auto_across_changed_options_and_a_named_rule_is_not_chosen():
+def test_the_trainer_keeps_auto_across_changed_options_and_a_named_algorithm_is_not_chosen():
     from trainer import DOWNPOUR, Trainer
 
     trainer = Trainer(digits_model, num_workers=2)

@@ -46,7 +46,7 @@ def test_out_of_core_shard_larger_than_its_budget_trains(digits):
 
 
 @pytest.mark.timeout(300)
-def test_out_of_core_synchronous_rule_pads_streamed_shards_to_equal_batches(digits):
+def test_out_of_core_synchronous_algorithm_pads_streamed_shards_to_equal_batches(digits):
     train, test = digits
     uneven = train.limit(1499)  # 750 and 749 rows: the shorter shard is padded with a repeat
     fitted = Trainer(digits_model(), algorithm=SyncAveraging(every=4), num_workers=2, epochs=6, verbose=False,

@@ -117,7 +117,7 @@ def test_counted_commits_return_the_batches_of_the_epoch_per_attempt():
 
 
 @pytest.mark.timeout(20)
-def test_bad_payload_and_failing_rule_reply_error_and_keep_connection(caplog):
+def test_bad_payload_and_failing_algorithm_reply_error_and_keep_connection(caplog):
     with server() as ps, client(ps) as c:
         with pytest.raises(RemoteError, match="expected 2"):
             c.commit(ones()[:1], {})
@@ -288,7 +288,7 @@ def test_disconnect_mid_round_aborts_promptly():
 
 
 @pytest.mark.timeout(20)
-def test_failing_round_rule_aborts_the_round_for_everyone():
+def test_failing_round_algorithm_aborts_the_round_for_everyone():
     with server(BrokenRoundRule(), num_workers=2) as ps:
         c0, c1 = client(ps, 0), client(ps, 1)
         with c0, c1:

@@ -53,7 +53,7 @@ def test_both_ends_hold_the_same_bits_and_what_a_reply_drops_comes_in_the_next(c
     assert max(float(np.max(np.abs(c - h))) for c, h in zip(center, server_held)) < gap
 
 
-def test_replies_need_a_compression_and_the_rule_says_so():
+def test_replies_need_a_compression_and_the_algorithm_says_so():
     from trainer import Trainer
 
     def model():  # never called: the options are checked first

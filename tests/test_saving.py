@@ -204,7 +204,7 @@ def test_custom_objects_come_back_by_value_in_a_fresh_process(fit, saved, batch,
 
 
 @pytest.mark.spark
-def test_an_optimizer_averaging_rule_saves_the_centers_optimizer_state(digits, tmp_path, caplog, capfd):
+def test_an_optimizer_averaging_algorithm_saves_the_centers_optimizer_state(digits, tmp_path, caplog, capfd):
     fitted = Trainer(scaled_digits_model(), algorithm=SyncAveraging(average_optimizer_state=True), num_workers=2,
                      batch_size=32, epochs=1, verbose=False).fit(digits[0])
     path = fitted.save(tmp_path / "averaged.keras")

@@ -73,7 +73,7 @@ def test_the_servers_directives_set_the_rate_and_stop_and_a_shared_epoch_ends_at
     assert callback.stopped
 
 
-def test_a_commit_names_the_versions_its_base_has_not_seen_except_under_a_synchronous_rule():
+def test_a_commit_names_the_versions_its_base_has_not_seen_except_under_a_synchronous_algorithm():
     from trainer.algorithms import SyncAveraging
 
     callback = _alone()

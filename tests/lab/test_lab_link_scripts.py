@@ -57,7 +57,7 @@ def test_shape_links_names_what_the_host_lacks(tmp_path, tools, uid, message):
     assert proc.returncode == 1 and message in proc.stderr, proc.stderr
 
 
-def test_bench_lab_plans_the_defaults_then_each_rule_at_each_link(bench_lab):
+def test_bench_lab_plans_the_defaults_then_each_algorithm_at_each_link(bench_lab):
     args = bench_lab.parse_args(["--links", "unshaped,100mbit", "--workers", "2 1", "--runs", "3",
                                  "--algorithms", "allreduce localsgd", "--jobs", "mnist"])
     submits = bench_lab.plan(args)
@@ -71,7 +71,7 @@ def test_bench_lab_plans_the_defaults_then_each_rule_at_each_link(bench_lab):
         bench_lab.parse_args(["--jobs", "mnist,cifar"])
 
 
-def test_bench_lab_tables_time_to_keras_and_record_a_failed_rule(bench_lab, tmp_path):
+def test_bench_lab_tables_time_to_keras_and_record_a_failed_algorithm(bench_lab, tmp_path):
     def job_json(name: str, rows: list[dict]) -> None:
         folder = tmp_path / "runs" / "lab" / name
         folder.mkdir(parents=True)

@@ -256,8 +256,9 @@ def _start(model, client, record: dict, group: Group) -> int:
 def _train(model, shard: _Shard, validation: _Validation | None, client, job: CollectiveJob, record: dict,
            start_epoch: int, group: Group, rate: ScaledRate, averaging=None) -> None:
     gradient = sum(int(np.prod(v.shape)) * np.dtype(v.dtype).itemsize for v in model.trainable_variables)
+    ring_share = 2.0 * (job.num_processes - 1) / job.num_processes  # of what one all-reduce sums, per process
     record.update(epochs=[], commits=0, comm_s=0.0, steps=0, bytes_sent=0, bytes_received=0,
-                  ring_bytes_per_step=2.0 * (job.num_processes - 1) / job.num_processes * gradient)
+                  ring_bytes_per_step=ring_share * gradient)
     callbacks = group.fit_callbacks() + ([averaging] if averaging is not None else [])
     train_start, cpu_start = time.time(), time.process_time()
     fit_s, collective_before = 0.0, group.collective_seconds() or 0.0
@@ -294,6 +295,9 @@ def _train(model, shard: _Shard, validation: _Validation | None, client, job: Co
     train_s = time.time() - train_start
     record.update(train_s=train_s, fit_s=fit_s, end=time.time(),
                   cores_used=(time.process_time() - cpu_start) / max(train_s, 1e-9))
+    if averaging is not None and record.get("averages"):  # local SGD: one average every few steps, amortized
+        record["ring_bytes_per_step"] = ring_share * record["average_bytes"] * record["averages"] / max(
+            record["steps"], 1)
     record["allreduce_ms"] = group.allreduce_ms(gradient // 4) if group.num_processes > 1 else None
     if client is not None:
         record.update(bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
