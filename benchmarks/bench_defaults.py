@@ -181,9 +181,9 @@ def main(argv: list[str] | None = None) -> int:
             for n in counts:
                 started = time.time()
                 keras.utils.set_random_seed(args.seed)  # the driver builds the initial center as plain Keras did
-                algorithm = {} if algorithm == "default" else {"algorithm": algorithm}
+                named = {} if algorithm == "default" else {"algorithm": algorithm}
                 fitted = Trainer(builder(kind, features), num_workers=n, epochs=args.epochs,
-                                 batch_size=args.batch_size, seed=args.seed, verbose=False, **algorithm).fit(train)
+                                 batch_size=args.batch_size, seed=args.seed, verbose=False, **named).fit(train)
                 # the parameter server's last window, or local SGD's period: the batches between two exchanges
                 windows = [(w.get("window") or {}).get("last") or w.get("period") for w in fitted.history.workers]
                 rows.append({"algorithm": algorithm, **compare(kind, n, plain, fitted.evaluate(test),
