@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from trainer.runtime.stage_result import RESULT_DDL, read_records
@@ -36,13 +36,11 @@ from trainer.transport.wire import new_secret
 
 @dataclass
 class StageResult:
-    """What a controlled stage returns: each task's record, when it ran, and on how many workers it ended."""
+    """What a controlled stage returns: each task's record and when the stage ran."""
 
     records: list[dict[str, Any]]
     start: float
     end: float
-    workers: int
-    events: list[dict] = field(default_factory=list)
 
 
 class StageController:
@@ -95,4 +93,4 @@ class StageController:
         stage = run_stage_with_retries(frame, num_workers, make_task, RESULT_DDL, policy=policy,
                                        description=description, on_retry=on_retry, events=events, fatal=fatal,
                                        profile=profile)
-        return StageResult(read_records(stage.rows), start, time.time(), stage.workers, stage.events)
+        return StageResult(read_records(stage.rows), start, time.time())

@@ -270,7 +270,7 @@ class ModelSelector(OptionAttributes):
 
         # a failed save is logged by finish_checkpoints: it must not hide the search's own error
         closers = (run.finish_checkpoints, *((broadcast.destroy,) if broadcast is not None else ()))
-        stage = StageResult([], time.time(), time.time(), n)
+        stage = StageResult([], time.time(), time.time())  # a resumed search that had ended runs no stage
         with controller.closing(server, before_stop=(run.close,), closers=closers):
             run.start()
             if not run.finished:  # a resumed search that had ended runs nothing
