@@ -43,6 +43,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import statistics
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -73,6 +74,11 @@ TARGETS = {"cpu_10gbe_16": 0.75, "gpu_10gbe_16": 0.6}
 HERE_HOP_US = 1300.0  # benchmarks/bench_ring.py, 2 processes, 2026-11-26 19:00 (1,296; earlier on a busy machine 1,000-1,800)
 HERE_GBIT = 6.7  # the same run (earlier: 4.8-9.4)
 HERE_JAX_BATCH_MS = 54.8  # one batch of the MNIST CNN in plain Keras under JAX, one core (jobs/bench.py --quick, 19:18)
+# The lab's links as two workers measured them (docs/lab.md), Gbit/s of TCP payload, and its MNIST epoch in batches
+# of one worker (make bench-lab: 6,000 images, batch 32).
+LAB_GBIT = {"unshaped": 10.0, "1gbit": 0.915, "100mbit": 0.095}
+LAB_BATCHES = 6000 / 32
+LAB_HOP_US = 200.0  # the Docker bridge's per-message cost as a ring hop meets it (between loopback and a LAN)
 # Measured runs to check the model against: (where, workers, speed-up against what, value).
 MEASURED = [
     ("issue 17, 2 cores (the first machine: plain 41.9, 1 worker 48.8, 2 workers 24.2 s/epoch)", 1, "plain",
@@ -100,6 +106,29 @@ STYLES = [
 MEASURED_ALLREDUCE: list[tuple[str, int, float]] = [
     ("allreduce: jobs/bench.py --quick, 2 cores, 2026-11-26 19:18 (6,000 images, 2 epochs)", n, v)
     for n, v in ((1, 1.07), (2, 2 * 0.699))]
+
+
+def lab_checks(path: str, hop_s: float, host_s: float) -> list[dict]:
+    """The model's local SGD against ``make bench-lab``'s MNIST runs with the defaults (local SGD on the lab's
+    hosts): the speed-up of N workers over 1 at each link, the model's on this machine's 2 cores at the link's
+    measured rate (`LAB_GBIT`), its step from the 1-worker run's epoch over `LAB_BATCHES`."""
+    times: dict[tuple[str, int], list[float]] = {}
+    with open(path, encoding="utf-8", newline="") as f:
+        for row in csv.DictReader(f):
+            if (row["job"], row["asked"]) == ("mnist", "default") and row["epoch_time_s"] and not row["error"]:
+                times.setdefault((row["link"], int(row["workers"])), []).append(float(row["epoch_time_s"]))
+    checks = []
+    for (link, n), runs in sorted(times.items()):
+        one = times.get((link, 1))
+        if n < 2 or not one or link not in LAB_GBIT:
+            continue
+        work = Workload(PARAMS, statistics.mean(one) / LAB_BATCHES, 1, 0.0, 0.0)
+        model = predict_local_sgd(work, Cluster(link_gbit=LAB_GBIT[link], cores=2), n, hop_s, host_s)
+        measured = statistics.mean(one) / statistics.mean(runs)
+        checks.append({"run": f"make bench-lab, {link} ({len(runs)} runs)", "workers": n, "against": "1 worker",
+                       "measured": measured, "model": model["speedup"], "model_vs_measured": model["speedup"] / measured,
+                       "within_1_25": 1 / 1.25 <= model["speedup"] / measured <= 1.25})
+    return checks
 
 
 def _measured_inputs(args) -> None:
@@ -274,6 +303,8 @@ def main(argv: list[str] | None = None) -> int:
                         help=f"one batch on a GPU, for local SGD's GPU curves (ms, default {GPU_BATCH_MS:g})")
     parser.add_argument("--host-ms", type=float, default=HOST_MS,
                         help=f"a local-SGD worker's own work per average (ms, default {HOST_MS:g})")
+    parser.add_argument("--bench-lab", default=None,
+                        help="a make bench-lab bench-lab.csv: check local SGD's model against its MNIST default runs")
     parser.add_argument("--png", default="docs/scale_model.png", help="plot path (default docs/scale_model.png)")
     parser.add_argument("--out", default="results/scale_model", help="results directory")
     args = parser.parse_args(argv)
@@ -314,6 +345,8 @@ def main(argv: list[str] | None = None) -> int:
         model = predict_allreduce(jax_base, ring_here, n, args.here_hop_us / 1e6)["speedup"]
         checks.append({"run": where, "workers": n, "against": "plain (JAX)", "measured": value, "model": model,
                        "model_vs_measured": model / value})
+    if args.bench_lab:
+        checks += lab_checks(args.bench_lab, LAB_HOP_US / 1e6, args.host_ms / 1000)
     local = local_sgd_table(base, args.gpu_batch_ms / 1000, hop_s, args.host_ms / 1000)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -333,7 +366,7 @@ def main(argv: list[str] | None = None) -> int:
     print("inputs:", ", ".join(f"{k} {v:.4g}" for k, v in inputs.items()))
     print(markdown_table(knees, list(knees[0])))
     print()
-    print(markdown_table(checks, list(checks[0])))
+    print(markdown_table(checks, list(dict.fromkeys(k for c in checks for k in c))))
     print()
     print(markdown_table(local["rows"], list(local["rows"][0])))
     print("targets:", ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in local["targets"].items()))

@@ -179,3 +179,22 @@ def test_the_script_checks_allreduce_against_its_measured_runs(tmp_path):
     ring = [r for r in result["predictions"] if r["scenario"] == "all-reduce"]
     assert {r["link_gbit"] for r in ring} == {1.0, 10.0, 100.0} and len(ring) == 3 * 64
     assert any(k["scenario"].startswith("all-reduce") for k in result["knees"])
+
+
+def test_local_sgd_is_checked_against_the_labs_default_runs(tmp_path):
+    from trainer_benchmarks.scale_model import LAB_BATCHES, LAB_GBIT, PARAMS, lab_checks
+    from trainer_benchmarks.support.queueing_model import predict_local_sgd
+
+    header = "link,job,model,asked,algorithm,workers,run,epoch_time_s,error\n"
+    rows = ["1gbit,mnist,cnn,default,downpour,1,0,5.0,", "1gbit,mnist,cnn,default,downpour,1,1,7.0,",
+            "1gbit,mnist,cnn,default,localsgd,2,0,3.0,", "1gbit,mnist,cnn,allreduce,allreduce,2,0,9.0,",
+            "1gbit,mnist,cnn,default,localsgd,3,0,,boom", "1gbit,forecast,lstm,default,sync,2,0,1.0,",
+            "9gbit,mnist,cnn,default,localsgd,2,0,1.0,"]  # a link whose rate is unknown: no check
+    path = tmp_path / "bench-lab.csv"
+    path.write_text(header + "\n".join(rows) + "\n", encoding="utf-8")
+    (check,) = lab_checks(str(path), 2e-4, 3e-3)
+    assert (check["workers"], check["measured"]) == (2, pytest.approx(6.0 / 3.0))  # the mean of the 1-worker runs
+    work = Workload(PARAMS, 6.0 / LAB_BATCHES, 1)
+    model = predict_local_sgd(work, Cluster(link_gbit=LAB_GBIT["1gbit"], cores=2), 2, 2e-4, 3e-3)["speedup"]
+    assert check["model"] == pytest.approx(model) and check["model_vs_measured"] == pytest.approx(model / 2.0)
+    assert check["within_1_25"] == (0.8 <= model / 2.0 <= 1.25)

@@ -23,6 +23,7 @@ optuna = pytest.importorskip("optuna")
 from trainer.selection import (  # noqa: E402
     ASHA, ModelSelector, SelectionCallback, TPESearch, choice, loguniform, quniform, randint, when,
 )
+from trainer.selection.model_based import AskTellSearch, startup_trials  # noqa: E402
 from trainer.selection.search_run import make_search_run  # noqa: E402
 from trainer.selection.hopper import HopperClient, HopperServer  # noqa: E402
 from trainer.selection.scheduler import MopScheduler  # noqa: E402
@@ -95,9 +96,28 @@ def test_a_seed_reproduces_the_suggestions():
     assert len(first) == 12 and configs(5) == first  # the same reports in the same order: the same suggestions
     assert configs(6) != first
     # Reports in another order (as under MOP): the random start-up is the same, what TPE learns may not be.
-    assert configs(5, order=lambda queue: queue.pop())[:3] == first[:3]
+    # A trial is asked when one ends: the first max_concurrent + n_startup_trials - 1 = 4 are the start-up.
+    assert configs(5, order=lambda queue: queue.pop())[:4] == first[:4]
     # Random suggestions depend on the seed and the trial's number alone, whatever the order of the reports.
     assert configs(5, sampler="random") == configs(5, order=lambda queue: queue.pop(), sampler="random")
+
+
+def test_tpe_start_up_is_sized_by_the_budget_so_a_small_budget_gets_suggestions_from_tpe():
+    assert [startup_trials(n, None, 4) for n in (1, 6, 9, 15, 40)] == [2, 2, 3, 5, 5]
+    assert startup_trials(40, 28, 4) == 2 and startup_trials(None, 28, 4) == 2  # 7 trials of 4 epochs
+    assert TPESearch(SPACE, 4, max_total_epochs=28).n_startup_trials == 2
+    assert TPESearch(SPACE, 4, max_total_epochs=28, n_startup_trials=5).n_startup_trials == 5
+
+    def configs(sampler):  # the jobs' comparison: 28 epochs, 4 per trial, 3 at once
+        search = AskTellSearch(SPACE, 4, max_total_epochs=28, max_concurrent=3, seed=2, sampler=sampler)
+        run_to_end(search)
+        return [c.params for c in search.configs()]
+
+    tpe, random = configs("tpe"), configs("random")
+    # 3 + 2 - 1 = 4 random trials, the same as a random search's of the seed; TPE suggests the last 3.
+    # (With a fixed start-up of 5, all 7 would be asked before 5 ended: a random search.)
+    assert len(tpe) == len(random) == 7 and tpe[:4] == random[:4]
+    assert all(t != r for t, r in zip(tpe[4:], random[4:]))
 
 
 def test_asha_stops_a_trial_below_its_rung_at_once_and_promotes_without_a_barrier():
