@@ -11,22 +11,26 @@ the Keras backend(s) given, each set-up in fresh processes
 * ``workers=N``: N worker processes running the task loop's callback
   (``trainer.runtime.ps_worker.exchange.make_sync_callback``) on 1/N of the rows each,
   sharing the machine's device(s), and a real ``ParameterServer`` in a
-  process of its own, with the Trainer's default algorithm (DOWNPOUR, automatic
-  window) unless --window says otherwise; ``overlap`` rows commit in the
-  background as ``Trainer(overlap=True)`` does;
-* ``--algorithm allreduce``: N processes of the all-reduce loop
-  (``trainer.runtime.collective.loop``: the backend's own collective engine,
-  one all-reduce of the gradients a step) instead, process 0 reporting to a
-  real ``ParameterServer`` once per epoch; one process per GPU (NCCL takes no
-  two ranks on one device), so on one GPU it runs 1 worker.
+  process of its own, with DOWNPOUR (automatic window unless --window says
+  otherwise); ``overlap`` rows commit in the background as
+  ``Trainer(overlap=True)`` does;
+* ``--algorithm allreduce`` or ``localsgd``: N processes of the all-reduce loop
+  (``trainer.runtime.collective.loop``: the backend's own collective engine;
+  one all-reduce of the gradients a step, or local SGD's average of the
+  weights every few steps) instead, process 0 reporting to a real
+  ``ParameterServer`` once per epoch;
+* ``--algorithm default`` (the default): what a fit with no algorithm named
+  chooses for N workers on this machine's device (``choose_algorithm``: one
+  worker DOWNPOUR; several on a GPU local SGD; several CPU workers on one
+  host DOWNPOUR).
 
 It imports neither pyspark nor Java: it runs wherever Keras and a backend are
 installed. On a machine without a GPU it makes a short run (--quick: 6,000
 rows, 2 epochs) unless told otherwise. Columns: steady seconds per epoch
 (the first epoch, with the compilation, left out), each worker's samples/s
 over plain Keras's (``per_worker``) and all workers' together
-(``together``), the center's test accuracy, the last automatic window, and
-an exchange's parts in ms (weights to the host, the payload, the round trip,
+(``together``), the center's test accuracy, the last automatic window (local
+SGD: its period), and an exchange's parts in ms (weights to the host, the payload, the round trip,
 the reply loaded), measured after the steps queued by asynchronous dispatch
 have run (``trainer.runtime.backends``).
 
@@ -47,7 +51,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.algorithms import DOWNPOUR, AllReduce
+from trainer.algorithms import COLLECTIVE, DOWNPOUR, AllReduce, LocalSGD
+from trainer.algorithms.choice import FitFacts, choose_algorithm
 from trainer_jobs.support.datasets import load_mnist
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.plain_keras import run_single
@@ -98,14 +103,21 @@ def worker_row(backend: str, label: str, n: int, results: list[dict], plain: dic
             "commits": commits, **parts, "cores_used": float(np.mean([r["cores_used"] for r in workers]))}
 
 
-def collective_row(backend: str, n: int, results: list[dict], plain: dict, test: dict) -> dict:
-    """One table row of an all-reduce set-up of N processes against the plain row of the same backend."""
+def algorithm_for(asked: str, workers: int, gpu: bool, window: int | str):
+    """The algorithm of ``--algorithm`` for N workers: a name, or ``default``, the fit's own choice here."""
+    if asked == "default":
+        return choose_algorithm(FitFacts(workers, gpus_per_worker=int(gpu), hosts=1)).algorithm
+    return {"allreduce": AllReduce(), "localsgd": LocalSGD(), "downpour": DOWNPOUR(window=window)}[asked]
+
+
+def collective_row(backend: str, n: int, results: list[dict], plain: dict, test: dict, name: str) -> dict:
+    """One table row of an all-reduce loop set-up of N processes against the plain row of the same backend."""
     rates = [r["padded_rows"] / steady(r["epoch_times"]) for r in results]
     plain_rate = plain["rows"] / plain["epoch_s"]
-    return {"backend": backend, "run": f"{n} worker{'s' if n > 1 else ''}, allreduce", "workers": n,
+    return {"backend": backend, "run": f"{n} worker{'s' if n > 1 else ''}, {name}", "workers": n,
             "epoch_s": float(np.mean([steady(r["epoch_times"]) for r in results])),
             "per_worker": float(np.mean(rates)) / plain_rate, "together": sum(rates) / plain_rate,
-            "test_accuracy": test.get("accuracy"), "commits": results[0]["commits"],
+            "test_accuracy": test.get("accuracy"), "commits": results[0]["commits"], "window": results[0].get("period"),
             "cores_used": float(np.mean([r["cores_used"] for r in results]))}
 
 
@@ -118,9 +130,9 @@ def main(argv: list[str] | None = None) -> int:
                                                                  "--quick 2)")
     parser.add_argument("--batch-size", type=int, default=128, help="minibatch per worker (default 128)")
     parser.add_argument("--limit", type=int, default=None, help="training rows (default all 60,000; --quick 6,000)")
-    parser.add_argument("--algorithm", choices=["default", "allreduce"], default="default",
-                        help="the Trainer's default algorithm with its parameter server, or allreduce "
-                             "(default: default)")
+    parser.add_argument("--algorithm", choices=["default", "allreduce", "localsgd", "downpour"], default="default",
+                        help="what a fit with no algorithm named chooses for each worker count here (default), or "
+                             "an algorithm")
     parser.add_argument("--window", default="auto",
                         help="the algorithm's window: auto (default) or a number of batches")
     parser.add_argument("--overlap", choices=["off", "on", "both"], default="both",
@@ -146,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
     limit = args.limit or (6000 if quick else None)
     cores = args.cores_per_worker or max(1, (os.cpu_count() or 1) // (max(counts) + 1))
     window = "auto" if args.window == "auto" else int(args.window)
-    algorithm = AllReduce() if args.algorithm == "allreduce" else DOWNPOUR(window=window)
+    algorithms = {n: algorithm_for(args.algorithm, n, gpu is not None, window) for n in counts}
+    described = "; ".join(f"{n}: {a.describe()}" for n, a in algorithms.items())
     overlaps = {"off": [False], "on": [True], "both": [False, True]}[args.overlap]
 
     x, y, xt, yt = load_mnist(args.data, limit=limit)
@@ -157,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     meta = run_metadata({"job": "bench_gpu", "gpu": gpu, "quick": quick, "epochs": epochs, "rows": len(x),
                          "batch_size": args.batch_size, "cores_per_worker": cores, "backends": backends,
-                         "algorithm": algorithm.describe()})
+                         "algorithm": described})
     rows: list[dict] = []
     print(f"bench-gpu: {gpu or 'no GPU (CPU only)'}; {len(x)} rows, {epochs} epochs, batch {args.batch_size}, "
-          f"{cores} core(s) per process, {algorithm.describe()}", flush=True)
+          f"{cores} core(s) per process, workers {described}", flush=True)
     for backend in backends:
         plain = run_single("plain", builder, x, y, epochs=epochs, batch_size=args.batch_size, threads=cores,
                            backend=backend, test=(xt, yt))[0]
@@ -171,11 +184,13 @@ def main(argv: list[str] | None = None) -> int:
         print(markdown_table([plain_row], COLUMNS), flush=True)
         reference = {"rows": len(x), "epoch_s": plain_row["epoch_s"]}
         for n in counts:
-            if args.algorithm == "allreduce":
+            algorithm = algorithms[n]
+            if algorithm.fit_kind == COLLECTIVE:
                 results = run_collective(n, builder, x, y, epochs=epochs, batch_size=args.batch_size,
-                                         backend=backend, threads=cores, gpus=["0"] if gpu else None)
+                                         backend=backend, threads=cores, gpus=["0"] if gpu else None,
+                                         algorithm=algorithm)
                 test = model_in_fresh_process(builder, backend, center=results[0]["center"], test=(xt, yt))
-                rows.append(collective_row(backend, n, results, reference, test))
+                rows.append(collective_row(backend, n, results, reference, test, algorithm.name))
                 print(markdown_table(rows[-1:], COLUMNS), flush=True)
                 continue
             for overlap in overlaps:
@@ -193,7 +208,7 @@ def main(argv: list[str] | None = None) -> int:
     text = (f"# make bench-gpu\n\n- {meta['timestamp']} on {meta['host']}: {gpu or 'no GPU (CPU only)'}, "
             f"{meta['cores']} cores; {', '.join(f'{k} {v}' for k, v in versions.items())}\n"
             f"- MNIST CNN, {len(x)} rows, {epochs} epochs (the first left out of epoch_s), batch {args.batch_size} "
-            f"per worker, {cores} core(s) per process, {algorithm.describe()}\n\n{markdown_table(rows, COLUMNS)}\n")
+            f"per worker, {cores} core(s) per process, workers {described}\n\n{markdown_table(rows, COLUMNS)}\n")
     (out / "bench_gpu.md").write_text(text, encoding="utf-8")
     print(text)
     print(f"results: {out / 'bench_gpu.json'}, {out / 'bench_gpu.md'}")

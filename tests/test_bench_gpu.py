@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from trainer_benchmarks.bench_gpu import worker_row
+from trainer_benchmarks.bench_gpu import algorithm_for, worker_row
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -71,7 +71,7 @@ def test_bench_gpu_runs_the_worker_loop_and_server_where_pyspark_cannot_be_impor
     result = json.loads((out / "bench_gpu.json").read_text())
     rows = {r["run"]: r for r in result["rows"]}
     assert set(rows) == {"plain Keras", "1 worker"}  # more workers take the same path: a process each
-    assert result["metadata"]["algorithm"] == "downpour(auto window)" and result["metadata"]["quick"] is True
+    assert result["metadata"]["algorithm"] == "1: downpour(auto window)" and result["metadata"]["quick"] is True
     row = rows["1 worker"]
     assert row["commits"] > 0 and row["window"] >= 4 and row["epoch_s"] > 0
     assert 0.5 < row["test_accuracy"] <= 1.0  # the center learned (10 classes: chance is 0.1)
@@ -94,3 +94,10 @@ def test_worker_row_compares_samples_per_second_with_plain_keras():
     assert row["together"] == pytest.approx(450 / 600)
     assert row["round_trip_ms"] == pytest.approx(100.0) and row["state_ms"] == pytest.approx(10.0)
     assert row["window"] == 20 and row["commits"] == 4 and row["test_accuracy"] == 0.9
+
+
+def test_bench_gpu_runs_what_a_fit_would_choose_there():
+    names = {(n, gpu): algorithm_for("default", n, gpu, "auto").name for n in (1, 2) for gpu in (False, True)}
+    assert names == {(1, False): "downpour", (1, True): "downpour", (2, False): "downpour", (2, True): "localsgd"}
+    assert algorithm_for("localsgd", 2, False, "auto").describe() == "localsgd(averaged every auto <= 16 steps, bf16)"
+    assert algorithm_for("downpour", 2, False, 5).window == 5

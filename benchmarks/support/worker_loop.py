@@ -150,11 +150,12 @@ def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_si
 
 def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0,
                    backend: str = "tensorflow", threads: int = 1, gpus: list[str] | None = None,
-                   lr_scaling: str = "linear") -> list[dict[str, Any]]:
+                   algorithm=None) -> list[dict[str, Any]]:
     """`workers` processes of the all-reduce loop (``trainer.runtime.collective.loop``), no Spark: each trains on
     its 1/N of the rows (padded to equal batches) in a group on `backend`'s collective engine, process 0 reporting
-    to a real parameter server in this process once per epoch. One record per process, with ``epoch_times``
-    and the final ``center`` in process 0's."""
+    to a real parameter server in this process once per epoch. `algorithm`: an ``AllReduce`` (default: every
+    step; ``LocalSGD()`` averages every few steps). One record per process, with ``epoch_times`` and the final
+    ``center`` in process 0's."""
     import tempfile
     from pathlib import Path
 
@@ -162,7 +163,7 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
     from trainer.internals import CollectiveJob, ModelSource, ParameterServer, reserve_port, start_process, wait_process
 
     initial = model_in_fresh_process(builder, backend, seed)
-    algorithm = AllReduce(lr_scaling=lr_scaling)
+    algorithm = algorithm or AllReduce()
     server = ParameterServer(ReportedState(), initial, 1, new_secret())  # task 0 reports once per epoch
     server.start()
     shards = np.array_split(np.arange(len(x)), workers)
@@ -178,7 +179,8 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
             job = CollectiveJob(model=ModelSource(builder=builder), ps_address=server.address,
                                 secret=server.credentials, addresses=addresses, process_id=pid, num_processes=workers,
                                 batch_size=batch_size, epochs=epochs, seed=seed, keras_backend=backend, cpus=threads,
-                                gpus=gpus, lr_factor=algorithm.learning_rate_factor(workers), parent_pid=os.getpid(),
+                                gpus=gpus, lr_factor=algorithm.learning_rate_factor(workers), period=algorithm.period,
+                                max_period=algorithm.max_period, wire=algorithm.wire, parent_pid=os.getpid(),
                                 record={"worker": pid, "attempt": 0, "rows": len(shards[pid]), "padded_rows": rows})
             processes.append((start_process(directory, job), directory))
         records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]
