@@ -141,6 +141,7 @@ def fitted_row(model_name: str, fitted, *, workers: int, rows: int, epochs: int,
         "bytes": history.bytes_moved, "timing_valid": valid, "epochs": epochs,
         "retries": sum(e.get("event") == "attempt_failed" for e in history.events),
         "resumed": any(e.get("event") == "resumed" for e in history.events),
+        "period": ((history.choice or {}).get("measured") or {}).get("period"),  # local SGD's, as measured
         **allreduce_parts(history), **extra,
     }
 
