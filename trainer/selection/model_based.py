@@ -44,9 +44,10 @@ Seeds: each trial's sampler is seeded by ``trial_seed(seed, number)``, so a
 suggestion depends on the seed, the trial's number and the study when it is
 asked, not on the draws before it. The seed fixes the random suggestions (every
 one of ``sampler="random"``; TPE's start-up, the trials asked before
-``n_startup_trials`` trials ended: the first ``max_concurrent + n_startup_trials - 1``,
-since a trial is asked when one ends) whatever the timing and across resume; TPE's later ones are the same given the same
-reports in the same order (``strategy="sequential"``, or a resumed sequential
+``n_startup_trials`` trials ended with a value: the first
+``max_concurrent + n_startup_trials - 1`` when none fails, since a trial is
+asked when one ends) whatever the timing and across resume; TPE's later ones
+are the same given the same reports in the same order (``strategy="sequential"``, or a resumed sequential
 run), not under model hopper parallelism, whose order of reports depends on
 timing: replay reproduces those runs. See docs/model-selection.md.
 
