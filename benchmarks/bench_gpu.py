@@ -51,8 +51,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trainer.algorithms import COLLECTIVE, DOWNPOUR, AllReduce, LocalSGD
-from trainer.algorithms.choice import FitFacts, choose_algorithm
+from trainer.algorithms import COLLECTIVE, DOWNPOUR, AllReduce, FitFacts, LocalSGD, choose_algorithm
 from trainer_jobs.support.datasets import load_mnist
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.plain_keras import run_single

@@ -11,6 +11,7 @@ import dataclasses
 from trainer.algorithms.adag import ADAG
 from trainer.algorithms.allreduce import AllReduce
 from trainer.algorithms.base import COLLECTIVE, PARAMETER_SERVER, Algorithm, AlgorithmConfigError
+from trainer.algorithms.choice import AlgorithmChoice, FitFacts, choose_algorithm
 from trainer.algorithms.compressed import Compressed, with_compression
 from trainer.algorithms.compression import BFloat16, Codec, Float16, TopK, parse_compression
 from trainer.algorithms.downpour import DOWNPOUR
@@ -48,8 +49,8 @@ def get_algorithm(name: str | Algorithm, **kwargs) -> Algorithm:
 
 
 __all__ = [
-    "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmConfigError", "AllReduce", "BFloat16", "COLLECTIVE", "Codec",
-    "Compressed", "DOWNPOUR", "DynSGD", "EASGD", "Float16", "LocalSGD", "PARAMETER_SERVER", "ReportedState",
-    "SingleWorker", "SyncAveraging", "TopK", "get_algorithm",
+    "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmChoice", "AlgorithmConfigError", "AllReduce", "BFloat16",
+    "COLLECTIVE", "Codec", "Compressed", "DOWNPOUR", "DynSGD", "EASGD", "FitFacts", "Float16", "LocalSGD",
+    "PARAMETER_SERVER", "ReportedState", "SingleWorker", "SyncAveraging", "TopK", "choose_algorithm", "get_algorithm",
     "parse_compression", "with_compression",
 ]
