@@ -45,7 +45,7 @@ from pathlib import Path
 JOBS = ("mnist", "forecast")
 # Small enough that 3 links x 3 lab sizes x (RUNS + algorithms) fit in about an hour on 2 cores. Forecasting keeps
 # the job's whole series and 4 epochs (a second or two each): at 3,000 rows and 2 epochs the averaged center of 2-3
-# workers had not caught up with one worker (MAPE +0.8 / +1.3 points), which the job at its own size does not show.
+# workers had not caught up with one worker (MAPE +0.8 to +1.8 points), which the job at its own size does not show.
 JOB_ARGS = {"mnist": "--limit 6000 --epochs 2", "forecast": "--models lstm --epochs 4"}
 HIGHER_IS_BETTER = {"accuracy": True, "mape": False}
 RESULTS_IN_VOLUME = "/results/bench-lab"
