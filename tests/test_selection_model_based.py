@@ -50,7 +50,8 @@ def run_to_end(search, order=None) -> list:
         decision = search.report(cid, epoch, loss(search.config(cid).params, epoch))
         decisions.append((cid, epoch, decision))
         queue.extend(c.id for c in decision.added)
-        if search.should_continue(cid):  # at its rung a trial is promoted or stopped in the same report
+        queue.extend(m for m in decision.budgets if m != cid)  # trials that waited at a rung, promoted now
+        if search.should_continue(cid):  # at its rung a trial goes on or waits, decided in the same report
             queue.append(cid)
     return decisions
 
@@ -96,7 +97,7 @@ def test_a_seed_reproduces_the_suggestions():
     assert len(first) == 12 and configs(5) == first  # the same reports in the same order: the same suggestions
     assert configs(6) != first
     # Reports in another order (as under MOP): the random start-up is the same, what TPE learns may not be.
-    # A trial is asked when one ends: the first max_concurrent + n_startup_trials - 1 = 4 are the start-up.
+    # The first max_concurrent + n_startup_trials - 1 = 4 configurations are the start-up.
     assert configs(5, order=lambda queue: queue.pop())[:4] == first[:4]
     # Random suggestions depend on the seed and the trial's number alone, whatever the order of the reports.
     assert configs(5, sampler="random") == configs(5, order=lambda queue: queue.pop(), sampler="random")
@@ -120,17 +121,28 @@ def test_tpe_start_up_is_sized_by_the_budget_so_a_small_budget_gets_suggestions_
     assert all(t != r for t, r in zip(tpe[4:], random[4:]))
 
 
-def test_asha_stops_a_trial_below_its_rung_at_once_and_promotes_without_a_barrier():
+def test_asha_waits_below_its_rung_and_promotes_later_without_a_barrier():
     search = ASHA(SPACE, max_epochs=4, min_epochs=1, eta=2, n_trials=6, max_concurrent=3, seed=0)
     assert [c.id for c in search.configs()] == ["c000", "c001", "c002"] and search.budget("c000") == 1
-    # The first trial at rung 1 goes on at once, while the others have not reported yet.
-    assert search.report("c000", 0, 0.5).budgets == {"c000": 2}
-    # A worse one stops at once, and its place goes to a new configuration in the same decision.
-    decision = search.report("c001", 0, 0.9)
-    assert decision.stopped == ("c001",) and [c.id for c in decision.added] == ["c003"]
-    assert search.stopped("c001") and search.budget("c001") == 1 and search.budget("c003") == 1
-    assert search.study.trials[1].state == optuna.trial.TrialState.PRUNED
-    assert search.report("c002", 0, 0.1).budgets == {"c002": 2}  # better than the rung so far: promoted
+    # Alone at rung 1 a trial is not among the best half: it waits, told to the study as pruned, and its place
+    # goes to a new configuration in the same decision.
+    decision = search.report("c000", 0, 0.5)
+    assert decision.paused == ("c000",) and not decision.stopped and [c.id for c in decision.added] == ["c003"]
+    assert search.stopped("c000") and search.budget("c000") == 1
+    assert search.study.trials[0].state == optuna.trial.TrialState.PRUNED
+    # The best of two goes on at once, while the third has not reported.
+    assert search.report("c001", 0, 0.1).budgets == {"c001": 2}
+    # Three at the rung: only the best goes on; the third waits too.
+    decision = search.report("c002", 0, 0.9)
+    assert decision.paused == ("c002",) and [c.id for c in decision.added] == ["c004"] and not decision.budgets
+    # Four at the rung: the best two are c001 and c000, which waited: the freed place promotes c000 now.
+    decision = search.report("c003", 0, 0.95)
+    assert decision.paused == ("c003",) and decision.budgets == {"c000": 2} and not decision.added
+    assert not search.stopped("c000") and search.budget("c000") == 2 and search.should_continue("c000")
+    # Alone at rung 2 it waits again: its outcome goes into the study as a new trial of the same point.
+    assert search.report("c000", 1, 0.4).paused == ("c000",)
+    added = [t for t in search.study.trials if t.intermediate_values == {1: 0.5, 2: 0.4}]
+    assert [(t.params, t.state) for t in added] == [(search.study.trials[0].params, optuna.trial.TrialState.PRUNED)]
 
 
 def test_budget_of_epochs_is_granted_rung_by_rung_and_never_exceeded():
@@ -331,7 +343,7 @@ def _digits_mlp(params: dict):
 
 @pytest.mark.spark
 @pytest.mark.timeout(300)
-def test_tpe_with_asha_stops_a_trial_early_and_its_slot_takes_a_new_one(digits, tmp_path):
+def test_tpe_with_asha_stops_a_trial_early_and_its_place_takes_a_new_one(digits, tmp_path):
     train, val = digits
 
     def make():
@@ -354,9 +366,10 @@ def test_tpe_with_asha_stops_a_trial_early_and_its_slot_takes_a_new_one(digits, 
     first_rung_end = max(u["end"] for u in result.units if u["epoch"] == 0)
     assert min(u["start"] for u in result.units if u["epoch"] == 1) < first_rung_end
     assert board.loc[result.best_config.id, "param_lr"] == 3e-2 and result.best_value > 0.8
-    stops = [e for e in result.search_log["events"] if e[3]]
-    stopped, added = stops[0][0], stops[0][5]
-    assert added, "the stopped trial's place went to a new configuration in the same decision"
+    # A useless trial waits at its rung for good, and its place goes to a new configuration in the same decision.
+    waits = [e for e in result.search_log["events"] if e[6] == [e[0]] and e[5] and board.loc[e[0], "stopped"]]
+    assert waits, result.search_log["events"]
+    stopped, added = waits[0][0], waits[0][5]
     end = max(u["end"] for u in result.units if u["model"] == stopped)
     firsts = [u for u in result.units if u["model"] == added[0] and u["epoch"] == 0]
     assert len(firsts) == 2 and min(u["start"] for u in firsts) >= end - 1e-6

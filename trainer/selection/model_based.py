@@ -1,30 +1,37 @@
-"""Searches that learn from their trials: TPE and asynchronous successive halving (ASHA), through Optuna.
+"""Searches that learn from their trials: TPE and asynchronous successive halving (ASHA), on an Optuna study.
 
 :class:`TPESearch` suggests every new configuration from the results so far
-(Optuna's ``TPESampler``); :class:`ASHA` stops a trial as soon as it falls
-below its rung's quantile (Optuna's ``SuccessiveHalvingPruner``, which is ASHA:
-Li et al., "A System for Massively Parallel Hyperparameter Tuning", MLSys
-2020). ``TPESearch(..., pruner="asha")`` and ``ASHA(..., sampler="tpe")`` are
-the same search: TPE suggestions, ASHA stops.
+(Optuna's ``TPESampler``); :class:`ASHA` is asynchronous successive halving as
+Li et al. give it ("A System for Massively Parallel Hyperparameter Tuning",
+MLSys 2020, Algorithm 2). ``TPESearch(..., pruner="asha")`` and
+``ASHA(..., sampler="tpe")`` are the same search: TPE suggestions, ASHA's rungs.
 
 Both drive an in-memory Optuna study with ask-and-tell and answer the selector
 at every hop through the :class:`~trainer.selection.search.Search` interface:
 
-* ``report(config_id, epoch, value)`` calls ``trial.report(value, epoch + 1)``;
-  with ASHA, ``trial.should_prune()`` stops the trial at once (told to the
-  study as pruned). Promotion needs no barrier: a trial that reaches its rung
-  among the best ``1/eta`` of the values reported at that rung *so far* goes on
-  in the same call.
-* A trial that stops or completes frees a place: the search asks the study for
-  the next configuration and returns it in ``Decision.added``; the selector
-  builds its model and the scheduler adds it, so the freed worker slot takes it
-  on the next hop. At most ``max_concurrent`` trials train at once (set it to at
-  least the number of workers: model hopper parallelism needs a model per worker).
+* ``report(config_id, epoch, value)`` calls ``trial.report(value, epoch + 1)``.
+  At a rung (``min_epochs * eta**k`` epochs) an ASHA trial goes on at once if
+  it is among the best ``len // eta`` of the values reported at that rung so far;
+  otherwise it waits there (``Decision.paused``: told to the study as pruned,
+  its state kept by the driver) and its place is free. No barrier: nothing
+  waits for a rung to fill.
+* A free place goes first to a waiting trial that has become promotable (the
+  rung filled behind it), highest rung first, best value first, then to a new
+  configuration asked from the study (``Decision.added``: the selector builds
+  its model and the scheduler adds it). Optuna's own ``SuccessiveHalvingPruner``
+  cannot resume a pruned trial, so it must promote or stop at once and promotes
+  the first trial at every rung whatever its value; model hopper parallelism
+  keeps every model's state on the driver, so a trial here can wait and be
+  promoted later, as in the paper. A promoted trial's outcome goes into the
+  study as a new finished trial of the same point (an Optuna trial cannot be
+  resumed once told). At most ``max_concurrent`` trials train at once (at least
+  the workers: model hopper parallelism needs a model per worker).
 * Budgets: ``n_trials`` caps the configurations, ``max_total_epochs`` the
   epochs granted over all of them (equal budgets against the other searches).
   Epochs are granted rung by rung (``min_epochs * eta**k``, then
   ``max_epochs``): a trial is asked only if its first rung fits in what is left,
-  and one that would be promoted beyond it ends where it is.
+  and a promotion only if its next rung does. Trials still waiting when the
+  search ends count as stopped early.
 
 The search space is the selector's (:mod:`trainer.selection.space`), mapped
 onto Optuna's distributions by :func:`~trainer.selection.space.suggest`.
@@ -40,16 +47,15 @@ would sample now); nothing is unpickled. Replaying (:meth:`AskTellSearch.follow`
 takes each report's decision from the log, so a replayed run adds, promotes and
 stops the same trials even when reports arrive in another order.
 
-Seeds: each trial's sampler is seeded by ``trial_seed(seed, number)``, so a
-suggestion depends on the seed, the trial's number and the study when it is
-asked, not on the draws before it. The seed fixes the random suggestions (every
-one of ``sampler="random"``; TPE's start-up, the trials asked before
-``n_startup_trials`` trials ended with a value: the first
-``max_concurrent + n_startup_trials - 1`` when none fails, since a trial is
-asked when one ends) whatever the timing and across resume; TPE's later ones
-are the same given the same reports in the same order (``strategy="sequential"``, or a resumed sequential
-run), not under model hopper parallelism, whose order of reports depends on
-timing: replay reproduces those runs. See docs/model-selection.md.
+Seeds: configuration ``k``'s sampler is seeded by ``trial_seed(seed, k)``, so
+a suggestion depends on the seed, ``k`` and the study when it is asked, not
+on the draws before it. The seed fixes the random suggestions whatever the
+timing and across resume: every one of ``sampler="random"``, and TPE's
+start-up, the first ``max_concurrent + n_startup_trials - 1`` configurations
+(:attr:`AskTellSearch.random_trials`). TPE's later ones are the same given the
+same reports in the same order (``strategy="sequential"``, or a resumed
+sequential run), not under model hopper parallelism, whose order of reports
+depends on timing: replay reproduces those runs. See docs/model-selection.md.
 
 Optuna is imported when a search is made: ``pip install 'spark-keras-trainer[search]'``.
 """
@@ -70,7 +76,7 @@ __all__ = ["AskTellSearch", "TPESearch", "ASHA", "SAMPLERS", "PRUNERS", "startup
 
 SAMPLERS = ("tpe", "random")
 PRUNERS = (None, "asha")
-LOG_VERSION = 1
+LOG_VERSION = 2
 
 
 def trial_seed(seed: int, number: int) -> int:
@@ -85,8 +91,7 @@ def startup_trials(n_trials: int | None, max_total_epochs: int | None, max_epoch
     (``n_trials``, or ``max_total_epochs // max_epochs`` when that is fewer), between 2 and 5.
 
     Optuna's own 10 (or a fixed 5) would leave a small budget random from end to end: at 28 epochs of 4, seven
-    trials, none of them suggested by TPE. Trials stopped by ASHA count as results, so with a pruner TPE starts
-    sooner still."""
+    trials, none of them suggested by TPE."""
     trials = [t for t in (n_trials, None if max_total_epochs is None else max_total_epochs // max_epochs)
               if t is not None]
     return min(5, max(2, min(trials) // 3))
@@ -146,7 +151,10 @@ class AskTellSearch(Search):
         self.space = dict(space)
         super().__init__([], metric)
         self._study = self._new_study()
-        self._running: dict[str, Any] = {}  # config id -> its Optuna trial, while it trains
+        self._running: dict[str, Any] = {}  # config id -> its Optuna trial while it trains (None once resumed)
+        self._numbers: dict[str, int] = {}  # config id -> the number of the Optuna trial it was asked as
+        self._at_rung: dict[int, dict[str, float]] = {r: {} for r in self.rungs[:-1]}  # rung -> {config: value}
+        self._paused: dict[str, int] = {}  # config id -> the rung it waits at, in the order they paused
         self._points: dict[str, dict[str, Any]] = {}
         self._granted: dict[str, int] = {}
         self._granted_total = 0
@@ -155,7 +163,7 @@ class AskTellSearch(Search):
         self._script: dict[tuple[str, int], list[Any]] = {}
         self._pending_points: dict[str, dict[str, Any]] = {}  # logged points of the trials a log adds later
         self._width = max(3, len(str((self.n_trials or 1) - 1)))
-        self._refill()
+        self._fill()
         if not self._configs:
             raise SearchError(
                 f"{owner}: max_total_epochs={self.max_total_epochs} is smaller than one trial's first rung "
@@ -165,19 +173,25 @@ class AskTellSearch(Search):
     # -- the study -----------------------------------------------------------------
     def _new_study(self):
         optuna = _optuna()
-        pruner = (optuna.pruners.SuccessiveHalvingPruner(min_resource=self.min_epochs, reduction_factor=self.eta,
-                                                          min_early_stopping_rate=0)
-                  if self.pruner == "asha" else optuna.pruners.NopPruner())
         direction = "maximize" if self.metric.mode == "max" else "minimize"
-        return optuna.create_study(direction=direction, sampler=self._sampler(0), pruner=pruner)
+        # ASHA's promotions are decided here (_decide), not by an Optuna pruner: see the module docstring.
+        return optuna.create_study(direction=direction, sampler=self._sampler(0), pruner=optuna.pruners.NopPruner())
+
+    @property
+    def random_trials(self) -> int:
+        """TPE's random start-up in configurations: ``max_concurrent + n_startup_trials - 1``. A configuration is
+        asked when a place frees, and a place frees with a result, so TPE's first suggestion has at least
+        ``n_startup_trials`` results to model. (``sampler="random"`` draws every one at random.)"""
+        return self.max_concurrent + self.n_startup_trials - 1
 
     def _sampler(self, number: int):
-        """A sampler seeded for trial ``number`` alone (:func:`trial_seed`): what it suggests depends on the seed,
-        the number and the study's trials at that moment, not on how many draws the trials before it took."""
+        """The sampler of configuration ``number`` (0-based), seeded for it alone (:func:`trial_seed`): what it
+        suggests depends on the seed, the number and the study's trials at that moment, not on how many draws
+        the trials before it took. The first :attr:`random_trials` are random whatever the timing."""
         optuna = _optuna()
         seed = trial_seed(self.seed, number)
-        if self.sampler == "tpe":
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=self.n_startup_trials)
+        if self.sampler == "tpe" and number >= self.random_trials:
+            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=1)
         return optuna.samplers.RandomSampler(seed=seed)
 
     @property
@@ -193,7 +207,7 @@ class AskTellSearch(Search):
     def _ask(self, cid: str | None = None, point: dict[str, Any] | None = None) -> Config:
         if point is not None:
             self._study.enqueue_trial(dict(point))
-        self._study.sampler = self._sampler(len(self._study.trials))
+        self._study.sampler = self._sampler(len(self._configs))
         trial = self._study.ask()
         try:
             point = suggest(self.space, trial)
@@ -206,32 +220,88 @@ class AskTellSearch(Search):
         self._configs[cid] = config
         self._history[cid] = []
         self._running[cid] = trial
+        self._numbers[cid] = trial.number
         self._points[cid] = point
         self._granted[cid] = self.rungs[0]
         self._granted_total += self.rungs[0]
         self._trial_log.append([cid, dict(point)])
         return config
 
-    def _refill(self) -> tuple[Config, ...]:
-        added = []
-        while len(self._running) < self.max_concurrent and self._can_ask():
-            added.append(self._ask())
-        return tuple(added)
+    def _fill(self, stopped: tuple[str, ...] = (), paused: tuple[str, ...] = ()) -> Decision:
+        """Give the free places (``max_concurrent`` minus the trials training) to promotions first, from the
+        highest rung down, then to new trials, as ASHA does when a worker frees."""
+        budgets, added = {}, []
+        while len(self._running) < self.max_concurrent:
+            cid = self._next_promotion()
+            if cid is not None:
+                budgets[cid] = self._resume(cid)
+            elif self._can_ask():
+                added.append(self._ask())
+            else:
+                break
+        return Decision(stopped=stopped, budgets=budgets, added=tuple(added), paused=paused)
+
+    def _promotable(self, cid: str, rung: int) -> bool:
+        """Among the best ``len // eta`` of the values reported at ``rung`` so far (none while fewer than eta)."""
+        values = self._at_rung[rung]
+        return cid in self.metric.ranked(values)[:len(values) // self.eta]
+
+    def _next_rung(self, cid: str) -> int:
+        return next(r for r in self.rungs if r > len(self._history[cid]))
+
+    def _fits(self, cid: str) -> bool:
+        extra = self._next_rung(cid) - self._granted[cid]
+        return self.max_total_epochs is None or self._granted_total + extra <= self.max_total_epochs
+
+    def _grant(self, cid: str, budget: int) -> int:
+        self._granted_total += budget - self._granted[cid]
+        self._granted[cid] = budget
+        return budget
+
+    def _next_promotion(self) -> str | None:
+        for rung in reversed(self.rungs[:-1]):
+            waiting = {cid: self._at_rung[rung][cid] for cid, at in self._paused.items() if at == rung}
+            for cid in self.metric.ranked(waiting):
+                if self._promotable(cid, rung) and self._fits(cid):
+                    return cid
+        return None
+
+    def _pause(self, cid: str) -> None:
+        """Wait at the rung: told to the study as pruned now (TPE ranks it by its values), promotable later."""
+        self._paused[cid] = len(self._history[cid])
+        self._tell(cid, "pruned")
+        self._stopped.add(cid)
+
+    def _resume(self, cid: str, budget: int | None = None) -> int:
+        del self._paused[cid]
+        self._stopped.discard(cid)
+        self._running[cid] = None  # its Optuna trial was told: its outcome is added as a new one (_tell)
+        return self._grant(cid, self._next_rung(cid) if budget is None else budget)
 
     def _end(self, cid: str, value: float, complete: bool) -> None:
-        optuna = _optuna()
-        trial = self._running.pop(cid)
         done = len(self._history[cid])
         self._granted_total -= self._granted[cid] - done  # epochs granted but not trained go back
         self._granted[cid] = done
-        if math.isnan(value):
-            self._study.tell(trial, state=optuna.trial.TrialState.FAIL)
-        elif complete:
-            self._study.tell(trial, value)
-        else:  # TPE ranks pruned trials by their reported values
-            self._study.tell(trial, state=optuna.trial.TrialState.PRUNED)
+        self._tell(cid, "fail" if math.isnan(value) else "complete" if complete else "pruned")
         if not complete:
             self._stopped.add(cid)
+
+    def _tell(self, cid: str, outcome: str) -> None:
+        """Tell the study how the trial of ``cid`` ended. A trial resumed after a pause was told when it paused
+        (an Optuna trial cannot be resumed): its outcome goes in as a new, finished trial of the same point with
+        every value it reported."""
+        optuna = _optuna()
+        state = {"fail": optuna.trial.TrialState.FAIL, "complete": optuna.trial.TrialState.COMPLETE,
+                 "pruned": optuna.trial.TrialState.PRUNED}[outcome]
+        trial = self._running.pop(cid)
+        value = self._history[cid][-1] if outcome == "complete" else None
+        if trial is not None:
+            self._study.tell(trial, value, state=state)
+            return
+        first = self._study.trials[self._numbers[cid]]
+        steps = {e + 1: v for e, v in enumerate(self._history[cid]) if not math.isnan(v)}
+        self._study.add_trial(optuna.trial.create_trial(params=first.params, distributions=first.distributions,
+                                                        value=value, intermediate_values=steps, state=state))
 
     # -- the Search interface ------------------------------------------------------
     def budget(self, config_id: str) -> int:
@@ -247,46 +317,51 @@ class AskTellSearch(Search):
         self._record(config_id, epoch, value)
         value = float(value)
         trial = self._running[config_id]
-        if not math.isnan(value):
+        if trial is not None and not math.isnan(value):
             trial.report(value, epoch + 1)
+        if epoch + 1 in self._at_rung and not math.isnan(value):
+            self._at_rung[epoch + 1][config_id] = value
         scripted = self._script.pop((config_id, epoch), None)
         decision = self._decide(config_id, value) if scripted is None else self._follow_event(config_id, scripted)
         self._events.append([config_id, epoch, value, list(decision.stopped), dict(decision.budgets),
-                             [c.id for c in decision.added]])
+                             [c.id for c in decision.added], list(decision.paused)])
         return decision
 
     def _decide(self, cid: str, value: float) -> Decision:
         done = len(self._history[cid])
-        if not math.isnan(value) and done >= self.max_epochs:
+        if math.isnan(value):
+            self._end(cid, value, complete=False)  # a diverged trial never recovers: it stops at once
+            return self._fill(stopped=(cid,))
+        if done >= self.max_epochs:
             self._end(cid, value, complete=True)
-            return Decision(added=self._refill())
-        if math.isnan(value) or (self.pruner is not None and self._running[cid].should_prune()):
-            self._end(cid, value, complete=False)  # a diverged trial never recovers: it stops at once too
-            return Decision(stopped=(cid,), added=self._refill())
+            return self._fill()
         if done < self._granted[cid]:
             return Decision()
-        nxt = next(r for r in self.rungs if r > done)
-        extra = nxt - self._granted[cid]
-        if self.max_total_epochs is not None and self._granted_total + extra > self.max_total_epochs:
-            self._end(cid, value, complete=False)  # promoted, but the budget is spent
-            return Decision(stopped=(cid,), added=self._refill())
-        self._granted[cid] = nxt
-        self._granted_total += extra
-        return Decision(budgets={cid: nxt})
+        # At a rung (ASHA): go on among the best 1/eta of the rung so far, if the budget takes the next rung;
+        # otherwise wait there, and the place goes to a promotion or a new trial.
+        if self._promotable(cid, done) and self._fits(cid):
+            return Decision(budgets={cid: self._grant(cid, self._next_rung(cid))})
+        self._pause(cid)
+        return self._fill(paused=(cid,))
 
     def _follow_event(self, cid: str, event: list[Any]) -> Decision:
-        stopped, budgets, added = event[3], event[4], event[5]
+        stopped, budgets, added, paused = event[3], event[4], event[5], event[6]
         done = len(self._history[cid])
         current = self._history[cid][-1]
-        if stopped:
+        if cid in stopped:
             self._end(cid, current, complete=False)
         elif done >= self.max_epochs and not math.isnan(current):
             self._end(cid, current, complete=True)
+        elif cid in paused:
+            self._pause(cid)
         for model, budget in budgets.items():
-            self._granted_total += int(budget) - self._granted[model]
-            self._granted[model] = int(budget)
+            if model in self._paused:
+                self._resume(model, int(budget))
+            else:
+                self._grant(model, int(budget))
         configs = tuple(self._ask(new, self._pending_points[new]) for new in added)
-        return Decision(stopped=tuple(stopped), budgets={m: int(b) for m, b in budgets.items()}, added=configs)
+        return Decision(stopped=tuple(stopped), budgets={m: int(b) for m, b in budgets.items()}, added=configs,
+                        paused=tuple(paused))
 
     # -- state, resume and replay --------------------------------------------------
     def state(self) -> dict[str, Any]:
@@ -349,7 +424,7 @@ class TPESearch(AskTellSearch):
         n_trials: Integer or None. The most configurations.
         max_total_epochs: Integer or None. The most epochs over all configurations.
         max_concurrent: Integer. Trials training at once (at least the workers).
-        seed: Integer. Seeds each trial's sampler (with the trial's number). It
+        seed: Integer. Seeds each configuration's sampler (with its number). It
             fixes the random start-up suggestions (the module docstring) whatever
             the timing; every suggestion is the same given the same
             reports in the same order (``strategy="sequential"``, resumed or
@@ -357,8 +432,9 @@ class TPESearch(AskTellSearch):
             on timing: ``fit(replay=...)`` reproduces such a run.
         pruner: None (every trial trains ``max_epochs``) or ``"asha"``.
         min_epochs, eta: ASHA's rungs, ``min_epochs * eta**k`` epochs.
-        n_startup_trials: Integer or None. The results (trials ended or stopped)
-            TPE waits for before it models them; the trials asked before are random.
+        n_startup_trials: Integer or None. The results (trials ended, stopped or
+            waiting at a rung) TPE waits for before it models them: the first
+            ``max_concurrent + n_startup_trials - 1`` configurations are random.
             None: a third of the trials the budget holds, 2 to 5 (:func:`startup_trials`).
         batch_size: Integer. Default batch size (a ``batch_size`` key of the space wins).
         metric: the selection metric, a name or a :class:`Metric`.
@@ -375,8 +451,8 @@ class TPESearch(AskTellSearch):
 
 
 class ASHA(AskTellSearch):
-    """Asynchronous successive halving: a trial below its rung's quantile stops at once (Optuna's
-    ``SuccessiveHalvingPruner``), and its place goes to a new configuration.
+    """Asynchronous successive halving: a trial below its rung's quantile waits there at once, and its place goes
+    to a waiting trial the rung now promotes or to a new configuration (the module docstring).
 
     Example:
 
@@ -387,9 +463,9 @@ class ASHA(AskTellSearch):
     Args:
         sampler: ``"random"`` (the paper's ASHA) or ``"tpe"`` (TPE suggestions).
         seed: Integer. With ``sampler="random"`` it fixes the k-th configuration
-            whatever the timing, resumed or not; which trials stop
-            follows the values and their order (``fit(replay=...)`` repeats a
-            run's stops). With ``"tpe"``: as for :class:`TPESearch`.
+            whatever the timing, resumed or not; which trials wait and which are
+            promoted follows the values and their order (``fit(replay=...)``
+            repeats a run's decisions). With ``"tpe"``: as for :class:`TPESearch`.
         The others: as for :class:`TPESearch` (``pruner`` is always ``"asha"``).
     """
 

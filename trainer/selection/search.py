@@ -184,14 +184,17 @@ class Decision:
     ``budgets``: configurations promoted, with their new epoch budget (extend them).
     ``added``: new configurations a model-based search asked for (add them, with
     their ``budget``); the other searches know all theirs from the start.
+    ``paused``: configurations that wait at a rung (ASHA): they have trained their
+    budget, so the scheduler parks them; a later decision may promote them (``budgets``).
     """
 
     stopped: tuple[str, ...] = ()
     budgets: dict[str, int] = field(default_factory=dict)
     added: tuple[Config, ...] = ()
+    paused: tuple[str, ...] = ()
 
     def __bool__(self) -> bool:
-        return bool(self.stopped or self.budgets or self.added)
+        return bool(self.stopped or self.budgets or self.added or self.paused)
 
 
 def check_rungs(owner: str, min_epochs: Any, max_epochs: Any, eta: Any) -> tuple[int, int, int]:

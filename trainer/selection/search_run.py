@@ -282,7 +282,8 @@ class SearchRun:
             self.pending_ckpt.append((cid, self.states[cid], [dict(r) for r in self.history[cid]]))
         log.log(logging.INFO if self.selector.verbose else logging.DEBUG,
                 "model selection: %s epoch %d: %s %.4f%s", cid, epoch + 1, self.metric.name, value,
-                f" (stopped: {', '.join(decision.stopped)})" if decision.stopped else "")
+                "".join(f" ({what}: {', '.join(ids)})" for what, ids in
+                        (("stopped", decision.stopped), ("waits at its rung", decision.paused)) if ids))
         for cb in self.callbacks:
             cb.on_epoch_end(cid, epoch, dict(logs))
 
