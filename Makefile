@@ -173,9 +173,9 @@ bench-out-of-core: venv ## MNIST on one worker, shard in memory vs streamed from
 bench-select: venv ## model selection on MNIST and forecasting: MOP vs task parallelism vs sequential, then the searches (SEARCHES) at equal budget over SELECT_SEEDS; results under $(OUT)/
 	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist
 	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
-	$(PY) jobs/select_mnist.py --limit 3000 --search $(SEARCHES) --seeds $(SELECT_SEEDS) --max-epochs 4 --eta 2 \
-	    --out $(OUT)/select_mnist_searches
-	$(PY) jobs/select_forecast.py --limit 3000 --search $(SEARCHES) --seeds $(SELECT_SEEDS) --max-epochs 4 --eta 2 \
+	$(PY) jobs/select_mnist.py --limit 12000 --val-fraction 0.25 --search $(SEARCHES) --seeds $(SELECT_SEEDS) \
+	    --max-epochs 8 --eta 2 --out $(OUT)/select_mnist_searches
+	$(PY) jobs/select_forecast.py --limit 8760 --search $(SEARCHES) --seeds $(SELECT_SEEDS) --max-epochs 8 --eta 2 \
 	    --out $(OUT)/select_forecast_searches
 
 bench-ps: venv ## parameter server vs raw loopback and an authenticated echo: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps

@@ -130,6 +130,7 @@ def test_is_empty_and_markdown_row_keeps_every_column():
     assert not any(is_empty(v) for v in (0, 0.0, False, " ", "0", [], float("inf")))
     # printed under a header of all the columns, as the benchmarks stream their rows
     assert markdown_row({"a": 1, "c": 0.5}, ["a", "b", "c"]) == "| 1 |  | 0.5000 |"
+    assert markdown_row({"loss": 0.00046765}, ["loss"]) == "| 0.0004677 |"  # a small loss keeps its digits
 
 
 def test_written_markdown_leaves_out_empty_columns_and_csv_json_keep_them(tmp_path):

@@ -275,6 +275,8 @@ def _fmt(value: Any) -> str:
             return f"{f:,.1f}"
         if abs(f) >= 1:
             return f"{f:.2f}"
+        if 0 < abs(f) < 0.01:  # a small loss keeps 4 significant digits
+            return f"{f:.4g}"
         return f"{f:.4f}"
     return str(value).replace("|", "\\|").replace("\n", " ")
 
@@ -297,7 +299,7 @@ def markdown_table(rows: Iterable[Mapping[str, Any]], columns: Sequence[str] | N
     the extra keys. A column that is empty in every row (missing, None, NaN
     or "", see ``is_empty``) is left out, asked for or not; with no rows the
     header of ``columns`` stays. Numeric columns are right-aligned; floats get
-    4 decimals below 1, 2 below 100, 1 above; booleans read yes/no; missing
+    4 decimals below 1 (4 significant digits below 0.01), 2 below 100, 1 above; booleans read yes/no; missing
     cells are empty.
     """
     rows = list(rows)
