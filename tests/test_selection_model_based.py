@@ -21,7 +21,8 @@ import pytest
 optuna = pytest.importorskip("optuna")
 
 from trainer.selection import (  # noqa: E402
-    ASHA, ModelSelector, SelectionCallback, TPESearch, choice, loguniform, quniform, randint, when,
+    ASHA, Hyperband, ModelSelector, RandomSearch, SelectionCallback, TPESearch, choice, loguniform, quniform, randint,
+    when,
 )
 from trainer.selection.model_based import AskTellSearch, startup_trials  # noqa: E402
 from trainer.selection.search_run import make_search_run  # noqa: E402
@@ -29,7 +30,7 @@ from trainer.selection.hopper import HopperClient, HopperServer  # noqa: E402
 from trainer.selection.scheduler import MopScheduler  # noqa: E402
 from trainer.selection.search import SearchError  # noqa: E402
 from trainer.selection.search_checkpoints import CheckpointStore  # noqa: E402
-from trainer.selection.space import SearchSpaceError, decode, grid, sample, suggest  # noqa: E402
+from trainer.selection.space import SearchSpaceError, decode, encode, grid, sample, suggest  # noqa: E402
 from trainer.transport.wire import new_secret  # noqa: E402
 
 SPACE = {"lr": loguniform(1e-4, 1e-1), "arch": choice(["a", "b"]), "units": when("arch", "b", randint(8, 64))}
@@ -66,6 +67,7 @@ def test_space_maps_onto_optuna_distributions_and_back():
         trial = study.ask()
         point = suggest(space, trial)
         params = decode(space, json.loads(json.dumps(point)))  # the point travels as JSON to the tasks
+        assert encode(space, params) == point  # and back: what a study is told to try (common random numbers)
         d = trial.distributions
         assert d["lr"].log and isinstance(d["layers"], optuna.distributions.IntDistribution) and d["width"].log
         assert params["shape"] in [(8,), (16, 8)] and params["opt"] == "adam"
@@ -115,7 +117,9 @@ def test_tpe_start_up_is_sized_by_the_budget_so_a_small_budget_gets_suggestions_
         return [c.params for c in search.configs()]
 
     tpe, random = configs("tpe"), configs("random")
-    # 3 + 2 - 1 = 4 random trials, the same as a random search's of the seed; TPE suggests the last 3.
+    # 3 + 2 - 1 = 4 random trials, the draws of RandomSearch of the seed (and of Hyperband's); TPE suggests the last 3.
+    assert random == [c.params for c in RandomSearch(SPACE, 7, seed=2).configs()]
+    assert tpe[:4] == [c.params for c in Hyperband(SPACE, 4, eta=2, seed=2).configs()][:4]
     # (With a fixed start-up of 5, all 7 would be asked before 5 ended: a random search.)
     assert len(tpe) == len(random) == 7 and tpe[:4] == random[:4]
     assert all(t != r for t, r in zip(tpe[4:], random[4:]))
@@ -348,10 +352,10 @@ def test_tpe_with_asha_stops_a_trial_early_and_its_place_takes_a_new_one(digits,
 
     def make():
         return TPESearch({"lr": choice([3e-2, 1e-7]), "units": 16}, max_epochs=2, pruner="asha", eta=2,
-                         n_trials=5, max_concurrent=2, n_startup_trials=5, seed=1, batch_size=64,
+                         n_trials=5, max_concurrent=2, n_startup_trials=5, seed=7, batch_size=64,
                          metric="val_accuracy")
 
-    # Seed 1's first three (random start-up) suggestions are a useless, a good and a useless learning rate: whatever
+    # Seed 7's first three (random start-up) suggestions are a useless, a good and a useless learning rate: whatever
     # the order of the reports, one useless trial is below its rung. Only the learning rate varies, so each task
     # builds and traces one Keras model for all the trials (trainer.selection.search_task.compiled_signature).
     search = make()

@@ -47,15 +47,17 @@ would sample now); nothing is unpickled. Replaying (:meth:`AskTellSearch.follow`
 takes each report's decision from the log, so a replayed run adds, promotes and
 stops the same trials even when reports arrive in another order.
 
-Seeds: configuration ``k``'s sampler is seeded by ``trial_seed(seed, k)``, so
-a suggestion depends on the seed, ``k`` and the study when it is asked, not
-on the draws before it. The seed fixes the random suggestions whatever the
-timing and across resume: every one of ``sampler="random"``, and TPE's
-start-up, the first ``max_concurrent + n_startup_trials - 1`` configurations
-(:attr:`AskTellSearch.random_trials`). TPE's later ones are the same given the
-same reports in the same order (``strategy="sequential"``, or a resumed
-sequential run), not under model hopper parallelism, whose order of reports
-depends on timing: replay reproduces those runs. See docs/model-selection.md.
+Seeds: the random configurations (every one of ``sampler="random"``, and
+TPE's start-up, the first ``max_concurrent + n_startup_trials - 1``:
+:attr:`AskTellSearch.random_trials`) are the draws of
+:class:`~trainer.selection.search.RandomSearch` of the same seed and space, in
+order (common random numbers: searches compared at one seed start from the
+same configurations, Hyperband's too), enqueued into the study. They are the
+same whatever the timing and across resume. TPE's suggestions are seeded by
+``trial_seed(seed, k)`` for configuration ``k``: the same given the same
+reports in the same order (``strategy="sequential"``, or a resumed sequential
+run), not under model hopper parallelism, whose order of reports depends on
+timing: replay reproduces those runs. See docs/model-selection.md.
 
 Optuna is imported when a search is made: ``pip install 'spark-keras-trainer[search]'``.
 """
@@ -68,9 +70,9 @@ import numbers
 from typing import Any, Mapping
 
 from trainer.selection.search import (
-    Config, Decision, Metric, Search, SearchError, _positive_int, _rungs, check_rungs,
+    Config, Decision, Metric, Search, SearchError, _positive_int, _rungs, _sample_points, check_rungs,
 )
-from trainer.selection.space import SearchSpaceError, decode, suggest
+from trainer.selection.space import SearchSpaceError, decode, encode, suggest
 
 __all__ = ["AskTellSearch", "TPESearch", "ASHA", "SAMPLERS", "PRUNERS", "startup_trials", "trial_seed"]
 
@@ -162,6 +164,7 @@ class AskTellSearch(Search):
         self._events: list[list[Any]] = []
         self._script: dict[tuple[str, int], list[Any]] = {}
         self._pending_points: dict[str, dict[str, Any]] = {}  # logged points of the trials a log adds later
+        self._deferred: dict[str, int] = {}  # replay: promotions logged before the trial's own wait came
         self._width = max(3, len(str((self.n_trials or 1) - 1)))
         self._fill()
         if not self._configs:
@@ -176,6 +179,12 @@ class AskTellSearch(Search):
         direction = "maximize" if self.metric.mode == "max" else "minimize"
         # ASHA's promotions are decided here (_decide), not by an Optuna pruner: see the module docstring.
         return optuna.create_study(direction=direction, sampler=self._sampler(0), pruner=optuna.pruners.NopPruner())
+
+    def _random_point(self, number: int) -> dict[str, Any]:
+        """Random configuration ``number``: the one :class:`~trainer.selection.search.RandomSearch` and
+        :class:`~trainer.selection.search.Hyperband` of the same seed and space draw at that position, so that
+        searches compared at one seed start from the same draws (common random numbers)."""
+        return encode(self.space, _sample_points(self.space, number + 1, self.seed, self.owner)[-1])
 
     @property
     def random_trials(self) -> int:
@@ -205,9 +214,12 @@ class AskTellSearch(Search):
         return self.max_total_epochs is None or self._granted_total + self.rungs[0] <= self.max_total_epochs
 
     def _ask(self, cid: str | None = None, point: dict[str, Any] | None = None) -> Config:
+        number = len(self._configs)
+        if point is None and (self.sampler == "random" or number < self.random_trials):
+            point = self._random_point(number)
         if point is not None:
             self._study.enqueue_trial(dict(point))
-        self._study.sampler = self._sampler(len(self._configs))
+        self._study.sampler = self._sampler(number)
         trial = self._study.ask()
         try:
             point = suggest(self.space, trial)
@@ -354,14 +366,18 @@ class AskTellSearch(Search):
             self._end(cid, current, complete=True)
         elif cid in paused:
             self._pause(cid)
+        granted = {}
+        if cid in self._deferred:  # promoted by an earlier report of this replay: it waits and goes on at once
+            granted[cid] = self._resume(cid, self._deferred.pop(cid))
         for model, budget in budgets.items():
-            if model in self._paused:
-                self._resume(model, int(budget))
-            else:
-                self._grant(model, int(budget))
+            if model == cid:
+                granted[cid] = self._grant(cid, int(budget))
+            elif model in self._paused:
+                granted[model] = self._resume(model, int(budget))
+            else:  # replayed in another order: this trial has not reached the rung it waited at yet
+                self._deferred[model] = int(budget)
         configs = tuple(self._ask(new, self._pending_points[new]) for new in added)
-        return Decision(stopped=tuple(stopped), budgets={m: int(b) for m, b in budgets.items()}, added=configs,
-                        paused=tuple(paused))
+        return Decision(stopped=tuple(stopped), budgets=granted, added=configs, paused=tuple(paused))
 
     # -- state, resume and replay --------------------------------------------------
     def state(self) -> dict[str, Any]:

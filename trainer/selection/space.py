@@ -68,6 +68,7 @@ __all__ = [
     "grid_size",
     "suggest",
     "decode",
+    "encode",
 ]
 
 
@@ -532,3 +533,25 @@ def decode(space: Mapping[str, Any], point: Mapping[str, Any]) -> dict[str, Any]
             )
         out[name] = _decode_one(param, point[name])
     return out
+
+
+def _encode_one(param: Param, value: Any) -> Any:
+    if isinstance(param, Choice):
+        return value if _plain_options(param.options) else param.options.index(value)
+    if isinstance(param, QUniform):
+        return round(value / param.q)
+    if isinstance(param, IntUniform):
+        return int(value)
+    return float(value)
+
+
+def encode(space: Mapping[str, Any], params: Mapping[str, Any]) -> dict[str, Any]:
+    """The point (what :func:`suggest` returns) of a configuration, e.g. one :func:`sample` drew: the inverse of
+    :func:`decode`, so an Optuna study can be told to try it (``study.enqueue_trial``)."""
+    space = _check_space(space)
+    point: dict[str, Any] = {}
+    for name, param in space.items():
+        if not isinstance(param, Param) or name not in params:
+            continue
+        point[name] = _encode_one(param.param if isinstance(param, Conditional) else param, params[name])
+    return point
