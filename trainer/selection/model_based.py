@@ -193,13 +193,16 @@ class AskTellSearch(Search):
         ``n_startup_trials`` results to model. (``sampler="random"`` draws every one at random.)"""
         return self.max_concurrent + self.n_startup_trials - 1
 
+    def _drawn_at_random(self, number: int) -> bool:
+        return self.sampler == "random" or number < self.random_trials
+
     def _sampler(self, number: int):
         """The sampler of configuration ``number`` (0-based), seeded for it alone (:func:`trial_seed`): what it
         suggests depends on the seed, the number and the study's trials at that moment, not on how many draws
         the trials before it took. The first :attr:`random_trials` are random whatever the timing."""
         optuna = _optuna()
         seed = trial_seed(self.seed, number)
-        if self.sampler == "tpe" and number >= self.random_trials:
+        if not self._drawn_at_random(number):
             return optuna.samplers.TPESampler(seed=seed, n_startup_trials=1)
         return optuna.samplers.RandomSampler(seed=seed)
 
@@ -215,7 +218,7 @@ class AskTellSearch(Search):
 
     def _ask(self, cid: str | None = None, point: dict[str, Any] | None = None) -> Config:
         number = len(self._configs)
-        if point is None and (self.sampler == "random" or number < self.random_trials):
+        if point is None and self._drawn_at_random(number):
             point = self._random_point(number)
         if point is not None:
             self._study.enqueue_trial(dict(point))
