@@ -164,7 +164,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--algorithm", default=ALGORITHM,
                         help="single, sync, downpour, adag, easgd, aeasgd, dynsgd, or allreduce (gradients "
                              f"all-reduced every step, no --window) (default {ALGORITHM}: "
-                             "averaging every --window batches)")
+                             "averaging every --window batches); NAME:KEY=VALUE,... passes the algorithm's own "
+                             "arguments, e.g. easgd:beta=0.5")
     parser.add_argument("--window", type=window_arg, default=None,
                         help="batches between exchanges, or auto (sized by time; DOWNPOUR, ADAG, DynSGD) (default: "
                              "5 up to 2 workers, then 10 // N: 3 at 3 workers, 2 at 4 and 5, 1 from 6 on)")

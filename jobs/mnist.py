@@ -77,7 +77,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="auto (the default: chosen from the workers, their GPUs and hosts), single, sync, "
                              "downpour, adag, easgd, aeasgd, dynsgd, allreduce (gradients all-reduced every step, no "
                              "--window; the rate scaled with the workers) or localsgd (local steps, the weights "
-                             "averaged every few steps sized by time, bf16)")
+                             "averaged every few steps sized by time, bf16); NAME:KEY=VALUE,... passes the "
+                             "algorithm's own arguments, e.g. localsgd:outer_momentum=0")
     parser.add_argument("--window", type=window_arg, default="auto",
                         help="batches between exchanges, or auto: sized by the measured step and exchange times "
                              "(default auto)")

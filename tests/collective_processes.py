@@ -40,8 +40,8 @@ def run_processes(model, shards: list[tuple[np.ndarray, np.ndarray]], algorithm,
                                 ps_address=server.address, secret=server.credentials, addresses=addresses,
                                 process_id=pid, num_processes=len(shards), batch_size=batch_size, epochs=epochs,
                                 seed=seed, keras_backend=keras.backend.backend(),
-                                lr_factor=algorithm.learning_rate_factor(len(shards)), period=algorithm.period,
-                                max_period=algorithm.max_period, wire=algorithm.wire, parent_pid=os.getpid(),
+                                lr_factor=algorithm.learning_rate_factor(len(shards)), **algorithm.cadence(),
+                                parent_pid=os.getpid(),
                                 record={"worker": pid, "attempt": 0, "rows": rows, "padded_rows": rows})
             processes.append((start_process(directory, job), directory))
         records = [wait_process(process, directory, pid) for pid, (process, directory) in enumerate(processes)]

@@ -192,6 +192,23 @@ def test_mnist_time_to_target_flags(capsys):
         assert message in capsys.readouterr().err
 
 
+def test_an_algorithm_is_named_with_its_own_arguments(capsys):
+    """--algorithm NAME:KEY=VALUE,... passes the algorithm's own arguments; a wrong one stops the job at parse time."""
+    from trainer_jobs.support.cli import algorithm_from_args
+
+    assert algorithm_from_args("localsgd:outer_momentum=0,wire=fp32", 16).describe() == \
+        "localsgd(averaged every 16 steps)"
+    assert algorithm_from_args("downpour:window=3", None).describe() == "downpour(every 3 batches)"
+    mnist_job = _load_job("mnist")
+    for argv, message in ((["--algorithm", "localsgd:outer_momentum"], "NAME:KEY=VALUE"),
+                          (["--algorithm", "localsgd:outer_momentum=1"], "outer_momentum is a number in [0, 1)"),
+                          (["--algorithm", "localsgd:speed=2"], "Received: speed=2"),
+                          (["--algorithm", "auto:x=1"], "--algorithm auto takes no options")):
+        with pytest.raises(SystemExit):
+            mnist_job.parse_args(argv)
+        assert message in capsys.readouterr().err
+
+
 def test_repeated_runs_get_their_own_seed_and_checkpoint_folder(forecast_job, tmp_path):
     args = forecast_job.parse_args(["--seed", "5", "--checkpoint-dir", str(tmp_path)])
     assert trainer_options(args, "gru", 2) == trainer_options(args, "gru", 2, seed=5)

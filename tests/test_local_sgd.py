@@ -30,12 +30,14 @@ def test_localsgd_is_allreduce_with_a_time_sized_period_and_bfloat16_on_the_wire
     algorithm = get_algorithm("localsgd")
     assert ALGORITHMS["localsgd"] is LocalSGD and isinstance(algorithm, AllReduce)
     assert algorithm.fit_kind == "collective"
-    assert (algorithm.period, algorithm.max_period, algorithm.wire, algorithm.lr_scaling) == (
-        "auto", 16, "bf16", "linear")
+    assert (algorithm.period, algorithm.max_period, algorithm.wire, algorithm.lr_scaling, algorithm.outer_momentum) \
+        == ("auto", 16, "bf16", "linear", 0.5)
     assert algorithm.periodic and not AllReduce().periodic
-    assert algorithm.describe() == "localsgd(averaged every auto <= 16 steps, bf16)"
+    assert algorithm.describe() == "localsgd(averaged every auto <= 16 steps, bf16, outer momentum 0.5)"
     assert AllReduce(period=8).describe() == "allreduce(averaged every 8 steps)"
-    assert get_algorithm("localsgd", period=4, wire="fp32").describe() == "localsgd(averaged every 4 steps)"
+    assert get_algorithm("localsgd", period=4, wire="fp32", outer_momentum=0).describe() == \
+        "localsgd(averaged every 4 steps)"
+    assert AllReduce().cadence() == {"period": 1, "max_period": 16, "wire": "fp32", "outer_momentum": 0.0}
 
 
 @pytest.mark.parametrize("kwargs, message", [
@@ -44,6 +46,9 @@ def test_localsgd_is_allreduce_with_a_time_sized_period_and_bfloat16_on_the_wire
     ({"max_period": 0}, "max_period is an integer >= 1. Received: max_period=0"),
     ({"wire": "fp16"}, "wire is one of 'fp32', 'bf16'. Received: wire='fp16'"),
     ({"period": 1, "wire": "bf16"}, "wire='bf16' applies to periodic averaging"),
+    ({"period": 4, "outer_momentum": 1.0}, "outer_momentum is a number in \\[0, 1\\). Received: outer_momentum=1.0"),
+    ({"period": 4, "outer_momentum": "0.5"}, "Received: outer_momentum='0.5'"),
+    ({"period": 1, "outer_momentum": 0.5}, "outer_momentum=0.5 applies to periodic averaging"),
 ])
 def test_a_cadence_that_cannot_work_is_refused_with_the_fix(kwargs, message):
     with pytest.raises(AlgorithmConfigError, match=message):
@@ -83,6 +88,17 @@ def test_bfloat16_deltas_carry_their_rounding_into_the_next_average():
     assert np.abs(bf16.residual).max() < 1e-5
 
 
+def test_an_outer_momentum_moves_the_trained_weights_by_nesterov_steps_over_the_averages():
+    """Momentum m: v = m v + d, the trained weights move by d + m v; the untrained ones (a statistic) by d."""
+    anchor = np.zeros(2, np.float32)
+    averager = Averager(anchor, 2, "fp32", momentum=0.5, trained=np.array([True, False]))
+    deltas = [np.array([2.0, 2.0], np.float32), np.array([4.0, 4.0], np.float32)]  # the group's sums
+    first = averager.average(averager.anchor, lambda _: deltas[0]).copy()  # d = 1: v = 1, moves 1.5
+    np.testing.assert_allclose(first, [1.5, 1.0])
+    second = averager.average(averager.anchor, lambda _: deltas[1])  # d = 2: v = 2.5, moves 3.25
+    np.testing.assert_allclose(second, [4.75, 3.0])
+
+
 @pytest.mark.parametrize("step_ms, average_ms, expected", [
     (30.0, 1.0, 1),      # an average under 5 % of one step: every step
     (30.0, 6.0, 4),      # 6 ms against 5 % of 30 ms = 1.5 ms: every 4 steps
@@ -97,10 +113,11 @@ def test_the_period_is_the_smallest_that_keeps_the_average_under_five_percent(st
 # --------------------------------------------------------------------------- the loop, per backend, no Spark
 
 
-def _reference(start, shards, rate: float, batch_size: int, epochs: int, seed: int, period: int):
+def _reference(start, shards, rate: float, batch_size: int, epochs: int, seed: int, period: int, momentum: float):
     """Two plain Keras replicas at `rate`, each taking its shard's batches in `epoch_order`, their float32 weights
     averaged every `period` steps and at every epoch end through bfloat16 deltas with the rounding carried (the
-    sum of two bfloat16 deltas rounded once, as the engines add them)."""
+    sum of two bfloat16 deltas rounded once, as the engines add them), the averaged delta applied as a Nesterov
+    step with `momentum`."""
     replicas = []
     for _ in shards:
         model = digits_model(rate)
@@ -110,9 +127,10 @@ def _reference(start, shards, rate: float, batch_size: int, epochs: int, seed: i
     flat = lambda model: np.concatenate([w.reshape(-1) for w in model.get_weights()]).astype(np.float32)
     anchor = flat(replicas[0])
     residuals = [np.zeros_like(anchor) for _ in shards]
+    velocity = np.zeros_like(anchor)
 
     def average():
-        nonlocal anchor
+        nonlocal anchor, velocity
         sent = []
         for i, model in enumerate(replicas):
             delta = flat(model) - anchor + residuals[i]
@@ -120,7 +138,9 @@ def _reference(start, shards, rate: float, batch_size: int, epochs: int, seed: i
             residuals[i] = delta - rounded.astype(np.float32)
             sent.append(rounded)
         total = (sent[0].astype(np.float32) + sent[1].astype(np.float32)).astype(ml_dtypes.bfloat16)
-        anchor = anchor + total.astype(np.float32) / len(shards)
+        delta = total.astype(np.float32) / len(shards)
+        velocity = momentum * velocity + delta
+        anchor = anchor + delta + momentum * velocity
         pieces = np.split(anchor, np.cumsum(sizes)[:-1])
         for model in replicas:
             model.set_weights([p.reshape(w.shape) for p, w in zip(pieces, start)])
@@ -146,11 +166,11 @@ def _reference(start, shards, rate: float, batch_size: int, epochs: int, seed: i
 @pytest.mark.backend
 @pytest.mark.timeout(600)
 def test_two_collective_processes_average_their_replicas_every_period_in_bfloat16():
-    """Two collective processes, ``AllReduce(period=2, wire="bf16")``, 2 epochs of 3 steps: process 0's reported
-    weights equal the two-replica reference's (``_reference``) after 6 local steps and 4 averages (every 2 steps
-    and at each epoch end), at twice the compiled rate (linear scaling for 2 workers); its optimizer counted its
-    own 6 steps."""
-    algorithm = AllReduce(period=2, wire="bf16")
+    """Two collective processes, ``AllReduce(period=2, wire="bf16", outer_momentum=0.5)``, 2 epochs of 3 steps:
+    process 0's reported weights equal the two-replica reference's (``_reference``) after 6 local steps and 4
+    averages (every 2 steps and at each epoch end, each a Nesterov step), at twice the compiled rate (linear
+    scaling for 2 workers); its optimizer counted its own 6 steps."""
+    algorithm = AllReduce(period=2, wire="bf16", outer_momentum=0.5)
     rng = np.random.default_rng(1)
     x = rng.random((96, 64), dtype=np.float32)
     y = rng.integers(0, 10, 96).astype(np.int32)
@@ -160,7 +180,7 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     model.optimizer.build(model.trainable_variables)
     start = [w.copy() for w in model.get_weights()]
     records, center = run_processes(model, shards, algorithm, batch_size=16, epochs=2, seed=5)
-    reference = _reference(start, shards, 0.005 * 2, 16, 2, seed=5, period=2)
+    reference = _reference(start, shards, 0.005 * 2, 16, 2, seed=5, period=2, momentum=0.5)
     weights = len(reference.weights)
     for got, want in zip(center[:weights], reference.get_weights()):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
@@ -170,7 +190,8 @@ def test_two_collective_processes_average_their_replicas_every_period_in_bfloat1
     assert float(state[model.optimizer._learning_rate.path]) == pytest.approx(0.005)  # the compiled rate kept
     assert {r["train_step"] for r in records} == {"the model's own, replicas averaged periodically"}
     assert [r["averages"] for r in records] == [4, 4]
-    assert {(r["period"], r["wire"], r["average_bytes"]) for r in records} == {(2, "bf16", 2 * model.count_params())}
+    assert {(r["period"], r["wire"], r["outer_momentum"], r["average_bytes"]) for r in records} == {
+        (2, "bf16", 0.5, 2 * model.count_params())}
     # the ring's bytes per step are the averages' amortized over the steps (2 (N - 1) / N = 1 at N = 2)
     assert [r["ring_bytes_per_step"] for r in records] == [pytest.approx(2 * model.count_params() * 4 / steps)] * 2
     # the logs reported are both processes' own, averaged: a finite loss for each epoch

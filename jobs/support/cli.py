@@ -157,18 +157,42 @@ def trainer_options(args, model_name: str, workers: int, seed: int | None = None
     return options, ({"resume_from": str(directory)} if resume else {})
 
 
+def algorithm_options(text: str) -> dict[str, Any]:
+    """'outer_momentum=0,wire=fp32' -> {'outer_momentum': 0, 'wire': 'fp32'}: a number where the value reads as
+    one, else the text; ValueError for an item without '='."""
+    options: dict[str, Any] = {}
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"--algorithm takes NAME or NAME:KEY=VALUE,... (e.g. localsgd:outer_momentum=0). "
+                             f"Received the option {item!r}.")
+        try:
+            options[key.strip()] = int(value) if value.strip().lstrip("-").isdigit() else float(value)
+        except ValueError:
+            options[key.strip()] = value.strip()
+    return options
+
+
 def algorithm_from_args(name: str, window: int | str | None):
-    """An algorithm from CLI flags: `window` is the exchange window (``every`` for sync, the period for
+    """An algorithm from CLI flags: `name` is NAME or NAME:KEY=VALUE,... (the algorithm's own arguments,
+    e.g. ``localsgd:outer_momentum=0``); `window` is the exchange window (``every`` for sync, the period for
     localsgd); None keeps the algorithm's default (per epoch for sync); allreduce has none."""
+    name, _, text = name.partition(":")
+    options = algorithm_options(text)
     if name.lower() == "auto":
+        if options:
+            raise ValueError(f"--algorithm auto takes no options (the fit chooses). Received: {text!r}.")
         return "auto"  # the Trainer chooses per fit (trainer.algorithms.choice); the window is its choice too
-    if name.lower() == "sync":
-        return SyncAveraging(every=window or "epoch")  # "auto" is refused there, with the reason
-    if name.lower() == "localsgd":
-        return get_algorithm(name) if window is None else get_algorithm(name, period=window)  # its period
-    if getattr(ALGORITHMS.get(name.lower()), "fit_kind", None) == COLLECTIVE:
-        return get_algorithm(name)  # all-reduce exchanges every step: the jobs' default window does not apply
-    return get_algorithm(name) if window is None else get_algorithm(name, window=window)
+    try:
+        if name.lower() == "sync":
+            return SyncAveraging(**{"every": window or "epoch", **options})  # "auto" is refused, with the reason
+        if name.lower() == "localsgd":
+            return get_algorithm(name, **({} if window is None else {"period": window}), **options)  # its period
+        if getattr(ALGORITHMS.get(name.lower()), "fit_kind", None) == COLLECTIVE:
+            return get_algorithm(name, **options)  # all-reduce exchanges every step: the jobs' window does not apply
+        return get_algorithm(name, **({} if window is None else {"window": window}), **options)
+    except TypeError as exc:  # an argument the algorithm does not take
+        raise ValueError(f"--algorithm {name}: {exc}") from None
 
 
 def parse_workers(text: str) -> list[int]:

@@ -32,7 +32,9 @@ local SGD (`LocalSGD`, ``trainer.algorithms.local_sgd``): each process takes
 Keras's own steps on its own rows, and every ``period`` steps ONE all-reduce
 averages the replicas' weights (``trainer.runtime.collective.averaging``),
 so the link carries ``1/period`` of the bytes; ``wire="bf16"`` halves them
-again. The driver still hears once per epoch.
+again; ``outer_momentum`` applies the averaged step with Nesterov momentum
+(an outer optimizer, as SlowMo and DiLoCo do). The driver still hears once
+per epoch.
 
 ``fit_kind = "collective"`` tells the trainer to run the collective kind of fit
 (``trainer.fit.kinds``) instead of the parameter-server one; `check_backend` names the Keras backends that have
@@ -80,12 +82,16 @@ class AllReduce(Algorithm):
         max_period: Integer. The bound of ``period="auto"`` (default 16).
         wire: String. ``"fp32"`` (default) or ``"bf16"``: the averaged deltas travel as bfloat16, half the bytes,
             the rounding carried into the next average. Periodic averaging only.
+        outer_momentum: Float in [0, 1). ``0.0`` (default): the trainable weights move by the averaged delta.
+            Above 0 they move by a Nesterov step over the averaged deltas with this momentum (``LocalSGD``'s
+            default is 0.5). Periodic averaging only.
     """
 
     lr_scaling: str = "linear"
     period: int | str = 1
     max_period: int = MAX_PERIOD
     wire: str = "fp32"
+    outer_momentum: float = 0.0
 
     name: ClassVar[str] = "allreduce"
     #: The trainer runs the collective kind of fit (``trainer.runtime.collective``), not the parameter server's.
@@ -119,6 +125,11 @@ class AllReduce(Algorithm):
             "(leave `algorithm` out: DOWNPOUR)."
         )
 
+    def cadence(self) -> dict:
+        """The cadence's settings as the collective loop takes them (``CollectiveJob``'s fields)."""
+        return {"period": self.period, "max_period": self.max_period, "wire": self.wire,
+                "outer_momentum": float(self.outer_momentum)}
+
     @property
     def periodic(self) -> bool:
         """Whether the workers take local steps between averages (local SGD) rather than one global step."""
@@ -132,12 +143,13 @@ class AllReduce(Algorithm):
         else:
             cadence = f"averaged every {self.period} steps"
         wire = f", {self.wire}" if self.wire != "fp32" else ""
+        wire += f", outer momentum {self.outer_momentum:g}" if self.outer_momentum else ""
         scaling = "" if self.lr_scaling == "linear" else f", lr_scaling={self.lr_scaling}"
         return f"{self.name}({cadence}{wire}){scaling}"
 
 
 def check_cadence(algorithm: AllReduce) -> None:
-    """Raise AlgorithmConfigError unless `algorithm`'s period, max_period and wire work together."""
+    """Raise AlgorithmConfigError unless `algorithm`'s period, max_period, wire and outer momentum work together."""
     period, bound, wire = algorithm.period, algorithm.max_period, algorithm.wire
     if isinstance(bound, bool) or not isinstance(bound, int) or bound < 1:
         raise AlgorithmConfigError(f"{algorithm.name}'s max_period is an integer >= 1. Received: max_period={bound!r}. "
@@ -153,3 +165,12 @@ def check_cadence(algorithm: AllReduce) -> None:
         raise AlgorithmConfigError(
             f"wire={wire!r} applies to periodic averaging; a gradient all-reduce every step (period=1) sends "
             "float32. Fix: period='auto' (or an integer > 1) with wire='bf16', or leave wire out.")
+    momentum = algorithm.outer_momentum
+    if isinstance(momentum, bool) or not isinstance(momentum, (int, float)) or not 0 <= momentum < 1:
+        raise AlgorithmConfigError(
+            f"{algorithm.name}'s outer_momentum is a number in [0, 1). Received: outer_momentum={momentum!r}. "
+            "Fix: 0.5 (LocalSGD's default), or 0 to move the weights by the averaged delta alone.")
+    if momentum and period == 1:
+        raise AlgorithmConfigError(
+            f"outer_momentum={momentum!r} applies to periodic averaging; a gradient all-reduce every step "
+            "(period=1) is the optimizer's own step. Fix: period='auto' (or an integer > 1), or leave it out.")

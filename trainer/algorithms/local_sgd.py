@@ -4,8 +4,13 @@ Each worker trains on its own rows with Keras's own steps, and every ``H``
 steps the workers' weights are averaged in ONE all-reduce over the group on
 the backend's own engine (``trainer.runtime.collective.averaging``): the link
 carries ``1 / H`` of the per-step all-reduce's bytes, in bfloat16 half of that
-again. This is `AllReduce` with other defaults (``period="auto"``,
-``wire="bf16"``), not an algorithm of its own: the same collective kind of fit, the
+again. The averaged delta moves the trainable weights as a Nesterov step with
+momentum 0.5 over the averages (an outer optimizer, as SlowMo, Wang et al.
+ICLR 2020, and DiLoCo, Douillard et al. 2023, use): on MNIST at 2 and 3
+workers with 16 local steps it recovered most of the accuracy that plain
+averaging lost in short runs (docs/algorithms.md). This is `AllReduce` with
+other defaults (``period="auto"``, ``wire="bf16"``, ``outer_momentum=0.5``),
+not an algorithm of its own: the same collective kind of fit, the
 same epoch-end report to the driver, the same checkpoints and resume.
 
 ``H`` is sized by time (``period="auto"``): the first steps of a fit average
@@ -36,11 +41,14 @@ class LocalSGD(AllReduce):
         period: Integer or ``"auto"`` (default): steps between two averages (``AllReduce``'s `period`).
         max_period: Integer. The bound of an automatic period (default 16).
         wire: String. ``"bf16"`` (default) or ``"fp32"``: how the averaged deltas travel.
+        outer_momentum: Float in [0, 1). The Nesterov momentum of the step the averaged deltas make (default
+            0.5); 0 moves the weights by the averaged delta alone.
         lr_scaling: String. As `AllReduce`'s: ``"linear"`` (default) multiplies the compiled rate by the
             number of workers.
     """
 
     period: int | str = "auto"
     wire: str = "bf16"
+    outer_momentum: float = 0.5
 
     name: ClassVar[str] = "localsgd"

@@ -10,7 +10,11 @@ ONE all-reduce (the group's ``all_reduce_host``: TensorFlow's collective ops,
   average, not its weights: the deltas are small, so bfloat16 on the wire
   (``wire="bf16"``) rounds them, not the weights, and what bfloat16 dropped is
   added to the next delta (error feedback, as the parameter server's
-  compressed commits do);
+  compressed commits do). With an outer momentum (``LocalSGD``'s 0.5) the
+  trainable weights move by a Nesterov step over the averaged deltas, the
+  same in every process (the velocity is the averages', not any process's
+  own); weights that are not trained (BatchNormalization's statistics) move
+  by the averaged delta alone;
 * `choose_period` sizes ``H`` from measured times (``period="auto"``): the
   smallest period that keeps one average under `OVERHEAD` of the time of the
   steps between two, at most ``max_period``.
@@ -58,12 +62,17 @@ class Averager:
         anchor: 1-D float32 array. The weights every process held after the last average (the same everywhere).
         processes: Integer. The processes averaging.
         wire: String. ``"fp32"`` or ``"bf16"`` (how the deltas travel).
+        momentum: Float in [0, 1). The outer Nesterov momentum (0: the anchor moves by the averaged delta).
+        trained: 1-D bool array like `anchor`, or None (all). The weights the momentum applies to.
     """
 
-    def __init__(self, anchor: np.ndarray, processes: int, wire: str = "fp32") -> None:
+    def __init__(self, anchor: np.ndarray, processes: int, wire: str = "fp32", momentum: float = 0.0,
+                 trained: np.ndarray | None = None) -> None:
         self.anchor = np.array(anchor, dtype=np.float32, copy=True)
-        self.processes, self.wire = int(processes), wire
+        self.processes, self.wire, self.momentum = int(processes), wire, float(momentum)
         self.residual = np.zeros_like(self.anchor) if wire == "bf16" else None
+        self.velocity = np.zeros_like(self.anchor) if self.momentum else None
+        self.trained = None if trained is None or np.all(trained) else np.asarray(trained, bool)
 
     @property
     def bytes_per_average(self) -> int:
@@ -80,8 +89,13 @@ class Averager:
             self.residual = delta - sent.astype(np.float32)
         else:
             sent = delta
-        total = np.asarray(all_reduce_sum(sent), dtype=np.float32)
-        self.anchor += total / self.processes
+        step = np.asarray(all_reduce_sum(sent), dtype=np.float32) / self.processes
+        if self.velocity is not None:  # Nesterov: v = m v + d; the weights move by d + m v
+            self.velocity *= self.momentum
+            self.velocity += step
+            outer = step + self.momentum * self.velocity
+            step = outer if self.trained is None else np.where(self.trained, outer, step)
+        self.anchor += step
         return self.anchor
 
 
@@ -94,6 +108,8 @@ class FlatWeights:
         self.variables = [model.weights[i] for i in self.floats]
         self.shapes = [tuple(v.shape) for v in self.variables]
         self.sizes = [int(np.prod(s)) for s in self.shapes]
+        trained = {id(v) for v in model.trainable_weights}
+        self.trained = np.repeat([id(v) in trained for v in self.variables], self.sizes).astype(bool)
 
     def read(self) -> np.ndarray:
         """The float weights in one float32 vector (the backend's one host copy per dtype: `read_weights`)."""
@@ -108,7 +124,8 @@ class FlatWeights:
             start += size
 
 
-def periodic_averaging(group, period: int | str, max_period: int, wire: str, record: dict):
+def periodic_averaging(group, period: int | str, max_period: int, wire: str, record: dict,
+                       outer_momentum: float = 0.0):
     """The Keras callback that averages `group`'s replicas every `period` steps and at every epoch end, sizing an
     automatic period first (the module docstring); what it chose and measured goes into `record`."""
     import keras  # deferred: the loop's process starts its backend after joining the group
@@ -124,12 +141,14 @@ def periodic_averaging(group, period: int | str, max_period: int, wire: str, rec
             self.flat: FlatWeights | None = None
             self.averager: Averager | None = None
             self.last = time.perf_counter()
-            record.update(averages=0, average_s=0.0, period=None if self.probing else self.period, wire=wire)
+            record.update(averages=0, average_s=0.0, period=None if self.probing else self.period, wire=wire,
+                          outer_momentum=outer_momentum)
 
         def on_train_begin(self, logs=None):
             if self.flat is None:  # the weights every process loaded from the center: the first anchor
                 self.flat = FlatWeights(self.model)
-                self.averager = Averager(self.flat.read(), group.num_processes, wire)
+                self.averager = Averager(self.flat.read(), group.num_processes, wire, outer_momentum,
+                                         self.flat.trained)
                 record["average_bytes"] = self.averager.bytes_per_average
             self.last = time.perf_counter()
 

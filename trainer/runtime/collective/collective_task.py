@@ -70,6 +70,7 @@ class CollectiveConfig(TaskConfig):
     period: int | str = 1  # the algorithm's cadence: 1 all-reduces every step's gradients, else periodic averaging
     max_period: int = 16
     wire: str = "fp32"
+    outer_momentum: float = 0.0
 
 
 class CollectiveProcessError(RuntimeError):
@@ -190,7 +191,7 @@ def train_collective_partition(config: CollectiveConfig,
             io_timeout=config.io_timeout, keras_backend=config.keras_backend, cpus=cpus, gpus=gpus,
             env=config.env, validation_batch_size=config.validation_batch_size, parent_pid=os.getpid(),
             lr_factor=float(LR_SCALING[config.lr_scaling](len(shared))), period=config.period,
-            max_period=config.max_period, wire=config.wire, record=record,
+            max_period=config.max_period, wire=config.wire, outer_momentum=config.outer_momentum, record=record,
         )
         process = start_process(directory, job)
         try:

@@ -98,6 +98,7 @@ class CollectiveJob:
     period: int | str = 1  # 1: the gradients all-reduced every step; else local steps, averaged (averaging.py)
     max_period: int = 16
     wire: str = "fp32"
+    outer_momentum: float = 0.0  # the Nesterov momentum of the averaged steps (periodic averaging)
     parent_pid: int | None = None  # the task's process: this one ends when it is gone
     record: dict[str, Any] = field(default_factory=dict)  # the task's part of the record
 
@@ -221,7 +222,8 @@ def run(directory: Path) -> tuple[dict[str, Any], Group]:
     local = not periodic and group.num_processes > 1 and group.use_local_gradients(model)
     record["train_step"] = ("the model's own, replicas averaged periodically" if periodic
                             else "local gradients" if local else "the model's own")
-    averaging = periodic_averaging(group, job.period, job.max_period, job.wire, record) if periodic else None
+    averaging = periodic_averaging(group, job.period, job.max_period, job.wire, record,
+                                   job.outer_momentum) if periodic else None
     validation = _Validation(directory, job, group, (shard.x, shard.y)) if record.get("validation") else None
     record["model_built"] = time.time()
     client = None
