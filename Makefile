@@ -218,8 +218,8 @@ LINK          ?=
 LINK_DELAY    ?=
 #> LINKS  the links `make bench-lab` runs at, unshaped or tc rates (default "unshaped 1gbit 100mbit")
 LINKS         ?= unshaped 1gbit 100mbit
-#> ALGORITHMS  the algorithms `make bench-lab` runs once each beside the defaults (default "allreduce localsgd downpour")
-ALGORITHMS    ?= allreduce localsgd downpour
+#> ALGORITHMS  the algorithms `make bench-lab` runs once each beside the defaults, at 2 and 3 workers (default "allreduce downpour")
+ALGORITHMS    ?= allreduce downpour
 SHAPE_LINKS   := compose/shape-links.sh
 # bench-lab's own defaults where the user left the shared WORKERS (make up's 2) and RUNS (bench-quality's 20) alone.
 BENCH_LAB_WORKERS = $(if $(filter file,$(origin WORKERS)),1 2 3,$(WORKERS))

@@ -96,7 +96,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="worker counts; the lab has the largest (default '%(default)s')")
     parser.add_argument("--runs", type=int, default=3,
                         help="runs (seeds) of each job with the defaults (default %(default)s)")
-    parser.add_argument("--algorithms", default="allreduce localsgd downpour",
+    parser.add_argument("--algorithms", default="allreduce downpour",
                         help="algorithms run once each with --algorithm ALGORITHM (default '%(default)s'; '' for none)")
     parser.add_argument("--jobs", default=" ".join(JOBS), help="jobs to run (default '%(default)s')")
     parser.add_argument("--mnist-args", default=JOB_ARGS["mnist"],
@@ -132,12 +132,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def plan(args: argparse.Namespace) -> list[Submit]:
     """Every submit, link by link: each job's defaults (plain Keras beside them at the first link), then each
-    algorithm once."""
+    algorithm once at the worker counts above 1, where there is something to exchange (all of them if none is)."""
     submits = []
+    several = [n for n in args.workers if n > 1] or args.workers
     for i, link in enumerate(args.links):
         for job in args.jobs:
             submits.append(Submit(link, job, "default", args.workers, args.runs, baseline=i == 0))
-            submits += [Submit(link, job, asked, args.workers, 1, baseline=False) for asked in args.algorithms]
+            submits += [Submit(link, job, asked, several, 1, baseline=False) for asked in args.algorithms]
     return submits
 
 

@@ -66,6 +66,7 @@ def test_bench_lab_plans_the_defaults_then_each_algorithm_at_each_link(bench_lab
         ("100mbit", "default", 3, False), ("100mbit", "allreduce", 1, False), ("100mbit", "localsgd", 1, False)]
     assert submits[0].job_args("--epochs 2") == ["--workers", "1,2", "--epochs", "2", "--out",
                                                  "/results/bench-lab/unshaped-mnist-default", "--repeats", "3"]
+    assert submits[-1].job_args("")[:2] == ["--workers", "2"]  # an algorithm where there is something to exchange
     assert submits[-1].job_args("")[-3:] == ["--algorithm", "localsgd", "--no-baseline"]
     with pytest.raises(SystemExit):
         bench_lab.parse_args(["--jobs", "mnist,cifar"])
