@@ -198,7 +198,7 @@ def test_an_algorithm_is_named_with_its_own_arguments(capsys):
 
     assert algorithm_from_args("localsgd:outer_momentum=0,wire=fp32", 16).describe() == \
         "localsgd(averaged every 16 steps)"
-    assert algorithm_from_args("downpour:window=3", None).describe() == "downpour(every 3 batches)"
+    assert algorithm_from_args("downpour:window=3", "auto").describe() == "downpour(every 3 batches)"
     mnist_job = _load_job("mnist")
     for argv, message in ((["--algorithm", "localsgd:outer_momentum"], "NAME:KEY=VALUE"),
                           (["--algorithm", "localsgd:outer_momentum=1"], "outer_momentum is a number in [0, 1)"),

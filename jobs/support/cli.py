@@ -175,7 +175,7 @@ def algorithm_options(text: str) -> dict[str, Any]:
 
 def algorithm_from_args(name: str, window: int | str | None):
     """An algorithm from CLI flags: `name` is NAME or NAME:KEY=VALUE,... (the algorithm's own arguments,
-    e.g. ``localsgd:outer_momentum=0``); `window` is the exchange window (``every`` for sync, the period for
+    e.g. ``localsgd:outer_momentum=0``, which win over `window`); `window` is the exchange window (``every`` for sync, the period for
     localsgd); None keeps the algorithm's default (per epoch for sync); allreduce has none."""
     name, _, text = name.partition(":")
     options = algorithm_options(text)
@@ -187,10 +187,10 @@ def algorithm_from_args(name: str, window: int | str | None):
         if name.lower() == "sync":
             return SyncAveraging(**{"every": window or "epoch", **options})  # "auto" is refused, with the reason
         if name.lower() == "localsgd":
-            return get_algorithm(name, **({} if window is None else {"period": window}), **options)  # its period
+            return get_algorithm(name, **{**({} if window is None else {"period": window}), **options})  # its period
         if getattr(ALGORITHMS.get(name.lower()), "fit_kind", None) == COLLECTIVE:
             return get_algorithm(name, **options)  # all-reduce exchanges every step: the jobs' window does not apply
-        return get_algorithm(name, **({} if window is None else {"window": window}), **options)
+        return get_algorithm(name, **{**({} if window is None else {"window": window}), **options})
     except TypeError as exc:  # an argument the algorithm does not take
         raise ValueError(f"--algorithm {name}: {exc}") from None
 
