@@ -99,5 +99,6 @@ def test_worker_row_compares_samples_per_second_with_plain_keras():
 def test_bench_gpu_runs_what_a_fit_would_choose_there():
     names = {(n, gpu): algorithm_for("default", n, gpu, "auto").name for n in (1, 2) for gpu in (False, True)}
     assert names == {(1, False): "downpour", (1, True): "downpour", (2, False): "downpour", (2, True): "localsgd"}
-    assert algorithm_for("localsgd", 2, False, "auto").describe() == "localsgd(averaged every auto <= 16 steps, bf16)"
+    assert algorithm_for("localsgd", 2, False, "auto").describe() == \
+        "localsgd(averaged every auto <= 16 steps, bf16, outer momentum 0.5)"
     assert algorithm_for("downpour", 2, False, 5).window == 5
