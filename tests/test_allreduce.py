@@ -57,11 +57,12 @@ def test_keras_estimator_and_its_saved_params_take_allreduce():
     estimator = KerasEstimator(model=digits_model, algorithm="allreduce", numWorkers=2)
     assert isinstance(estimator.trainer().algorithm, AllReduce)
     assert algorithm_to_json(AllReduce()) == {"name": "allreduce", "params": {"lr_scaling": "linear", "period": 1,
-                                                                               "max_period": 16, "wire": "fp32"}}
+                                                                               "max_period": 16, "wire": "fp32",
+                                                                               "outer_momentum": 0.0}}
     assert algorithm_from_json({"name": "allreduce", "params": {}}) == AllReduce()  # saved before lr_scaling
     assert algorithm_from_json(algorithm_to_json(AllReduce(lr_scaling="none"))) == AllReduce(lr_scaling="none")
     with pytest.raises(AlgorithmConfigError, match="allreduce takes the hyper-parameters lr_scaling, period, "
-                                                   "max_period, wire. Received: window=5"):
+                                                   "max_period, wire, outer_momentum. Received: window=5"):
         get_algorithm("allreduce", window=5)
 
 
