@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any, Callable
 
-from trainer import SyncAveraging, get_algorithm
+from trainer import get_algorithm
 from trainer.algorithms import ALGORITHMS, COLLECTIVE, parse_compression, with_compression
 from trainer.internals import FitOptions, configure_logging, has_checkpoint, import_keras_quietly, overlappable
 from trainer.internals import window_arg  # noqa: F401  (the jobs take it from here)
@@ -175,24 +175,24 @@ def algorithm_options(text: str) -> dict[str, Any]:
 
 def algorithm_from_args(name: str, window: int | str | None):
     """An algorithm from CLI flags: `name` is NAME or NAME:KEY=VALUE,... (the algorithm's own arguments,
-    e.g. ``localsgd:outer_momentum=0``, which win over `window`); `window` is the exchange window (``every`` for sync, the period for
-    localsgd); None keeps the algorithm's default (per epoch for sync); allreduce has none."""
+    e.g. ``localsgd:outer_momentum=0``, which win over `window`); `window` is the exchange window (``every``
+    for sync, the period for localsgd); None keeps the algorithm's default (per epoch for sync); allreduce has
+    none."""
     name, _, text = name.partition(":")
     options = algorithm_options(text)
     if name.lower() == "auto":
         if options:
             raise ValueError(f"--algorithm auto takes no options (the fit chooses). Received: {text!r}.")
         return "auto"  # the Trainer chooses per fit (trainer.algorithms.choice); the window is its choice too
-    try:
-        if name.lower() == "sync":
-            return SyncAveraging(**{"every": window or "epoch", **options})  # "auto" is refused, with the reason
-        if name.lower() == "localsgd":
-            return get_algorithm(name, **{**({} if window is None else {"period": window}), **options})  # its period
-        if getattr(ALGORITHMS.get(name.lower()), "fit_kind", None) == COLLECTIVE:
-            return get_algorithm(name, **options)  # all-reduce exchanges every step: the jobs' window does not apply
-        return get_algorithm(name, **{**({} if window is None else {"window": window}), **options})
-    except TypeError as exc:  # an argument the algorithm does not take
-        raise ValueError(f"--algorithm {name}: {exc}") from None
+    if name.lower() == "sync":
+        cadence = {"every": window or "epoch"}  # "auto" is refused there, with the reason
+    elif name.lower() == "localsgd":
+        cadence = {} if window is None else {"period": window}  # its period
+    elif getattr(ALGORITHMS.get(name.lower()), "fit_kind", None) == COLLECTIVE:
+        cadence = {}  # all-reduce exchanges every step: the jobs' default window does not apply
+    else:
+        cadence = {} if window is None else {"window": window}
+    return get_algorithm(name, **{**cadence, **options})
 
 
 def parse_workers(text: str) -> list[int]:
