@@ -28,8 +28,8 @@ speed-up is against plain Keras under JAX), whose 2-worker run also sets
 
 It writes the predictions (JSON, CSV), the knees, a validation table against
 measured runs, and the plot (default ``docs/scale_model.png``). The runs it
-is checked against: issue 17's 1 and 2 workers and the lab's 2 and 3 (built
-in), the ``profile_overhead`` run the inputs came from (``--overhead``), and
+is checked against: issue 17's 1 and 2 workers (built in), the lab's 2 and 3
+with the defaults (``--bench-lab``: local SGD, on 2 shared cores), the ``profile_overhead`` run the inputs came from (``--overhead``), and
 the 1- and 2-worker rows of a ``make bench`` MNIST result (``--bench-mnist``:
 the whole Spark job, per-epoch costs included).
 
@@ -85,8 +85,6 @@ MEASURED = [
      41.9 / 48.8),
     ("issue 17, 2 cores (the first machine: plain 41.9, 1 worker 48.8, 2 workers 24.2 s/epoch)", 2, "plain",
      41.9 / 24.2),
-    ("lab, 2 cores (docs/lab.md: 6,000 images, 2 epochs)", 2, "1 worker", 1.32),
-    ("lab, 2 cores (docs/lab.md: 6,000 images, 2 epochs)", 3, "1 worker", 0.93),
 ]
 # The runs the default inputs came from (the faster machine, 2026-11-25), unless --overhead / --bench-mnist give
 # their files.
@@ -97,7 +95,6 @@ BENCH_RUN = [("make bench, 2 cores (the faster machine, 2026-11-25: the whole Sp
 # How the plot marks each kind of measured run: (a word of its label, marker, colour, legend).
 STYLES = [
     ("allreduce", "*", "black", "measured: all-reduce (x plain Keras under JAX)"),
-    ("lab", "x", "black", "measured in the lab (x 1-worker model)"),
     ("issue", "s", "tab:red", "measured: issue 17 (the first machine)"),
     ("bench", "D", "tab:purple", "measured: make bench (--bench-mnist)"),
     ("overhead", "^", "tab:green", "measured: profile_overhead (the inputs' run)"),
@@ -111,7 +108,8 @@ MEASURED_ALLREDUCE: list[tuple[str, int, float]] = [
 def lab_checks(path: str, hop_s: float, host_s: float) -> list[dict]:
     """The model's local SGD against ``make bench-lab``'s MNIST runs with the defaults (local SGD on the lab's
     hosts): the speed-up of N workers over 1 at each link, the model's on this machine's 2 cores at the link's
-    measured rate (`LAB_GBIT`), its step from the 1-worker run's epoch over `LAB_BATCHES`."""
+    measured rate (`LAB_GBIT`), its step from the 1-worker run's epoch over `LAB_BATCHES`; 3 workers on the 2
+    cores move at the pace of the core two of them share (``queueing_model.crowding``)."""
     times: dict[tuple[str, int], list[float]] = {}
     with open(path, encoding="utf-8", newline="") as f:
         for row in csv.DictReader(f):

@@ -198,3 +198,15 @@ def test_local_sgd_is_checked_against_the_labs_default_runs(tmp_path):
     model = predict_local_sgd(work, Cluster(link_gbit=LAB_GBIT["1gbit"], cores=2), 2, 2e-4, 3e-3)["speedup"]
     assert check["model"] == pytest.approx(model) and check["model_vs_measured"] == pytest.approx(model / 2.0)
     assert check["within_1_25"] == (0.8 <= model / 2.0 <= 1.25)
+
+
+def test_a_synchronous_group_moves_at_the_pace_of_its_most_crowded_core():
+    from trainer_benchmarks.support.queueing_model import crowding, predict_local_sgd
+
+    assert [crowding(n, 2) for n in (1, 2, 3, 4, 5)] == [1.0, 1.0, 2.0, 2.0, 3.0]
+    assert crowding(64, None) == 1.0  # a core (or a machine) each
+    work = Workload(10**6, 0.02, 1)
+    # 3 workers on 2 cores: two share one core, and every average waits for them: no faster than 2 workers
+    three = predict_local_sgd(work, Cluster(link_gbit=None, cores=2), 3)["speedup"]
+    assert three == pytest.approx(3 * 0.02 / (2 * 0.02)) and three < 3 * 0.02 / (1.5 * 0.02)
+    assert allreduce_step_s(work, Cluster(link_gbit=None, cores=2), 3) == pytest.approx(0.04)
