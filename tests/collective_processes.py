@@ -40,7 +40,7 @@ def run_processes(model, shards: list[tuple[np.ndarray, np.ndarray]], algorithm,
                                 ps_address=server.address, secret=server.credentials, addresses=addresses,
                                 process_id=pid, num_processes=len(shards), batch_size=batch_size, epochs=epochs,
                                 seed=seed, keras_backend=keras.backend.backend(),
-                                lr_factor=algorithm.learning_rate_factor(len(shards)), **algorithm.cadence(),
+                                lr_factor=algorithm.learning_rate_factor(len(shards)), cadence=algorithm.cadence(),
                                 parent_pid=os.getpid(),
                                 record={"worker": pid, "attempt": 0, "rows": rows, "padded_rows": rows})
             processes.append((start_process(directory, job), directory))

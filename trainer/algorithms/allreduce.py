@@ -62,6 +62,22 @@ MAX_PERIOD = 16
 
 
 @dataclass(frozen=True)
+class Cadence:
+    """How often the group exchanges and what travels: `AllReduce`'s fields of the same names, as the collective
+    loop takes them (``CollectiveConfig`` and ``CollectiveJob`` carry one)."""
+
+    period: int | str = 1
+    max_period: int = MAX_PERIOD
+    wire: str = "fp32"
+    outer_momentum: float = 0.0
+
+    @property
+    def periodic(self) -> bool:
+        """Whether the workers take local steps between averages (local SGD) rather than one global step."""
+        return self.period != 1
+
+
+@dataclass(frozen=True)
 class AllReduce(Algorithm):
     """Per-step gradient all-reduce over all workers: plain Keras on the global batch (``num_workers * batch_size``).
 
@@ -125,15 +141,14 @@ class AllReduce(Algorithm):
             "(leave `algorithm` out: DOWNPOUR)."
         )
 
-    def cadence(self) -> dict:
-        """The cadence's settings as the collective loop takes them (``CollectiveJob``'s fields)."""
-        return {"period": self.period, "max_period": self.max_period, "wire": self.wire,
-                "outer_momentum": float(self.outer_momentum)}
+    def cadence(self) -> Cadence:
+        """The cadence's settings as the collective loop takes them."""
+        return Cadence(self.period, self.max_period, self.wire, float(self.outer_momentum))
 
     @property
     def periodic(self) -> bool:
         """Whether the workers take local steps between averages (local SGD) rather than one global step."""
-        return self.period != 1
+        return self.cadence().periodic
 
     def describe(self) -> str:
         if not self.periodic:

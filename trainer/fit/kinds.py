@@ -186,7 +186,7 @@ class CollectiveFit(FitKind):
             secret=server.credentials, num_workers=launch.workers, batch_size=t.batch_size, epochs=t.epochs,
             input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=launch.attempt, seed=t.seed,
             io_timeout=t.io_timeout, keras_backend=launch.backend, feed=t.feed, shard_budget=launch.shard_budget,
-            task_memory=launch.task_memory, lr_scaling=algorithm.lr_scaling, **algorithm.cadence(),
+            task_memory=launch.task_memory, lr_scaling=algorithm.lr_scaling, cadence=algorithm.cadence(),
         ))
 
     def resume_center(self, checkpoint: Checkpoint, model) -> list:

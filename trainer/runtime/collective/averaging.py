@@ -124,30 +124,29 @@ class FlatWeights:
             start += size
 
 
-def periodic_averaging(group, period: int | str, max_period: int, wire: str, record: dict,
-                       outer_momentum: float = 0.0):
-    """The Keras callback that averages `group`'s replicas every `period` steps and at every epoch end, sizing an
-    automatic period first (the module docstring); what it chose and measured goes into `record`."""
+def periodic_averaging(group, cadence, record: dict):
+    """The Keras callback that averages `group`'s replicas every `cadence.period` steps and at every epoch end,
+    sizing an automatic period first (the module docstring); what it chose and measured goes into `record`."""
     import keras  # deferred: the loop's process starts its backend after joining the group
 
     class PeriodicAveraging(keras.callbacks.Callback):
         def __init__(self) -> None:
             super().__init__()
-            self.period = 1 if period == "auto" else int(period)
-            self.probing = period == "auto"
+            self.period = 1 if cadence.period == "auto" else int(cadence.period)
+            self.probing = cadence.period == "auto"
             self.since, self.seen = 0, 0
             self.step_times: list[float] = []
             self.average_times: list[float] = []
             self.flat: FlatWeights | None = None
             self.averager: Averager | None = None
             self.last = time.perf_counter()
-            record.update(averages=0, average_s=0.0, period=None if self.probing else self.period, wire=wire,
-                          outer_momentum=outer_momentum)
+            record.update(averages=0, average_s=0.0, period=None if self.probing else self.period, wire=cadence.wire,
+                          outer_momentum=cadence.outer_momentum)
 
         def on_train_begin(self, logs=None):
             if self.flat is None:  # the weights every process loaded from the center: the first anchor
                 self.flat = FlatWeights(self.model)
-                self.averager = Averager(self.flat.read(), group.num_processes, wire, outer_momentum,
+                self.averager = Averager(self.flat.read(), group.num_processes, cadence.wire, cadence.outer_momentum,
                                          self.flat.trained)
                 record["average_bytes"] = self.averager.bytes_per_average
             self.last = time.perf_counter()
@@ -183,7 +182,7 @@ def periodic_averaging(group, period: int | str, max_period: int, wire: str, rec
             mine = np.array([np.median(self.step_times), np.median(self.average_times)], np.float64)
             times = group.allgather(mine)
             step_s, average_s = float(times[:, 0].max()), float(times[:, 1].max())
-            self.period, self.probing = choose_period(step_s, average_s, max_period), False
+            self.period, self.probing = choose_period(step_s, average_s, cadence.max_period), False
             record.update(period=self.period, probe_step_ms=1000 * step_s, probe_average_ms=1000 * average_s)
 
     return PeriodicAveraging()

@@ -46,7 +46,7 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from trainer.algorithms.allreduce import LR_SCALING
+from trainer.algorithms.allreduce import LR_SCALING, Cadence
 from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.collective.loop import JOB_FILE, RECORD_FILE, STDERR_FILE, CollectiveJob
 from trainer.runtime.process import task_resources
@@ -67,10 +67,7 @@ class CollectiveConfig(TaskConfig):
     model: ModelSource | PickledSource  # PickledSource from a fit: its task never unpickles the builder
     ps_port: int
     lr_scaling: str = "linear"  # the algorithm's: the compiled rate times LR_SCALING[lr_scaling](workers)
-    period: int | str = 1  # the algorithm's cadence: 1 all-reduces every step's gradients, else periodic averaging
-    max_period: int = 16
-    wire: str = "fp32"
-    outer_momentum: float = 0.0
+    cadence: Cadence = Cadence()  # the algorithm's: period 1 all-reduces every step's gradients, else averages
 
 
 class CollectiveProcessError(RuntimeError):
@@ -190,8 +187,8 @@ def train_collective_partition(config: CollectiveConfig,
             batch_size=config.batch_size, epochs=config.epochs, attempt=config.attempt, seed=config.seed,
             io_timeout=config.io_timeout, keras_backend=config.keras_backend, cpus=cpus, gpus=gpus,
             env=config.env, validation_batch_size=config.validation_batch_size, parent_pid=os.getpid(),
-            lr_factor=float(LR_SCALING[config.lr_scaling](len(shared))), period=config.period,
-            max_period=config.max_period, wire=config.wire, outer_momentum=config.outer_momentum, record=record,
+            lr_factor=float(LR_SCALING[config.lr_scaling](len(shared))), cadence=config.cadence,
+            record=record,
         )
         process = start_process(directory, job)
         try:

@@ -59,6 +59,7 @@ from typing import Any
 
 import numpy as np
 
+from trainer.algorithms.allreduce import Cadence
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.backends import DEFAULT_BACKEND, current_backend
 from trainer.runtime.collective.averaging import periodic_averaging
@@ -95,10 +96,7 @@ class CollectiveJob:
     env: dict[str, str] = field(default_factory=dict)
     validation_batch_size: int = 256
     lr_factor: float = 1.0  # the compiled learning rate times this, for the global batch (the algorithm's lr_scaling)
-    period: int | str = 1  # 1: the gradients all-reduced every step; else local steps, averaged (averaging.py)
-    max_period: int = 16
-    wire: str = "fp32"
-    outer_momentum: float = 0.0  # the Nesterov momentum of the averaged steps (periodic averaging)
+    cadence: Cadence = Cadence()  # period 1: the gradients all-reduced every step; else local steps, averaged
     parent_pid: int | None = None  # the task's process: this one ends when it is gone
     record: dict[str, Any] = field(default_factory=dict)  # the task's part of the record
 
@@ -210,7 +208,7 @@ def run(directory: Path) -> tuple[dict[str, Any], Group]:
     keras.utils.set_random_seed(job.seed + 1000 * job.attempt)  # the same in every process: replicated state
     group = join_group(job)
     record.update(group.describe())
-    periodic = job.period != 1 and group.num_processes > 1
+    periodic = job.cadence.periodic and group.num_processes > 1
     if periodic:
         group.train_alone()
     shard = _Shard(directory, job.batch_size, job.seed)
@@ -222,8 +220,7 @@ def run(directory: Path) -> tuple[dict[str, Any], Group]:
     local = not periodic and group.num_processes > 1 and group.use_local_gradients(model)
     record["train_step"] = ("the model's own, replicas averaged periodically" if periodic
                             else "local gradients" if local else "the model's own")
-    averaging = periodic_averaging(group, job.period, job.max_period, job.wire, record,
-                                   job.outer_momentum) if periodic else None
+    averaging = periodic_averaging(group, job.cadence, record) if periodic else None
     validation = _Validation(directory, job, group, (shard.x, shard.y)) if record.get("validation") else None
     record["model_built"] = time.time()
     client = None
