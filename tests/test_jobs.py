@@ -301,6 +301,10 @@ def test_an_allreduce_step_is_broken_down_against_the_side_by_side_limit():
     jax = allreduce_parts(SimpleNamespace(workers=[{**r, "allreduce_ms": None} for r in records]))
     assert set(jax) == {"step_ms", "step_rows", "steps_per_epoch"}
     assert allreduce_parts(SimpleNamespace(workers=[{"commits": 3}])) == {}
+    # local SGD: one average's time and how many an epoch took, not a per-step all-reduce
+    local = allreduce_parts(SimpleNamespace(workers=[{**r, "averages": 4, "average_s": 0.2} for r in records]))
+    assert local == pytest.approx({"step_ms": 40.0, "step_rows": 32.0, "steps_per_epoch": 10.0, "average_ms": 50.0,
+                                   "averages_per_epoch": 2.0})
     assert step_breakdown_table([{"model": "cnn", "workers": 2}]) == ""
 
 

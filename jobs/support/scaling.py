@@ -151,7 +151,8 @@ def allreduce_parts(history) -> dict[str, float]:
     the first epoch (tracing) left out as in the epoch times: ``step_ms`` (the time in ``fit``),
     ``in_allreduce_ms`` (in the step's all-reduce: waiting for the slower process, then reducing; not measured
     under JAX) and ``allreduce_ms`` (one all-reduce of the gradients alone, after a barrier); ``step_rows`` and
-    ``steps_per_epoch``, a process's. Empty for other algorithms."""
+    ``steps_per_epoch``, a process's; with local SGD instead of the all-reduce's parts ``average_ms`` (one
+    average of the replicas, the processes' mean) and ``averages_per_epoch``. Empty for other algorithms."""
     workers = [w for w in history.workers if w.get("fit_s") and w.get("steps")]
     if not workers:
         return {}
@@ -164,7 +165,11 @@ def allreduce_parts(history) -> dict[str, float]:
     out = {"step_ms": float(np.mean([per_step_ms(w, "fit_s") for w in workers])),
            "step_rows": float(np.mean([w["padded_rows"] * len(w["epochs"]) / w["steps"] for w in workers])),
            "steps_per_epoch": float(np.mean([w["steps"] / len(w["epochs"]) for w in workers]))}
-    if all(w.get("allreduce_ms") is not None and all("collective_s" in e for e in w["epochs"]) for w in workers):
+    if all(w.get("averages") for w in workers):  # local SGD: no all-reduce inside its steps
+        out["average_ms"] = float(np.mean([1000 * w["average_s"] / w["averages"] for w in workers]))
+        out["averages_per_epoch"] = float(np.mean([w["averages"] / len(w["epochs"]) for w in workers]))
+    elif all(w.get("allreduce_ms") is not None and all("collective_s" in e for e in w["epochs"])
+             for w in workers):
         out["in_allreduce_ms"] = float(np.mean([per_step_ms(w, "collective_s") for w in workers]))
         out["allreduce_ms"] = float(np.mean([w["allreduce_ms"] for w in workers]))
     return out

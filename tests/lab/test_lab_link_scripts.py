@@ -85,7 +85,7 @@ def test_bench_lab_tables_time_to_keras_and_record_a_failed_algorithm(bench_lab,
 
     keras = {"model": "cnn", "workers": 0, "metric_name": "accuracy", "metric_value": 0.95, "epoch_time_s": 5.0}
     job_json("unshaped-mnist-default", [keras, run(2, [6.0, 4.0], [0.94, 0.96])])
-    job_json("100mbit-mnist-default", [run(2, [9.0, 8.0], [0.90, 0.93])])
+    job_json("100mbit-mnist-default", [{**run(2, [9.0, 8.0], [0.90, 0.93]), "period": 16, "average_ms": 180.5}])
     base = {"job": "mnist", "workers": [2], "runs": 1, "baseline": False}
     journal = [{**base, "link": "unshaped", "asked": "default", "name": "unshaped-mnist-default", "status": 0,
                 "error": ""},
@@ -99,6 +99,7 @@ def test_bench_lab_tables_time_to_keras_and_record_a_failed_algorithm(bench_lab,
     assert [(r["link"], r["asked"], r["time_to_keras_s"], r["error"]) for r in rows] == [
         ("unshaped", "default", "10.0", ""), ("100mbit", "default", "", ""),
         ("100mbit", "localsgd", "", "ValueError: unknown algorithm 'localsgd'")]
+    assert [(r["period"], r["average_ms"]) for r in rows[:2]] == [("", ""), ("16", "180.5")]  # local SGD's cadence
     assert ("| mnist | cnn | 100mbit | default | downpour | 2 | 1 | 8.00 | 2.00 | not reached (0 of 1) | 0.9300 |  |"
             in text)
     assert "unknown algorithm 'localsgd'" in (tmp_path / "bench-lab.md").read_text()
