@@ -29,8 +29,9 @@ speed-up is against plain Keras under JAX), whose 2-worker run also sets
 It writes the predictions (JSON, CSV), the knees, a validation table against
 measured runs, and the plot (default ``docs/scale_model.png``). The runs it
 is checked against: issue 17's 1 and 2 workers (built in), the lab's 2 and 3
-with the defaults (``--bench-lab``: local SGD, on 2 shared cores), the ``profile_overhead`` run the inputs came from (``--overhead``), and
-the 1- and 2-worker rows of a ``make bench`` MNIST result (``--bench-mnist``:
+with the defaults (``--bench-lab``: local SGD, on 2 shared cores), the
+``profile_overhead`` run the inputs came from (``--overhead``), and the 1- and
+2-worker rows of a ``make bench`` MNIST result (``--bench-mnist``:
 the whole Spark job, per-epoch costs included).
 
     python benchmarks/scale_model.py --out results/scale_model
