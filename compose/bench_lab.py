@@ -50,8 +50,7 @@ JOB_ARGS = {"mnist": "--limit 6000 --epochs 2", "forecast": "--models lstm --epo
 HIGHER_IS_BETTER = {"accuracy": True, "mape": False}
 RESULTS_IN_VOLUME = "/results/bench-lab"
 CSV_COLUMNS = ["link", "job", "model", "asked", "algorithm", "workers", "run", "epoch_time_s", "time_to_keras_s",
-               "keras_metric", "metric_name", "metric_value", "bytes", "period",
-               "average_ms", "timing_valid", "error"]
+               "keras_metric", "metric_name", "metric_value", "bytes", "period", "average_ms", "timing_valid", "error"]
 
 
 @dataclass

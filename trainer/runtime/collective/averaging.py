@@ -28,11 +28,14 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from trainer.runtime.backends import read_weights, wait_for_steps
+
+if TYPE_CHECKING:
+    from trainer.algorithms.allreduce import Cadence
 
 #: Share of the time one average may take of the local steps between two (``period="auto"``).
 OVERHEAD = 0.05
@@ -124,7 +127,7 @@ class FlatWeights:
             start += size
 
 
-def periodic_averaging(group, cadence, record: dict):
+def periodic_averaging(group, cadence: Cadence, record: dict):
     """The Keras callback that averages `group`'s replicas every `cadence.period` steps and at every epoch end,
     sizing an automatic period first (the module docstring); what it chose and measured goes into `record`."""
     import keras  # deferred: the loop's process starts its backend after joining the group
