@@ -56,8 +56,11 @@ def test_auto_windows_belong_to_the_algorithms_whose_math_ignores_the_window():
             make()
 
 
-def _claim(count: int, hint: int, queue, hold) -> None:
+def _claim(count: int, hint: int, queue, hold, release: bool = False) -> None:
     queue.put(cores.choose_cores(count, hint))
+    if release:  # the task ended; its Python worker stays, idle, as Spark keeps it
+        cores.release_cores()
+        queue.put(sorted(os.sched_getaffinity(0)))
     hold.wait(60)
 
 
@@ -79,6 +82,28 @@ def test_tasks_claim_different_cores_and_share_them_once_all_are_claimed(tmp_pat
     finally:
         hold.set()
         for proc in procs:
+            proc.join(30)
+
+
+@pytest.mark.skipif(not cores.enabled() or len(os.sched_getaffinity(0)) < 2, reason="needs CPU affinity, 2 cores")
+def test_an_idle_worker_holds_no_core(tmp_path, monkeypatch):
+    """A Python worker whose task ended gives its core back: the next task with the same partition index takes
+    that core instead of stepping around it onto a core a sibling task may be using."""
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    allowed = sorted(os.sched_getaffinity(0))
+    ctx = multiprocessing.get_context("spawn")
+    queue, hold = ctx.Queue(), ctx.Event()
+    idle = ctx.Process(target=_claim, args=(1, 0, queue, hold, True))
+    later = ctx.Process(target=_claim, args=(1, 0, queue, hold))
+    try:
+        idle.start()
+        first = queue.get(timeout=60)
+        assert first == [allowed[0]] and queue.get(timeout=60) == allowed  # released, and on every core again
+        later.start()
+        assert queue.get(timeout=60) == first
+    finally:
+        hold.set()
+        for proc in (idle, later):
             proc.join(30)
 
 

@@ -52,7 +52,7 @@ from trainer.selection import (
     ASHA, STRATEGIES, GridSearch, Hyperband, ModelSelector, RandomSearch, Search, SelectionResult, SuccessiveHalving,
     TPESearch,
 )
-from trainer.internals import configure_process, plot_gantt_comparison, task_resources
+from trainer.internals import configure_process, holding_cores, plot_gantt_comparison, task_resources
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.report import markdown_table, write_results
 
@@ -73,8 +73,12 @@ TABLE_COLUMNS = ["mode", "workers", "time_s", "ideal_s", "vs_ideal", "vs_task_pa
 
 
 def _warm_task(backend: str, batches):
+    return holding_cores(_warm_up(backend, batches))
+
+
+def _warm_up(backend: str, batches):
     ctx = BarrierTaskContext.get()
-    configure_process(*task_resources(ctx), backend, {})
+    configure_process(*task_resources(ctx), backend, {}, index=ctx.partitionId())
     import keras  # noqa: F401  (the import is the warm-up)
 
     for _ in batches:

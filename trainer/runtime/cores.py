@@ -9,12 +9,19 @@ worker started for an earlier task) to ``c`` cores.
 
 Which cores. Tasks of several executors may share a machine and none knows
 the others, so a task *claims* cores: one lock file per core in a directory
-shared by the machine's processes (``flock``, released when the process
-exits or claims again). It takes the free cores first; where every core is
-claimed (more tasks than cores, time-shared on purpose) it takes the least
-claimed ones, starting from its partition index, so that tasks spread
-instead of piling onto core 0. The cores come from the set this process may
-use at all (``os.sched_getaffinity``: a container's cpuset), never beyond.
+shared by the machine's processes (``flock``). A claim lasts while its task
+runs: `release_cores` gives it back when the task ends (a process that exits
+or claims again drops it too). An idle Python worker that Spark keeps for a
+later task must hold none: the next task of another process would step
+around a core nobody uses and land on its sibling's (two lab workers on one
+core of two, at half speed each, in one run out of three). A task takes the
+free cores first; where every core is claimed (more tasks than cores,
+time-shared on purpose) it takes the least claimed ones, starting from its
+partition index, so that tasks spread instead of piling onto core 0. The
+cores come from the set this process may use at all
+(``os.sched_getaffinity``: a container's cpuset), never beyond. Containers
+on one host each have their own directory (their own /tmp): there the
+partition index alone spreads them.
 
 ``TRAINER_CPU_AFFINITY=off`` leaves affinity alone (the thread variables
 still apply).
@@ -79,6 +86,15 @@ def _pin(cores: set[int]) -> None:
             os.sched_setaffinity(tid, cores)
         except OSError:  # a thread that ended meanwhile
             pass
+
+
+def release_cores() -> None:
+    """Give back this process's claims and the cores it could use before them (its task has ended)."""
+    global _SHARING
+    _release()
+    _SHARING = False
+    if _ORIGINAL is not None and enabled():
+        _pin(set(_ORIGINAL))
 
 
 def choose_cores(count: int, hint: int = 0) -> list[int] | None:

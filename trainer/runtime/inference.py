@@ -22,7 +22,7 @@ import numpy as np
 import pyarrow as pa
 
 from trainer.runtime.feeding.arrow import arrow_to_numpy
-from trainer.runtime.process import setup_task
+from trainer.runtime.process import holding_cores, setup_task
 from trainer.runtime.shipping import ModelPackage, cached_model
 
 OUTCOME_DDL = "count long, metrics string, error string"
@@ -64,7 +64,7 @@ def evaluate_task(package: ModelPackage, key: str, backend: str, input_shape: tu
             return
         yield _outcome(len(x), {k: float(v) for k, v in metrics.items()})
 
-    return evaluate_partition
+    return lambda batches: holding_cores(evaluate_partition(batches))
 
 
 def weighted_outcomes(rows: list) -> tuple[dict[str, float], str | None]:
@@ -94,12 +94,13 @@ def probe_model(spark, package: ModelPackage, key: str, backend: str, input_shap
             return
         yield _outcome(1)
 
-    rows = spark.range(1, numPartitions=1).mapInArrow(probe, OUTCOME_DDL).collect()
+    rows = spark.range(1, numPartitions=1).mapInArrow(lambda b: holding_cores(probe(b)), OUTCOME_DDL).collect()
     return next((r["error"] for r in rows if r["error"]), None)
 
 
 def predict_function(package: ModelPackage, key: str, backend: str, scalar: bool) -> Callable[[], Any]:
-    """The ``make_predict_fn`` of ``predict_batch_udf``: loads the model once per Python worker."""
+    """The ``make_predict_fn`` of ``predict_batch_udf``: loads the model once per Python worker, which keeps its
+    cores' claim as long as it keeps the model (no task end is seen here)."""
 
     def make_predict_fn():
         setup_task(backend)

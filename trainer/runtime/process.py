@@ -23,10 +23,13 @@ The C allocator keeps freed blocks of up to 32 MiB (``trainer.runtime.allocator`
 from __future__ import annotations
 
 import os
+from typing import Iterator, TypeVar
 
 from trainer.process_env import prepare_process
 from trainer.runtime.allocator import keep_freed_memory
-from trainer.runtime.cores import choose_cores, sharing
+from trainer.runtime.cores import choose_cores, release_cores, sharing
+
+T = TypeVar("T")
 
 #: Thread-count variables of TensorFlow, OpenMP (torch, XLA's Eigen on some builds) and MKL.
 _THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -75,3 +78,12 @@ def setup_task(keras_backend: str, env: dict[str, str] | None = None) -> None:
     ctx = TaskContext.get()
     cpus, gpus = task_resources(ctx)
     configure_process(cpus, gpus, keras_backend, env or {}, index=ctx.partitionId() if ctx is not None else 0)
+
+
+def holding_cores(task: Iterator[T]) -> Iterator[T]:
+    """Run the task body `task` (a generator) and give back the cores it claimed when it ends, however it ends:
+    the Python worker Spark keeps for a later task then holds none (see `trainer.runtime.cores`)."""
+    try:
+        yield from task
+    finally:
+        release_cores()

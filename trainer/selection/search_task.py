@@ -50,7 +50,7 @@ from trainer.data.columns import VALIDATION_FLAG
 from trainer.runtime.feeding.arrow import split_shard
 from trainer.runtime.feeding.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
-from trainer.runtime.process import setup_barrier_task
+from trainer.runtime.process import holding_cores, setup_barrier_task
 from trainer.runtime.stage_result import result_batch
 from trainer.runtime.state import load_state, model_state, optimizer_of
 from trainer.selection.hopper import HopperClient
@@ -225,7 +225,11 @@ def _logs(values: dict[str, Any], prefix: str = "") -> dict[str, float]:
 
 # ------------------------------------------------------------------------------ task
 def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Body of one barrier task (the function given to ``mapInArrow(barrier=True)``)."""
+    """One barrier task (the function given to ``mapInArrow(barrier=True)``); its cores are given back at its end."""
+    return holding_cores(_selection_task(spec, batches))
+
+
+def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     task_start = time.time()
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()

@@ -48,7 +48,7 @@ from trainer.algorithms import Algorithm
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
-from trainer.runtime.process import setup_barrier_task
+from trainer.runtime.process import holding_cores, setup_barrier_task
 from trainer.runtime.feeding.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource
 from trainer.runtime.stage_result import result_batch
@@ -75,7 +75,11 @@ def epoch_batches_budget(shard_rows: int, batch_size: int, num_workers: int) -> 
 
 
 def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    """Body of one barrier task (the function given to ``mapInArrow(barrier=True)``)."""
+    """One barrier task (the function given to ``mapInArrow(barrier=True)``); its cores are given back at its end."""
+    return holding_cores(_train_partition(config, batches))
+
+
+def _train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import BarrierTaskContext  # the task's context: imported where a task runs
 
     task_start = time.time()
