@@ -278,7 +278,7 @@ def test_workers_are_compared_with_as_many_plain_processes_side_by_side():
 def test_an_allreduce_step_is_broken_down_against_the_side_by_side_limit():
     from types import SimpleNamespace
 
-    from trainer_jobs.support.scaling import allreduce_parts, step_breakdown_table
+    from trainer_jobs.support.scaling import collective_parts, step_breakdown_table
 
     # Two processes, 2 epochs of 10 steps of 32 rows each; past the first (tracing) epoch, 40 ms a step in fit,
     # 12 of them in the all-reduce, of which 4 reducing alone; bare processes side by side run 1,280 samples/s
@@ -287,7 +287,7 @@ def test_an_allreduce_step_is_broken_down_against_the_side_by_side_limit():
     records = [{"fit_s": 3.4, "steps": 20, "padded_rows": 320, "epochs": epochs, "allreduce_ms": 4.0}
                for _ in range(2)]
     history = SimpleNamespace(workers=records)
-    parts = allreduce_parts(history)
+    parts = collective_parts(history)
     assert parts == pytest.approx({"step_ms": 40.0, "step_rows": 32.0, "steps_per_epoch": 10.0,
                                    "in_allreduce_ms": 12.0, "allreduce_ms": 4.0})
     row = {"model": "cnn", "workers": 2, "epoch_time_s": 0.45, "samples_per_s_per_worker": 711.0,
@@ -298,11 +298,11 @@ def test_an_allreduce_step_is_broken_down_against_the_side_by_side_limit():
     assert by["epoch_end_ms"] == pytest.approx(5.0)  # 450 ms an epoch over 10 steps, 40 of them in fit
     assert "| cnn | 2 | 40.00 | 25.00 | 8.00 | 4.00 | 3.00 | 5.00 |" in step_breakdown_table([by])
     # JAX measures no all-reduce time: compute and the epoch's end only; other algorithms: nothing
-    jax = allreduce_parts(SimpleNamespace(workers=[{**r, "allreduce_ms": None} for r in records]))
+    jax = collective_parts(SimpleNamespace(workers=[{**r, "allreduce_ms": None} for r in records]))
     assert set(jax) == {"step_ms", "step_rows", "steps_per_epoch"}
-    assert allreduce_parts(SimpleNamespace(workers=[{"commits": 3}])) == {}
+    assert collective_parts(SimpleNamespace(workers=[{"commits": 3}])) == {}
     # local SGD: one average's time and how many an epoch took, not a per-step all-reduce
-    local = allreduce_parts(SimpleNamespace(workers=[{**r, "averages": 4, "average_s": 0.2} for r in records]))
+    local = collective_parts(SimpleNamespace(workers=[{**r, "averages": 4, "average_s": 0.2} for r in records]))
     assert local == pytest.approx({"step_ms": 40.0, "step_rows": 32.0, "steps_per_epoch": 10.0, "average_ms": 50.0,
                                    "averages_per_epoch": 2.0})
     assert step_breakdown_table([{"model": "cnn", "workers": 2}]) == ""

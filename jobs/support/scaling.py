@@ -142,17 +142,18 @@ def fitted_row(model_name: str, fitted, *, workers: int, rows: int, epochs: int,
         "retries": sum(e.get("event") == "attempt_failed" for e in history.events),
         "resumed": any(e.get("event") == "resumed" for e in history.events),
         "period": ((history.choice or {}).get("measured") or {}).get("period"),  # local SGD's, as measured
-        **allreduce_parts(history), **extra,
+        **collective_parts(history), **extra,
     }
 
 
-def allreduce_parts(history) -> dict[str, float]:
-    """Per step of an all-reduce fit, from its processes' records (``trainer.runtime.collective.loop``), in ms,
-    the first epoch (tracing) left out as in the epoch times: ``step_ms`` (the time in ``fit``),
-    ``in_allreduce_ms`` (in the step's all-reduce: waiting for the slower process, then reducing; not measured
-    under JAX) and ``allreduce_ms`` (one all-reduce of the gradients alone, after a barrier); ``step_rows`` and
-    ``steps_per_epoch``, a process's; with local SGD instead of the all-reduce's parts ``average_ms`` (one
-    average of the replicas, the processes' mean) and ``averages_per_epoch``. Empty for other algorithms."""
+def collective_parts(history) -> dict[str, float]:
+    """Per step of a fit over the collective group (all-reduce, local SGD), from its processes' records
+    (``trainer.runtime.collective.loop``), in ms, the first epoch (tracing) left out as in the epoch times:
+    ``step_ms`` (the time in ``fit``), ``in_allreduce_ms`` (in the step's all-reduce: waiting for the slower
+    process, then reducing; not measured under JAX) and ``allreduce_ms`` (one all-reduce of the gradients alone,
+    after a barrier); ``step_rows`` and ``steps_per_epoch``, a process's; with local SGD instead of the
+    all-reduce's parts ``average_ms`` (one average of the replicas, the processes' mean) and
+    ``averages_per_epoch``. Empty for other algorithms."""
     workers = [w for w in history.workers if w.get("fit_s") and w.get("steps")]
     if not workers:
         return {}
