@@ -34,7 +34,7 @@ SEAM = {
     },
     "the plain-Keras baseline measured as a worker runs: held to a task's cores, fed by the worker's own input "
     "feed (J, B)": {
-        "trainer.runtime.process": ["configure_process", "holding_cores", "task_resources"],
+        "trainer.runtime.process": ["configure_process", "holding_cores", "setup_barrier_task"],
         "trainer.runtime.feeding.feed": ["ShardFeed"],
     },
     "the worker loop without Spark, to measure a task apart from Spark: `make bench-gpu`, `profile_overhead` (B)": {

@@ -52,7 +52,7 @@ from trainer.selection import (
     ASHA, STRATEGIES, GridSearch, Hyperband, ModelSelector, RandomSearch, Search, SelectionResult, SuccessiveHalving,
     TPESearch,
 )
-from trainer.internals import configure_process, holding_cores, plot_gantt_comparison, task_resources
+from trainer.internals import holding_cores, plot_gantt_comparison, setup_barrier_task
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.report import markdown_table, write_results
 
@@ -78,7 +78,7 @@ def _warm_task(backend: str, batches):
 
 def _warm_up(backend: str, batches):
     ctx = BarrierTaskContext.get()
-    configure_process(*task_resources(ctx), backend, {}, index=ctx.partitionId())
+    setup_barrier_task(ctx, backend, {})
     import keras  # noqa: F401  (the import is the warm-up)
 
     for _ in batches:

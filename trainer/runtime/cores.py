@@ -13,8 +13,8 @@ shared by the machine's processes (``flock``). A claim lasts while its task
 runs: `release_cores` gives it back when the task ends (a process that exits
 or claims again drops it too). An idle Python worker that Spark keeps for a
 later task must hold none: the next task of another process would step
-around a core nobody uses and land on its sibling's (two lab workers on one
-core of two, at half speed each, in one run out of three). A task takes the
+around a core nobody uses and land on its sibling's: two workers on one
+core, each at half speed. A task takes the
 free cores first; where every core is claimed (more tasks than cores,
 time-shared on purpose) it takes the least claimed ones, starting from its
 partition index, so that tasks spread instead of piling onto core 0. The
