@@ -33,7 +33,7 @@ SEAM = {
         "trainer.selection.plots": ["plot_gantt_comparison"],
     },
     "the plain-Keras baseline measured as a worker runs: held to a task's cores, fed by the worker's own input "
-    "feed (J, B)": {
+    "feed; the selection jobs' warm-up set up as a barrier task is (J, B)": {
         "trainer.runtime.process": ["configure_process", "holding_cores", "setup_barrier_task"],
         "trainer.runtime.feeding.feed": ["ShardFeed"],
     },

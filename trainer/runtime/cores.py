@@ -13,13 +13,13 @@ shared by the machine's processes (``flock``). A claim lasts while its task
 runs: `release_cores` gives it back when the task ends (a process that exits
 or claims again drops it too). An idle Python worker that Spark keeps for a
 later task must hold none: the next task of another process would step
-around a core nobody uses and land on its sibling's: two workers on one
-core, each at half speed. A task takes the
-free cores first; where every core is claimed (more tasks than cores,
-time-shared on purpose) it takes the least claimed ones, starting from its
-partition index, so that tasks spread instead of piling onto core 0. The
-cores come from the set this process may use at all
-(``os.sched_getaffinity``: a container's cpuset), never beyond. Containers
+around a core nobody uses and land on its sibling's (two workers on one
+core, each at half speed). A task takes the free cores first; where every
+core is claimed (more tasks than cores, time-shared on purpose) it takes
+the least claimed ones, starting from its partition index, so that tasks
+spread instead of piling onto core 0. The cores come from the set this
+process may use at all (``os.sched_getaffinity``: a container's cpuset),
+never beyond. Containers
 on one host each have their own directory (their own /tmp): there the
 partition index alone spreads them.
 
