@@ -14,9 +14,10 @@ import numpy as np
 
 
 def run_processes(model, shards: list[tuple[np.ndarray, np.ndarray]], algorithm, *, batch_size: int, epochs: int,
-                  seed: int) -> tuple[list[dict], list[np.ndarray]]:
+                  seed: int, shared_gpu: bool = False) -> tuple[list[dict], list[np.ndarray]]:
     """(each process's record, the state process 0 last reported) after `epochs` of `algorithm` (an `AllReduce`) over
-    `shards`, from compiled `model`'s weights, under this process's Keras backend."""
+    `shards`, from compiled `model`'s weights, under this process's Keras backend; `shared_gpu`: the jobs say that
+    the processes share a GPU."""
     import keras
 
     from trainer.algorithms.reported import ReportedState
@@ -39,7 +40,7 @@ def run_processes(model, shards: list[tuple[np.ndarray, np.ndarray]], algorithm,
             job = CollectiveJob(model=ModelSource(keras_bytes=pack_model(model, None).data),
                                 ps_address=server.address, secret=server.credentials, addresses=addresses,
                                 process_id=pid, num_processes=len(shards), batch_size=batch_size, epochs=epochs,
-                                seed=seed, keras_backend=keras.backend.backend(),
+                                seed=seed, keras_backend=keras.backend.backend(), shared_gpu=shared_gpu,
                                 lr_factor=algorithm.learning_rate_factor(len(shards)), cadence=algorithm.cadence(),
                                 parent_pid=os.getpid(),
                                 record={"worker": pid, "attempt": 0, "rows": rows, "padded_rows": rows})

@@ -27,7 +27,7 @@ def selection_model(params):
 
 
 def devices(records: list[dict]) -> list[dict]:
-    return [{k: r.get(k) for k in ("worker", "cpus", "gpus", "visible_devices")} for r in records]
+    return [{k: r.get(k) for k in ("worker", "cpus", "gpus", "visible_devices", "shared_gpu")} for r in records]
 
 
 #: The session settings the GPU runs need: 2 executors of one GPU each.

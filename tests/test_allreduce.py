@@ -14,8 +14,10 @@ from __future__ import annotations
 import math
 import os
 import signal
+import socket
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -29,6 +31,7 @@ from trainer.algorithms.reported import ReportedState
 from trainer.fit.kinds import fit_kind
 from trainer.fit.plan import plan_fit
 from trainer.runtime.feeding.arrow import pad_shard
+from trainer.runtime.collective.group import gpu_identities, shares_gpu
 from trainer.runtime.collective.loop import epoch_order
 from trainer.runtime.collective.collective_task import equal_rows
 
@@ -104,6 +107,25 @@ def test_every_process_feeds_the_same_permutation_each_epoch():
     assert sorted(first) == list(range(10))
     np.testing.assert_array_equal(first, epoch_order(10, seed=3, epoch=0))
     assert not np.array_equal(first, epoch_order(10, seed=3, epoch=1))
+
+
+def test_processes_share_a_gpu_when_their_gpus_have_one_identity_in_common(monkeypatch):
+    """NCCL takes one process per GPU: the tasks find out who shares one from the identities they gather (UUIDs
+    where nvidia-smi answers, else the host's name and the address, as here with no nvidia-smi on the PATH)."""
+    monkeypatch.setenv("PATH", "")
+    host = socket.gethostname()
+    assert gpu_identities(None) == [] and gpu_identities(["0", "2"]) == [f"{host}:0", f"{host}:2"]
+    assert [shares_gpu([["a"], ["b"]], i) for i in range(2)] == [False, False]
+    assert [shares_gpu([["a", "b"], ["c"], ["b"]], i) for i in range(3)] == [True, False, True]
+    assert [shares_gpu([[], []], i) for i in range(2)] == [False, False]  # CPU tasks share nothing
+
+
+def test_jax_refuses_an_all_reduce_every_step_between_processes_sharing_a_gpu_with_the_fix():
+    from trainer.runtime.collective.jax_group import BackendGroup
+
+    job = types.SimpleNamespace(shared_gpu=True, cadence=AllReduce().cadence())
+    with pytest.raises(ValueError, match="share a GPU cannot all-reduce every step.*LocalSGD"):
+        BackendGroup.join(job)
 
 
 # --------------------------------------------------------------------------- plain Keras on the global batch

@@ -71,3 +71,6 @@ def test_fit_and_selection_gpu_tasks_get_distinct_devices_and_set_them_visible(d
         for task in tasks:
             assert len(task["gpus"]) == 1
             assert task["visible_devices"] == ",".join(task["gpus"]), task
+    # The fit (local SGD, the default for workers on GPUs) found that its tasks share no GPU ("host:0", "host:1"):
+    # its group may take NCCL on real GPUs.
+    assert [t["shared_gpu"] for t in seen["fit"]] == [False, False]

@@ -179,7 +179,8 @@ def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int,
             job = CollectiveJob(model=ModelSource(builder=builder), ps_address=server.address,
                                 secret=server.credentials, addresses=addresses, process_id=pid, num_processes=workers,
                                 batch_size=batch_size, epochs=epochs, seed=seed, keras_backend=backend, cpus=threads,
-                                gpus=gpus, lr_factor=algorithm.learning_rate_factor(workers), cadence=algorithm.cadence(),
+                                gpus=gpus, shared_gpu=bool(gpus) and workers > 1,  # every process on these GPUs
+                                lr_factor=algorithm.learning_rate_factor(workers), cadence=algorithm.cadence(),
                                 parent_pid=os.getpid(),
                                 record={"worker": pid, "attempt": 0, "rows": len(shards[pid]), "padded_rows": rows})
             processes.append((start_process(directory, job), directory))

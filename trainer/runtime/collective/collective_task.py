@@ -8,11 +8,12 @@
 1. receives its shard (in memory or spilled, ``trainer.runtime.feeding.shard``) and
    its validation rows;
 2. shares with the other tasks, in ONE ``BarrierTaskContext.allGather``, its
-   rows and a free port of its host: each task's host (``getTaskInfos()``,
-   in partition order) and port make the group's addresses, task 0's the
-   rendezvous (JAX's coordinator, torch's TCPStore, as Spark's
-   TorchDistributor forms a torch group), every one of them a gRPC server
-   under TensorFlow;
+   rows, the identities of its GPUs (tasks that share one keep their
+   collectives on the host: ``trainer.runtime.collective.group``) and a free
+   port of its host: each task's host (``getTaskInfos()``, in partition
+   order) and port make the group's addresses, task 0's the rendezvous (JAX's
+   coordinator, torch's TCPStore, as Spark's TorchDistributor forms a torch
+   group), every one of them a gRPC server under TensorFlow;
 3. pads its shard with repeats of its own random rows to the largest
    shard's size (`equal_rows`), so that every process has the same batches:
    the shards Spark's round-robin repartition deals differ by a few rows at
@@ -48,6 +49,7 @@ import pyarrow as pa
 
 from trainer.algorithms.allreduce import LR_SCALING, Cadence
 from trainer.runtime.feeding.arrow import ValidationRows
+from trainer.runtime.collective.group import gpu_identities, shares_gpu
 from trainer.runtime.collective.loop import JOB_FILE, RECORD_FILE, STDERR_FILE, CollectiveJob
 from trainer.runtime.process import task_resources
 from trainer.runtime.feeding.shard import receive_shard, shard_budget
@@ -165,7 +167,8 @@ def train_collective_partition(config: CollectiveConfig,
     validation = rows.arrays(config.input_shape, config.label_size)
     data_ready = time.time()
     port = reserve_port()  # held until the process is done with the group
-    mine = {"rows": shard.rows, "val_rows": len(validation[0]), "port": port.getsockname()[1]}
+    mine = {"rows": shard.rows, "val_rows": len(validation[0]), "port": port.getsockname()[1],
+            "gpus": gpu_identities(gpus)}
     shared = [json.loads(m) for m in ctx.allGather(json.dumps(mine))]
     sizes = [s["rows"] for s in shared]
     padded = equal_rows(sizes, config.batch_size)
@@ -186,6 +189,7 @@ def train_collective_partition(config: CollectiveConfig,
             addresses=addresses, process_id=worker, num_processes=len(shared),
             batch_size=config.batch_size, epochs=config.epochs, attempt=config.attempt, seed=config.seed,
             io_timeout=config.io_timeout, keras_backend=config.keras_backend, cpus=cpus, gpus=gpus,
+            shared_gpu=shares_gpu([s["gpus"] for s in shared], worker),
             env=config.env, validation_batch_size=config.validation_batch_size, parent_pid=os.getpid(),
             lr_factor=float(LR_SCALING[config.lr_scaling](len(shared))), cadence=config.cadence,
             record=record,

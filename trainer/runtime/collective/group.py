@@ -19,6 +19,15 @@ process's gradients on its own rows, ONE all-reduce of them a step:
 loop's once-per-epoch messages: the center broadcast from process 0, the
 validation logs gathered.
 
+Processes that share one GPU (two Spark workers on a one-GPU host, the
+2-worker rows of ``make bench-gpu``) cannot form an NCCL group: NCCL takes
+one process per GPU and refuses a second ("Duplicate GPU detected"). The
+task finds out from the GPUs' identities that the tasks gather
+(`gpu_identities`, `shares_gpu`), and the job's ``shared_gpu`` has the
+group keep its collectives on the host: gloo under torch, JAX's CPU
+devices (gloo) under JAX, where only periodic averaging (``LocalSGD``) can
+then run. The steps stay on the GPU.
+
 One process alone (a 1-worker fit) joins no engine: `Alone` is plain Keras
 with the loop around it. Under JAX a ``DataParallel`` distribution would take
 the step off Keras's own input path (no batch fed one step ahead to a GPU:
@@ -29,6 +38,9 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import shutil
+import socket
+import subprocess
 import time
 from typing import Any
 
@@ -147,3 +159,27 @@ def join_group(job) -> Group:
         return Alone.join(job)
     module = keras_backend(job.keras_backend).group_module
     return importlib.import_module(f"trainer.runtime.collective.{module}").BackendGroup.join(job)
+
+
+def gpu_identities(gpus: list[str] | None) -> list[str]:
+    """What identifies the GPUs at `gpus` (Spark's addresses) across the tasks of a fit: their UUIDs where
+    ``nvidia-smi`` answers, else this host's name and the address."""
+    if not gpus:
+        return []
+    if shutil.which("nvidia-smi"):
+        try:
+            done = subprocess.run(["nvidia-smi", "--query-gpu=uuid", "--format=csv,noheader", f"--id={','.join(gpus)}"],
+                                  capture_output=True, text=True, timeout=30, check=False)
+        except (OSError, subprocess.SubprocessError):
+            done = None
+        uuids = [line.strip() for line in done.stdout.splitlines() if line.strip()] if done else []
+        if done is not None and done.returncode == 0 and len(uuids) == len(gpus):
+            return uuids
+    host = socket.gethostname()
+    return [f"{host}:{address}" for address in gpus]
+
+
+def shares_gpu(identities: list[list[str]], index: int) -> bool:
+    """Whether process `index` shares a GPU with another process, from every process's `gpu_identities`."""
+    mine = set(identities[index])
+    return any(mine & set(other) for i, other in enumerate(identities) if i != index)

@@ -5,7 +5,10 @@
 every process's devices one ``DataParallel`` distribution with
 ``auto_shard_dataset=False``: each process feeds its own rows, and Keras
 makes every step's global batch of the processes' local batches in process
-order (gloo between CPUs, NCCL between GPUs).
+order (gloo between CPUs, NCCL between GPUs). Processes that share a GPU
+(``job.shared_gpu``) make the distribution of their CPU devices instead and
+train alone on the GPU: their periodic averages, broadcasts and gathers, all
+sums over the mesh, then go over gloo, since NCCL takes one process per GPU.
 
 The train step:
 
@@ -60,12 +63,19 @@ class BackendGroup(Group):
 
     @classmethod
     def join(cls, job) -> "BackendGroup":
+        if job.shared_gpu and not job.cadence.periodic:
+            raise ValueError(
+                "Under JAX, processes that share a GPU cannot all-reduce every step: XLA's collectives between GPUs "
+                "run on NCCL, which takes one process per GPU. Fix: give each worker a GPU of its own, or average "
+                "every few steps (algorithm=LocalSGD(), the default for several workers on GPUs), whose averages "
+                "these processes make over their CPUs.")
         import keras
 
         keras.distribution.initialize(job_addresses=job.addresses[0], num_processes=job.num_processes,
                                       process_id=job.process_id)
-        distribution = keras.distribution.DataParallel(devices=keras.distribution.list_devices(),
-                                                       auto_shard_dataset=False)
+        # Processes sharing a GPU average over their CPU devices (gloo), the steps staying on the GPU (train_alone).
+        devices = keras.distribution.list_devices("cpu" if job.shared_gpu else None)
+        distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
         keras.distribution.set_distribution(distribution)
         return cls(job.process_id, job.num_processes, distribution)
 
@@ -88,21 +98,36 @@ class BackendGroup(Group):
             self.host_sum = jax.jit(jax.shard_map(lambda x: jax.lax.psum(x, axis), mesh=mesh,
                                                   in_specs=PartitionSpec(axis), out_specs=PartitionSpec(),
                                                   check_vma=False))
-        copies = len(jax.local_devices())
+        copies = sum(d.process_index == jax.process_index() for d in mesh.devices.flat)
         local = np.tile(np.asarray(array), copies)
         total = self.host_sum(jax.make_array_from_process_local_data(NamedSharding(mesh, PartitionSpec(axis)), local))
         summed = np.asarray(total.addressable_data(0))
-        return summed if copies == 1 else (summed.astype(np.float32) / copies).astype(summed.dtype)
+        if copies == 1:
+            return summed
+        if np.issubdtype(summed.dtype, np.integer):
+            return summed // copies
+        return (summed.astype(np.float32) / copies).astype(summed.dtype)
 
     def broadcast(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        from jax.experimental import multihost_utils
-
-        return [np.asarray(a) for a in multihost_utils.broadcast_one_to_all(list(arrays))]
+        """Process 0's arrays, summed with the others' zeros over the mesh: one sum per dtype."""
+        arrays = [np.asarray(a) for a in arrays]
+        mine = arrays if self.process_id == 0 else [np.zeros_like(a) for a in arrays]
+        out: list[np.ndarray | None] = [None] * len(arrays)
+        for dtype in {a.dtype for a in arrays}:
+            at = [i for i, a in enumerate(arrays) if a.dtype == dtype]
+            flat = np.concatenate([mine[i].reshape(-1) for i in at])
+            summed = self.all_reduce_host(flat).astype(dtype, copy=False)
+            pieces = np.split(summed, np.cumsum([arrays[i].size for i in at])[:-1])
+            for i, piece in zip(at, pieces):
+                out[i] = piece.reshape(arrays[i].shape).copy()
+        return out
 
     def allgather(self, array: np.ndarray) -> np.ndarray:
-        from jax.experimental import multihost_utils
-
-        return np.asarray(multihost_utils.process_allgather(np.asarray(array)))
+        """Each process's `array` in its own row of zeros, summed over the mesh."""
+        array = np.asarray(array)
+        rows = np.zeros((self.num_processes, *array.shape), array.dtype)
+        rows[self.process_id] = array
+        return self.all_reduce_host(rows.reshape(-1)).astype(array.dtype, copy=False).reshape(rows.shape)
 
     def local_state(self, model) -> list[np.ndarray]:
         out = []

@@ -93,6 +93,7 @@ class CollectiveJob:
     keras_backend: str = DEFAULT_BACKEND
     cpus: int = 1
     gpus: list[str] | None = None
+    shared_gpu: bool = False  # another process of the group trains on one of these GPUs (group.shares_gpu)
     env: dict[str, str] = field(default_factory=dict)
     validation_batch_size: int = 256
     lr_factor: float = 1.0  # the compiled learning rate times this, for the global batch (the algorithm's lr_scaling)
@@ -203,6 +204,7 @@ def run(directory: Path) -> tuple[dict[str, Any], Group]:
     record["pinned_cores"] = configure_process(job.cpus, job.gpus, job.keras_backend, job.env, index=job.process_id)
     record["cores_shared"] = sharing()
     record["visible_devices"] = os.environ.get("CUDA_VISIBLE_DEVICES")
+    record["shared_gpu"] = job.shared_gpu
     import keras
 
     keras.utils.set_random_seed(job.seed + 1000 * job.attempt)  # the same in every process: replicated state

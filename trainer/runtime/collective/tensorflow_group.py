@@ -7,7 +7,8 @@ ops enabled: what ``MultiWorkerMirroredStrategy`` does when it starts, without
 the strategy (``model.fit`` under it does not train Keras 3 models on two
 workers, keras-team/keras#20585). The step's all-reduce is then
 ``collective_ops.all_reduce_v2`` (``CollectiveReduceV2``, a ring over gRPC
-between CPUs) inside Keras's own ``tf.function`` train function.
+between CPUs; on the CPUs also for processes that share a GPU) inside
+Keras's own ``tf.function`` train function.
 
 Found while building it (TensorFlow 2.21, 2 processes on loopback):
 
@@ -79,7 +80,8 @@ class BackendGroup(Group):
             if alarm:
                 signal.alarm(0)
                 signal.signal(signal.SIGALRM, previous)
-        device_type = "GPU" if tf.config.list_logical_devices("GPU") else "CPU"
+        # Processes that share a GPU reduce on their CPUs: NCCL, which GPU collectives use, takes one per GPU.
+        device_type = "GPU" if tf.config.list_logical_devices("GPU") and not job.shared_gpu else "CPU"
         device = f"/job:worker/replica:0/task:{task}/device:{device_type}:0"
         with tf.device(device):
             token = tf.Variable(0.0, trainable=False, name="collective_ordering_token")

@@ -3,7 +3,8 @@
 `BackendGroup.join` forms the process group as Spark's TorchDistributor does:
 process 0's "host:port" is the rendezvous (``init_method="tcp://..."``:
 process 0 serves a TCPStore there, gloo or NCCL then open their own
-connections), gloo between CPUs and NCCL between GPUs, with the fit's I/O
+connections), gloo between CPUs and NCCL between GPUs (gloo too between
+processes that share a GPU, which NCCL refuses), with the fit's I/O
 timeout on the rendezvous and on every collective (torch's default is 30
 minutes). The step is ``local_step``'s, its all-reduce ``dist.all_reduce`` of
 one flat tensor per dtype (a CUDA tensor goes through the host under gloo).
@@ -39,7 +40,7 @@ class BackendGroup(Group):
         import torch.distributed as dist
         from keras.src.backend.torch.core import get_device
 
-        engine = "nccl" if str(get_device()).startswith("cuda") else "gloo"
+        engine = "nccl" if str(get_device()).startswith("cuda") and not job.shared_gpu else "gloo"
         extra = {"device_id": torch.device("cuda", torch.cuda.current_device())} if engine == "nccl" else {}
         # NCCL moves CUDA tensors only: the host arrays of broadcast and allgather (the state, the shard
         # sizes) go through gloo in the same group.
