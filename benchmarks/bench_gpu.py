@@ -18,7 +18,9 @@ the Keras backend(s) given, each set-up in fresh processes
   (``trainer.runtime.collective.loop``: the backend's own collective engine;
   one all-reduce of the gradients a step, or local SGD's average of the
   weights every few steps) instead, process 0 reporting to a real
-  ``ParameterServer`` once per epoch;
+  ``ParameterServer`` once per epoch; processes sharing the GPU make their
+  collectives over the host (NCCL takes one process per GPU; under JAX only
+  local SGD's, an all-reduce every step is skipped there);
 * ``--algorithm default`` (the default): what a fit with no algorithm named
   chooses for N workers on this machine's device (``choose_algorithm``: one
   worker DOWNPOUR; several on a GPU local SGD; several CPU workers on one
@@ -185,6 +187,10 @@ def main(argv: list[str] | None = None) -> int:
         for n in counts:
             algorithm = algorithms[n]
             if algorithm.fit_kind == COLLECTIVE:
+                if gpu and n > 1 and backend == "jax" and not algorithm.periodic:
+                    print(f"{backend}, {n} workers, {algorithm.name}: skipped: processes sharing a GPU cannot "
+                          "all-reduce every step under JAX (NCCL takes one process per GPU)", flush=True)
+                    continue
                 results = run_collective(n, builder, x, y, epochs=epochs, batch_size=args.batch_size,
                                          backend=backend, threads=cores, gpus=["0"] if gpu else None,
                                          algorithm=algorithm)
