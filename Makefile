@@ -33,6 +33,8 @@ TEST_MARKS ?= not docker
 # pytest-xdist workers of make test's main run: each session cluster's tests stay in one worker (conftest.py's
 # xdist_group), the rest by file; the main run alone used 1.25 cores of 2 (its tests wait on JVMs and drivers).
 TEST_WORKERS ?= 2
+# The minutes make test aims at on this project's 2-core machine; it prints its own time against them at the end.
+TEST_BUDGET ?= 18
 # The one file of exact pins (transitive ones included); `make lock` regenerates it.
 CONSTRAINTS ?= constraints.txt
 # Cells of the compatibility matrix (requirements/matrix-CELL.txt) and where their venvs are cached.
@@ -134,21 +136,26 @@ $(TEST_JVM_ARCHIVE): $(VENV)/.installed tests/spark_class_archive.py
 	    $(PY) tests/spark_class_archive.py >$(VENV)/spark-class-archive.log 2>&1 && [ -s $@ ] \
 	    || echo "no class-data archive of a driver JVM (see $(VENV)/spark-class-archive.log): the tests start without it"
 
-test: venv $(TEST_JVM_ARCHIVE) ## every test but the containers (real Spark daemons, TensorFlow); beside it, the backend tests under JAX and torch
-	@mkdir -p test-artifacts; rm -f test-artifacts/timeline.tsv; \
+test: venv $(TEST_JVM_ARCHIVE) ## every test but the containers (real Spark daemons, TensorFlow); beside it, the backend tests under JAX and torch; prints where the minutes went
+	@mkdir -p test-artifacts; rm -f test-artifacts/timeline.tsv test-artifacts/fixtures.tsv \
+	    $(if $(TEST_KEEP_STREAMS),,test-artifacts/streams.tsv); t0=$$(date +%s.%N); \
 	( for backend in $(TEST_BACKENDS); do \
-	    KERAS_BACKEND=$$backend TMPDIR=$$(mktemp -d) $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) >test-artifacts/backend-$$backend.log 2>&1 \
+	    KERAS_BACKEND=$$backend TMPDIR=$$(mktemp -d) tests/timed.sh $$backend $(VENV)/bin/pytest -m backend $(PYTEST_ARGS) \
+	        >test-artifacts/backend-$$backend.log 2>&1 \
 	        && echo 0 >test-artifacts/backend-$$backend.rc || echo $$? >test-artifacts/backend-$$backend.rc; done; \
 	  $(if $(TEST_BESIDE),TMPDIR=$$(mktemp -d) $(TEST_BESIDE) >test-artifacts/beside.log 2>&1 \
 	        && echo 0 >test-artifacts/beside.rc || echo $$? >test-artifacts/beside.rc;) true ) & \
-	beside=$$!; status=0; $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup $(if $(TEST_MARKS),-m "$(TEST_MARKS)") \
-	    $(PYTEST_ARGS) || status=$$?; \
+	beside=$$!; status=0; tests/timed.sh main $(VENV)/bin/pytest -n $(TEST_WORKERS) --dist loadgroup \
+	    $(if $(TEST_MARKS),-m "$(TEST_MARKS)") $(PYTEST_ARGS) || status=$$?; \
 	wait $$beside || true; \
 	for backend in $(TEST_BACKENDS); do echo "== KERAS_BACKEND=$$backend pytest -m backend (ran beside the run above)"; \
 	    cat test-artifacts/backend-$$backend.log; rc=$$(cat test-artifacts/backend-$$backend.rc); \
 	    [ "$$rc" = 0 ] || [ "$$rc" = 5 ] || status=$$rc; done; \
 	$(if $(TEST_BESIDE),echo "== $(TEST_BESIDE) (ran beside the run above, after the backend runs)"; \
-	    cat test-artifacts/beside.log; rc=$$(cat test-artifacts/beside.rc); [ "$$rc" = 0 ] || status=$$rc;) exit $$status
+	    cat test-artifacts/beside.log; rc=$$(cat test-artifacts/beside.rc); [ "$$rc" = 0 ] || status=$$rc;) \
+	tests/timed.sh --record "make test" $$t0 $$status; \
+	echo "== where make test's minutes went (tests/suite_time.py; test-artifacts/ keeps the files)"; \
+	$(PY) tests/suite_time.py --slowest 10 --budget "make test=$(TEST_BUDGET)"; exit $$status
 
 test-quick: venv ## the tests that need neither Spark nor Docker, on both cores (pytest-xdist, a file per worker)
 	rm -f test-artifacts/timeline.tsv; $(VENV)/bin/pytest -n 2 --dist loadfile -m "not spark and not docker" $(PYTEST_ARGS)

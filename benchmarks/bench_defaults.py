@@ -15,19 +15,21 @@ rows the loss of plain Keras alone moved by 1.4x from seed to seed). The initial
 sides (Keras seeded before the model is built). Quality is measured on 2,000 held-out rows of each: accuracy (classification) and the loss (cross-entropy or
 MSE). A run is within the bounds when its accuracy is at most 0.02 below plain Keras's and its loss at most
 1.2x plain Keras's (``within``). More workers than cores share them (time-shared): only quality is
-measured here, never speed. `tests/test_defaults.py` runs it at 2 and 8 workers in `make test`.
+measured here, never speed. `tests/test_defaults.py` runs it in `make test`: every problem at 2 workers, and
+``binary`` at 8 (``--largest-problems binary``: the staleness bound holds the window at one batch there).
 
 ``--algorithm allreduce`` holds `AllReduce` with its defaults (the compiled rate scaled to the global batch)
 to the same bounds, under the Keras backend of ``--backend`` (or KERAS_BACKEND). Several algorithms run on one
 cluster, one after the other in the order given, each over its problems (``--allreduce-problems`` narrows
-all-reduce's), every problem's plain Keras run trained once: `make test` runs ``--algorithm allreduce,default``
-under TensorFlow. All-reduce goes first: its 8 training processes start beside Python workers that have not
-loaded TensorFlow for the default algorithm's fits yet (the other order kept 8 such workers alive beside them, and a
-`.ci/run` lost a JVM to the out-of-memory killer).
+all-reduce's), every problem's plain Keras run trained once: `make test` runs
+``--algorithm allreduce,localsgd,default`` under TensorFlow. All-reduce goes first: at 8 workers its 8 training
+processes start beside Python workers that have not loaded TensorFlow for the default algorithm's fits yet (the
+other order kept 8 such workers alive beside them, and a `.ci/run` lost a JVM to the out-of-memory killer).
 
     python benchmarks/bench_defaults.py --workers 1,2,4,8 --out results/defaults
     python benchmarks/bench_defaults.py --workers 1,2,4,8 --algorithm allreduce --backend torch
-    python benchmarks/bench_defaults.py --workers 2,8 --algorithm allreduce,default --allreduce-problems regression
+    python benchmarks/bench_defaults.py --workers 2,8 --algorithm allreduce,localsgd,default \
+        --allreduce-problems regression --localsgd-problems classes --largest-problems binary
 """
 
 from __future__ import annotations
@@ -152,6 +154,9 @@ def main(argv: list[str] | None = None) -> int:
                              "allreduce and/or localsgd (default: default)")
     parser.add_argument("--allreduce-problems", help="the problems of allreduce (default: --problems)")
     parser.add_argument("--localsgd-problems", help="the problems of localsgd (default: --problems)")
+    parser.add_argument("--largest-problems",
+                        help="the only problems that run at the largest worker count, for every algorithm "
+                             "(default: all of each algorithm's)")
     parser.add_argument("--out", default="results/defaults", help="results directory (default results/defaults)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
@@ -163,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     problems = {"default": _names(parser, "problem", args.problems, PROBLEMS)}
     problems["allreduce"] = _names(parser, "problem", args.allreduce_problems or args.problems, PROBLEMS)
     problems["localsgd"] = _names(parser, "problem", args.localsgd_problems or args.problems, PROBLEMS)
+    largest = set(_names(parser, "problem", args.largest_problems, PROBLEMS)) if args.largest_problems else None
     start_logging(args)
     import keras  # after start_logging: --backend is set before Keras starts
 
@@ -179,6 +185,8 @@ def main(argv: list[str] | None = None) -> int:
                                   len(train.first()["features"]))
             plain, train, test, features = prepared[kind]
             for n in counts:
+                if largest is not None and n == max(counts) and kind not in largest:
+                    continue
                 started = time.time()
                 keras.utils.set_random_seed(args.seed)  # the driver builds the initial center as plain Keras did
                 named = {} if algorithm == "default" else {"algorithm": algorithm}

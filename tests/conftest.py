@@ -207,17 +207,38 @@ def pytest_collection_modifyitems(config, items):
 # --------------------------------------------------------------------------- where the time goes
 
 
-TIMELINE = Path(__file__).resolve().parents[1] / "test-artifacts" / "timeline.tsv"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "test-artifacts"
+TIMELINE, FIXTURES = ARTIFACTS / "timeline.tsv", ARTIFACTS / "fixtures.tsv"
+
+
+def _append(path: Path, *fields) -> None:
+    """One short line per append: the processes of make test's streams do not interleave."""
+    path.parent.mkdir(exist_ok=True)
+    with open(path, "a", encoding="utf-8") as fh:
+        fh.write("\t".join(map(str, fields)) + "\n")
+
+
+def _stream() -> str:
+    """The stream this pytest runs in (``TEST_STREAM``: main, jax, torch, matrix, containers; set by the Makefile
+    and .ci/beside), read by tests/suite_time.py."""
+    return os.environ.get("TEST_STREAM", "main")
 
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_protocol(item, nextitem):
-    """Append each test's pytest process (xdist worker and backend), xdist group, start and end (setup to teardown) to
-    test-artifacts/timeline.tsv: where each of make test's two workers spends its time, and where one waits."""
+    """Append each test's stream, pytest process (xdist worker and backend), xdist group, start and end (setup to
+    teardown) to test-artifacts/timeline.tsv: where each stream spends its time, and where one waits."""
     start = time.time()
     yield
-    TIMELINE.parent.mkdir(exist_ok=True)
-    with open(TIMELINE, "a", encoding="utf-8") as fh:  # one short line per append: the processes do not interleave
-        process = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}:{os.environ.get('KERAS_BACKEND', 'tensorflow')}"
-        fh.write(f"{process}\t{xdist_group(item)}\t{start:.1f}\t"
-                 f"{time.time():.1f}\t{item.nodeid}\n")
+    process = f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')}:{os.environ.get('KERAS_BACKEND', 'tensorflow')}"
+    _append(TIMELINE, _stream(), process, xdist_group(item), f"{start:.1f}", f"{time.time():.1f}", item.nodeid)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_fixture_setup(fixturedef, request):
+    """Append each module- or session-scoped fixture's set-up (a cluster's start, a job run once for a module's
+    checks) to test-artifacts/fixtures.tsv, apart from the tests that first asked for it."""
+    start = time.time()
+    yield
+    if fixturedef.scope in ("module", "session", "package"):
+        _append(FIXTURES, _stream(), fixturedef.argname, fixturedef.scope, f"{start:.1f}", f"{time.time():.1f}")

@@ -1,4 +1,8 @@
-"""trainer.ml on a real cluster: KerasEstimator in a Spark ML Pipeline, PipelineModel save/load."""
+"""trainer.ml on a real cluster: KerasEstimator in a Spark ML Pipeline, PipelineModel save/load.
+
+Under the main run's backend only: the estimator wraps `Trainer` and `FittedModel`, whose fit, transform and
+save are checked under every backend in tests/test_backends.py.
+"""
 
 from __future__ import annotations
 
@@ -29,7 +33,6 @@ def table(spark):
     return spark.createDataFrame(rows, "x1 double, x2 double, x3 double, y double, is_val boolean").cache()
 
 
-@pytest.mark.backend
 @pytest.mark.timeout(400)
 def test_pipeline_fits_saves_loads_and_predicts_the_same(table, tmp_path):
     estimator = KerasEstimator(model=build_regressor, algorithm=DOWNPOUR(window=2), numWorkers=2, epochs=EPOCHS,

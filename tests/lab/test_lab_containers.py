@@ -383,10 +383,13 @@ def test_jupyter_driver_reaches_every_worker_with_the_same_versions(lab):
 
 NOTEBOOK_RUNNER = textwrap.dedent(
     """
-    import nbformat, sys
+    import nbformat, re, sys
     from nbclient import NotebookClient
-    src, dst = sys.argv[1], sys.argv[2]
+    src, dst, epochs = sys.argv[1], sys.argv[2], int(sys.argv[3])
     nb = nbformat.read(src, as_version=4)
+    # its parameters cell (papermill's tag) with fewer epochs: the run, its MLflow logging and the model are checked
+    (cell,) = [c for c in nb.cells if "parameters" in c.get("metadata", {}).get("tags", [])]
+    cell.source = re.sub(r"^EPOCHS = .*$", f"EPOCHS = {epochs}", cell.source, flags=re.MULTILINE)
     try:
         NotebookClient(nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": "/tmp"}}).execute()
     finally:
@@ -401,7 +404,7 @@ def test_example_notebook_runs_against_the_cluster(lab):
     lab.exec("jupyter", "mkdir", "-p", "/results/notebooks")
     proc = lab.exec(
         "jupyter", "python", "-c", NOTEBOOK_RUNNER,
-        "/opt/trainer/jobs/notebooks/train_on_cluster.ipynb", out, timeout=1200, check=False,
+        "/opt/trainer/jobs/notebooks/train_on_cluster.ipynb", out, str(NOTEBOOK_EPOCHS), timeout=1200, check=False,
     )
     ARTIFACTS.mkdir(exist_ok=True)
     run(["docker", "cp", f"{lab.container_id('jupyter')}:{out}", str(ARTIFACTS / "train_on_cluster.out.ipynb")],
@@ -420,8 +423,9 @@ def test_example_notebook_runs_against_the_cluster(lab):
     check_the_notebooks_mlflow_run(lab, run_id)
 
 
-#: The notebook's EPOCHS (its parameters cell): one val_loss per epoch in its MLflow run.
-NOTEBOOK_EPOCHS = 10
+#: The notebook's EPOCHS as the test sets it (its parameters cell; the notebook's own: 10): one val_loss per epoch
+#: in its MLflow run. Digits on the lab's 3 workers learn past the 0.8 the test asks in 3 (tests/test_notebooks.py).
+NOTEBOOK_EPOCHS = 4
 
 
 def check_the_notebooks_mlflow_run(lab, run_id: str) -> None:
