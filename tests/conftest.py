@@ -234,11 +234,18 @@ def pytest_runtest_protocol(item, nextitem):
     _append(TIMELINE, _stream(), process, xdist_group(item), f"{start:.1f}", f"{time.time():.1f}", item.nodeid)
 
 
-@pytest.hookimpl(hookwrapper=True)
-def pytest_fixture_setup(fixturedef, request):
-    """Append each module- or session-scoped fixture's set-up (a cluster's start, a job run once for a module's
-    checks) to test-artifacts/fixtures.tsv, apart from the tests that first asked for it."""
-    start = time.time()
-    yield
-    if fixturedef.scope in ("module", "session", "package"):
-        _append(FIXTURES, _stream(), fixturedef.argname, fixturedef.scope, f"{start:.1f}", f"{time.time():.1f}")
+class FixtureTimes:
+    """Appends each module- or session-scoped fixture's set-up (a cluster's start, a job run once for a module's
+    checks) to test-artifacts/fixtures.tsv, apart from the tests that first asked for it. A plugin of its own: a
+    session fixture is set up through the session's hooks, which a conftest below the rootdir is not part of."""
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_fixture_setup(self, fixturedef, request):
+        start = time.time()
+        yield
+        if fixturedef.scope in ("module", "session", "package"):
+            _append(FIXTURES, _stream(), fixturedef.argname, fixturedef.scope, f"{start:.1f}", f"{time.time():.1f}")
+
+
+def pytest_configure(config):
+    config.pluginmanager.register(FixtureTimes(), "fixture-times")

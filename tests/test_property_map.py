@@ -60,7 +60,7 @@ def _fixtures(tree: ast.Module) -> dict[str, set[str]]:
     return found
 
 
-def tests_of(path: Path) -> dict[str, set[str]]:
+def defined_tests(path: Path) -> dict[str, set[str]]:
     """Each test function of a file (module level or in a class): the heavy kinds it is (``spark``, ``docker``,
     ``backend``), from its marks, its module's ``pytestmark`` and the Spark fixtures it needs."""
     tree = _module(path)
@@ -92,7 +92,7 @@ def heavy_tests() -> dict[str, set[str]]:
     """``file::test`` of every heavy test of the suite, with its kinds."""
     heavy = {}
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
-        for name, kinds in tests_of(path).items():
+        for name, kinds in defined_tests(path).items():
             if kinds:
                 heavy[f"{path.relative_to(ROOT)}::{name}"] = kinds
     return heavy
@@ -106,7 +106,7 @@ def problems(text: str) -> list[str]:
             found.append(f"the promise {promise!r} names no test (`tests/FILE.py::test_name`)")
         for file, name in references:
             path = ROOT / file
-            if not path.is_file() or name not in tests_of(path):
+            if not path.is_file() or name not in defined_tests(path):
                 found.append(f"the promise {promise!r} names {file}::{name}, which does not exist")
             mapped.add(f"{file}::{name}")
     for test, kinds in heavy_tests().items():
@@ -137,7 +137,8 @@ def test_the_checker_finds_a_missing_test_an_empty_row_and_an_unmapped_heavy_tes
 def test_heavy_tests_are_found_by_marks_and_by_the_fixtures_they_need():
     heavy = heavy_tests()
     assert heavy["tests/test_trainer.py::test_algorithm_trains_digits"] == {"spark"}  # digits -> spark
-    assert "backend" in heavy["tests/test_backends.py::test_a_one_core_task_keeps_to_one_core"]
+    assert "backend" in heavy["tests/test_backends.py::test_fit_resume_transform_evaluate_and_save_under_this_backend"]
+    assert heavy["tests/test_allreduce.py::test_collective_processes_without_spark_take_plain_keras_steps"] == {"backend"}
     assert "tests/test_algorithms.py::test_downpour_worker_sends_sum_of_gradient_steps" not in heavy
 
 
