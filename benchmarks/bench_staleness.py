@@ -4,7 +4,7 @@ A deterministic simulation of the default algorithm (DOWNPOUR, `trainer.algorith
 without Spark: N copies of the model, each with its own optimizer (optimizer state stays local, as in a
 fit), each train ``window`` batches of their own shard from their last reply, then commit in turn through
 the algorithm's own ``worker_payload`` and ``server_commit``. So every commit's base misses the other workers'
-last windows, ``(N - 1) * window`` batches of staleness: the quantity `trainer.runtime.ps_worker.cadence` bounds
+last windows, ``(N - 1) * window`` batches of staleness: the quantity `trainer.algorithms.cadence` bounds
 (``STALENESS_BUDGET``). In a fit the interleaving depends on timing (a busy machine, a slow link) and the
 same seed ends differently from run to run; here it is fixed, so a window's cost is a property of the
 window and the seed, and a few seeds measure it.

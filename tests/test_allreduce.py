@@ -26,7 +26,9 @@ from collective_processes import run_processes
 from conftest import digits_model
 from spark_processes import executor_pids
 from trainer import Trainer
-from trainer.algorithms import ALGORITHMS, Algorithm, AlgorithmConfigError, AllReduce, get_algorithm
+from trainer.algorithms import (
+    ALGORITHMS, AlgorithmConfigError, AllReduce, CollectiveAlgorithm, ParameterServerAlgorithm, get_algorithm,
+)
 from trainer.algorithms.reported import ReportedState
 from trainer.fit.kinds import fit_kind
 from trainer.fit.plan import plan_fit
@@ -44,9 +46,10 @@ def test_allreduce_is_a_named_collective_algorithm():
     assert isinstance(algorithm, AllReduce) and ALGORITHMS["allreduce"] is AllReduce
     assert algorithm.fit_kind == "collective" and algorithm.exchanges_optimizer_state
     assert algorithm.describe() == "allreduce(every step)"
-    # it poses as no parameter-server algorithm: the server-side and worker-side functions are the base's (unset)
-    assert type(algorithm).server_commit is Algorithm.server_commit
-    assert type(algorithm).worker_payload is Algorithm.worker_payload
+    # it implements the collective contract, and poses as no parameter-server algorithm: it has none of its functions
+    assert isinstance(algorithm, CollectiveAlgorithm) and not isinstance(algorithm, ParameterServerAlgorithm)
+    assert not any(hasattr(algorithm, f) for f in ("server_commit", "server_round", "worker_payload", "worker_apply"))
+    assert algorithm.cadence().period == 1 and algorithm.learning_rate_factor(4) == 4.0
     endpoint = ReportedState()  # the collective fit's once-per-epoch endpoint
     state = [np.arange(3.0), np.ones((2, 2))]
     center, reply = endpoint.server_commit([np.zeros(3), np.zeros((2, 2))], state, staleness=0)

@@ -1,4 +1,4 @@
-"""When a worker exchanges (trainer.runtime.ps_worker.cadence) and which cores a task claims (trainer.runtime.cores): pure
+"""When a worker exchanges (trainer.algorithms.cadence) and which cores a task claims (trainer.runtime.cores): pure
 logic and real processes, no Spark."""
 
 from __future__ import annotations
@@ -11,18 +11,18 @@ import pytest
 from trainer.algorithms import ADAG, DOWNPOUR, DynSGD, SyncAveraging, get_algorithm
 from trainer.algorithms.base import AlgorithmConfigError
 from trainer.runtime import cores
-from trainer.runtime.ps_worker.cadence import MIN_WINDOW, Cadence, max_auto_window
+from trainer.algorithms.cadence import MIN_WINDOW, WindowCadence, max_auto_window
 
 
 def test_a_fixed_window_is_due_every_window_batches_and_never_moves():
-    cadence = Cadence(5)
+    cadence = WindowCadence(5)
     assert [cadence.due(n) for n in (4, 5, 6)] == [False, True, True]
     cadence.observe(5, 0.001, 10.0)  # an exchange far dearer than the steps: a fixed window stays
-    assert cadence.window == 5 and not Cadence(None).due(10**6)  # None: only at epoch ends
+    assert cadence.window == 5 and not WindowCadence(None).due(10**6)  # None: only at epoch ends
 
 
 def test_an_automatic_window_keeps_the_exchange_near_five_percent_of_the_time():
-    cadence = Cadence("auto", epoch_batches=100_000, workers=1)
+    cadence = WindowCadence("auto", epoch_batches=100_000, workers=1)
     assert cadence.window == MIN_WINDOW  # nothing measured yet
     cadence.observe(4, 5.0, 0.010)  # the first window holds the compilation: not a step time
     assert cadence.window == MIN_WINDOW and cadence.step_s is None
@@ -42,7 +42,7 @@ def test_an_automatic_window_keeps_the_exchange_near_five_percent_of_the_time():
 def test_the_automatic_window_is_bounded_by_the_other_workers_staleness():
     assert [max_auto_window(10_000, n) for n in (1, 2, 3, 4, 8)] == [5_000, 5, 2, 1, 1]
     assert max_auto_window(8, 2) == 4 and max_auto_window(60, 1) == 30  # never more than half an epoch
-    cadence = Cadence("auto", epoch_batches=10_000, workers=8)
+    cadence = WindowCadence("auto", epoch_batches=10_000, workers=8)
     cadence.observe(1, 1.0, 1.0)
     cadence.observe(1, 0.001, 1.0)
     assert cadence.window == 1 and cadence.due(1)

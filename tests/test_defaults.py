@@ -141,7 +141,7 @@ def test_the_staleness_bound_keeps_plain_keras_accuracy_when_workers_commit_in_t
     plain Keras from the same initial weights. A fit's interleaving depends on the machine's load (the same
     seed ended 0.88 on CI and 0.98 here at window 10); the lockstep order is the one the bound is written
     for, so the mean over four seeds is a property of the bound."""
-    from trainer.runtime.ps_worker.cadence import max_auto_window
+    from trainer.algorithms.cadence import max_auto_window
     from trainer_benchmarks.bench_staleness import plain_keras, simulate
 
     window = max_auto_window(None, 2)
@@ -158,7 +158,7 @@ def test_slow_exchanges_grow_the_window_of_2_workers_to_its_bound_and_the_fit_le
     link or server) grow the automatic window to the staleness bound and no further; the fit learns the
     digits (the quality at the bound is the lockstep test's above)."""
     from trainer import Trainer
-    from trainer.runtime.ps_worker.cadence import max_auto_window
+    from trainer.algorithms.cadence import max_auto_window
     from trainer.runtime.ps_worker.worker_task import epoch_batches_budget
     from trainer_benchmarks.bench_staleness import digits_cnn
 

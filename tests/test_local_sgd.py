@@ -19,8 +19,8 @@ import pytest
 from collective_processes import run_processes
 from conftest import digits_model
 from trainer.algorithms import ALGORITHMS, AlgorithmConfigError, AllReduce, LocalSGD, get_algorithm
-from trainer.algorithms.allreduce import Cadence
-from trainer.runtime.collective.averaging import Averager, choose_period
+from trainer.algorithms.cadence import PeriodCadence, choose_period
+from trainer.runtime.collective.averaging import Averager
 from trainer.runtime.collective.loop import epoch_order
 
 
@@ -38,7 +38,7 @@ def test_localsgd_is_allreduce_with_a_time_sized_period_and_bfloat16_on_the_wire
     assert AllReduce(period=8).describe() == "allreduce(averaged every 8 steps)"
     assert get_algorithm("localsgd", period=4, wire="fp32", outer_momentum=0).describe() == \
         "localsgd(averaged every 4 steps)"
-    assert AllReduce().cadence() == Cadence(period=1, max_period=16, wire="fp32", outer_momentum=0.0)
+    assert AllReduce().cadence() == PeriodCadence(period=1, max_period=16, wire="fp32", outer_momentum=0.0)
     assert not AllReduce().cadence().periodic and LocalSGD().cadence().periodic
 
 

@@ -10,7 +10,9 @@ import dataclasses
 
 from trainer.algorithms.adag import ADAG
 from trainer.algorithms.allreduce import AllReduce
-from trainer.algorithms.base import COLLECTIVE, PARAMETER_SERVER, Algorithm, AlgorithmConfigError
+from trainer.algorithms.base import (
+    COLLECTIVE, PARAMETER_SERVER, Algorithm, AlgorithmConfigError, CollectiveAlgorithm, ParameterServerAlgorithm,
+)
 from trainer.algorithms.choice import AlgorithmChoice, FitFacts, choose_algorithm
 from trainer.algorithms.compressed import Compressed, with_compression
 from trainer.algorithms.compression import BFloat16, Codec, Float16, TopK, parse_compression
@@ -50,7 +52,7 @@ def get_algorithm(name: str | Algorithm, **kwargs) -> Algorithm:
 
 __all__ = [
     "ADAG", "AEASGD", "ALGORITHMS", "Algorithm", "AlgorithmChoice", "AlgorithmConfigError", "AllReduce", "BFloat16",
-    "COLLECTIVE", "Codec", "Compressed", "DOWNPOUR", "DynSGD", "EASGD", "FitFacts", "Float16", "LocalSGD",
-    "PARAMETER_SERVER", "ReportedState", "SingleWorker", "SyncAveraging", "TopK", "choose_algorithm", "get_algorithm",
-    "parse_compression", "with_compression",
+    "COLLECTIVE", "Codec", "CollectiveAlgorithm", "Compressed", "DOWNPOUR", "DynSGD", "EASGD", "FitFacts", "Float16",
+    "LocalSGD", "PARAMETER_SERVER", "ParameterServerAlgorithm", "ReportedState", "SingleWorker", "SyncAveraging",
+    "TopK", "choose_algorithm", "get_algorithm", "parse_compression", "with_compression",
 ]

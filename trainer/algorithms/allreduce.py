@@ -36,9 +36,9 @@ again; ``outer_momentum`` applies the averaged step with Nesterov momentum
 (an outer optimizer, as SlowMo and DiLoCo do). The driver still hears once
 per epoch.
 
-``fit_kind = "collective"`` tells the trainer to run the collective kind of fit
-(``trainer.fit.kinds``) instead of the parameter-server one; `check_backend` names the Keras backends that have
-a collective path here: all three of Keras 3's.
+It implements the collective contract (``trainer.algorithms.base.CollectiveAlgorithm``), so the trainer runs the
+collective kind of fit (``trainer.fit.kinds``) instead of the parameter-server one; `check_backend` names the Keras
+backends that have a collective path here: all three of Keras 3's.
 """
 
 from __future__ import annotations
@@ -47,7 +47,8 @@ import math
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import COLLECTIVE, Algorithm, AlgorithmConfigError
+from trainer.algorithms.base import AlgorithmConfigError, CollectiveAlgorithm
+from trainer.algorithms.cadence import MAX_PERIOD, PeriodCadence
 
 #: Keras backends with a collective path: every one ``trainer.runtime.backends.KERAS_BACKENDS`` registers (named
 #: again here because the algorithms import nothing of the package; tests/test_backends.py keeps the two equal).
@@ -56,29 +57,8 @@ COLLECTIVE_BACKENDS = ("jax", "tensorflow", "torch")
 LR_SCALING = {"linear": float, "sqrt": math.sqrt, "none": lambda workers: 1.0}
 #: How the averaged weights travel: as float32, or as bfloat16 with the rounding kept for the next average.
 WIRES = ("fp32", "bf16")
-#: The largest period a measured cadence (``period="auto"``) takes by default: local SGD kept its accuracy
-#: with up to 16 local steps between averages (Lin et al., ICLR 2020).
-MAX_PERIOD = 16
-
-
 @dataclass(frozen=True)
-class Cadence:
-    """How often the group exchanges and what travels: `AllReduce`'s fields of the same names, as the collective
-    loop takes them (``CollectiveConfig`` and ``CollectiveJob`` carry one)."""
-
-    period: int | str = 1
-    max_period: int = MAX_PERIOD
-    wire: str = "fp32"
-    outer_momentum: float = 0.0
-
-    @property
-    def periodic(self) -> bool:
-        """Whether the workers take local steps between averages (local SGD) rather than one global step."""
-        return self.period != 1
-
-
-@dataclass(frozen=True)
-class AllReduce(Algorithm):
+class AllReduce(CollectiveAlgorithm):
     """Per-step gradient all-reduce over all workers: plain Keras on the global batch (``num_workers * batch_size``).
 
     Example:
@@ -110,14 +90,11 @@ class AllReduce(Algorithm):
     outer_momentum: float = 0.0
 
     name: ClassVar[str] = "allreduce"
-    #: The trainer runs the collective kind of fit (``trainer.runtime.collective``), not the parameter server's.
-    fit_kind: ClassVar[str] = COLLECTIVE
     #: Task 0 sends the optimizer's variables with the weights: a retry or a resume goes on with Adam's moments
     #: and the iteration count (a learning-rate schedule) where they were.
     exchanges_optimizer_state: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        super().__post_init__()
         if self.lr_scaling not in LR_SCALING:
             raise AlgorithmConfigError(
                 f"AllReduce's lr_scaling is one of {', '.join(map(repr, LR_SCALING))}. Received: "
@@ -141,9 +118,9 @@ class AllReduce(Algorithm):
             "(leave `algorithm` out: DOWNPOUR)."
         )
 
-    def cadence(self) -> Cadence:
+    def cadence(self) -> PeriodCadence:
         """The cadence's settings as the collective loop takes them."""
-        return Cadence(self.period, self.max_period, self.wire, float(self.outer_momentum))
+        return PeriodCadence(self.period, self.max_period, self.wire, float(self.outer_momentum))
 
     @property
     def periodic(self) -> bool:

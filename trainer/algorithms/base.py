@@ -1,8 +1,17 @@
-"""The contract every distributed algorithm implements.
+"""The two contracts a distributed algorithm implements, one per kind of fit.
 
-An algorithm is a small frozen dataclass holding its hyper-parameters and four
-PURE functions (lists of numpy arrays in, lists of numpy arrays out). It knows
-nothing about sockets, Keras or Spark:
+An algorithm is a small frozen dataclass holding its hyper-parameters. Every one
+(`Algorithm`) names itself, its kind of fit (``trainer.fit.kinds`` runs each), whether
+its state carries the optimizer's variables, and how it describes itself. Then:
+
+* `CollectiveAlgorithm` (``AllReduce``, ``LocalSGD``): the tasks train and average
+  among themselves on the backend's collective engine. The contract is what the
+  collective loop asks: the group's cadence (``cadence()``, a
+  ``trainer.algorithms.cadence.PeriodCadence``), the learning rate's factor at N
+  workers and the backends with a collective path. No parameter-server function.
+* `ParameterServerAlgorithm`: workers commit to the driver's server. The contract
+  is four PURE functions (lists of numpy arrays in, lists of numpy arrays out),
+  which know nothing about sockets, Keras or Spark:
 
 worker side (runs in each Spark task)
     ``worker_payload(weights, anchor)`` -> arrays to send to the server.
@@ -35,7 +44,7 @@ server side (runs in the parameter server thread of the driver)
 ``window`` is the number of minibatches between two exchanges, ``None``
 for one exchange at the end of every epoch, or ``"auto"`` (algorithms with
 ``auto_window``: DOWNPOUR, DynSGD) for a window the worker sizes from the
-measured step and exchange times (``trainer.runtime.ps_worker.cadence``). Every worker also makes one last
+measured step and exchange times (``trainer.algorithms.cadence``). Every worker also makes one last
 exchange at the end of training if batches are left since its last one.
 
 Copies. An algorithm never modifies the arrays it is given, and nobody modifies the
@@ -63,7 +72,7 @@ from typing import ClassVar, Sequence
 import numpy as np
 
 Arrays = list[np.ndarray]
-#: The window a worker sizes itself from the measured step and exchange times (``trainer.runtime.ps_worker.cadence``).
+#: The window a worker sizes itself from the measured step and exchange times (``trainer.algorithms.cadence``).
 AUTO = "auto"
 #: The kinds of fit an algorithm declares (`Algorithm.fit_kind`; ``trainer.fit.kinds`` runs each): workers committing
 #: to the driver's parameter server, or tasks averaging among themselves on the backend's collective engine.
@@ -78,29 +87,59 @@ class AlgorithmConfigError(ValueError):
 
 @dataclass(frozen=True)
 class Algorithm:
-    """Base class; see the module docstring for the contract.
-
-    Subclasses are frozen dataclasses that provide a ``window`` field or property.
-    """
-
-    window: ClassVar[int | str | None] = None
+    """What every algorithm declares, whatever its kind of fit (the module docstring)."""
 
     name: ClassVar[str] = "algorithm"
     #: The kind of fit that runs this algorithm (``trainer.fit.kinds``): `PARAMETER_SERVER` or `COLLECTIVE`.
     fit_kind: ClassVar[str] = PARAMETER_SERVER
+    #: True when the state a worker sends (and a checkpoint keeps) holds the optimizer's variables after the weights.
+    exchanges_optimizer_state: ClassVar[bool] = False
+    #: Minibatches between two exchanges with the parameter server (`ParameterServerAlgorithm`); None otherwise.
+    window: ClassVar[int | str | None] = None
+
+    def check_workers(self, num_workers: int) -> None:
+        """Raise AlgorithmConfigError if this algorithm cannot run on `num_workers`."""
+
+    def describe(self) -> str:
+        """Short human-readable name with hyper-parameters, for logs and reports."""
+        return self.name
+
+
+@dataclass(frozen=True)
+class CollectiveAlgorithm(Algorithm):
+    """The collective contract (the module docstring): what the collective loop asks of its algorithm."""
+
+    fit_kind: ClassVar[str] = COLLECTIVE
+
+    def cadence(self):
+        """How often the group exchanges and what travels (a ``trainer.algorithms.cadence.PeriodCadence``)."""
+        raise NotImplementedError
+
+    def learning_rate_factor(self, workers: int) -> float:
+        """What the compiled learning rate is multiplied by at `workers` workers."""
+        raise NotImplementedError
+
+    def check_backend(self, backend: str) -> None:
+        """Raise AlgorithmConfigError unless Keras's `backend` has a collective path for this algorithm."""
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class ParameterServerAlgorithm(Algorithm):
+    """The parameter server's contract; see the module docstring.
+
+    Subclasses are frozen dataclasses that provide a ``window`` field or property.
+    """
+
+    fit_kind: ClassVar[str] = PARAMETER_SERVER
     #: True when ``window="auto"`` is allowed (the pure functions do not depend on the window).
     auto_window: ClassVar[bool] = False
     synchronous: ClassVar[bool] = False
-    #: True when workers send optimizer variables after the model weights.
-    exchanges_optimizer_state: ClassVar[bool] = False
     #: Arrays of a payload per model weight (a top-k payload has two: indices and values).
     payload_arrays: ClassVar[int] = 1
 
     def __post_init__(self) -> None:
         check_window(self.window, allow_auto=self.auto_window)
-
-    def check_workers(self, num_workers: int) -> None:
-        """Raise AlgorithmConfigError if this algorithm cannot run on `num_workers`."""
 
     # -- worker side -------------------------------------------------------
     def worker_payload(self, weights: Sequence[np.ndarray], anchor: Sequence[np.ndarray]) -> Arrays:
@@ -138,7 +177,6 @@ class Algorithm:
         return split_dense(payload, layout)
 
     def describe(self) -> str:
-        """Short human-readable name with hyper-parameters, for logs and reports."""
         if self.window == AUTO:
             return f"{self.name}(auto window)"
         every = "epoch" if self.window is None else f"{self.window} batches"

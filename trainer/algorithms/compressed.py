@@ -25,13 +25,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from trainer.algorithms.base import Algorithm, AlgorithmConfigError
+from trainer.algorithms.base import Algorithm, AlgorithmConfigError, ParameterServerAlgorithm
 from trainer.algorithms.compression import Codec, compress_with_feedback, parse_compression
 from trainer.algorithms.delta import DeltaAlgorithm
 
 
 @dataclass(frozen=True)
-class Compressed(Algorithm):
+class Compressed(ParameterServerAlgorithm):
     """`inner` with its commits (and, with `replies`, the server's replies) encoded by `codec`;
     `error_feedback` carries what the codec dropped from a commit."""
 

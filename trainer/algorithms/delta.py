@@ -14,11 +14,11 @@ from typing import ClassVar
 
 import numpy as np
 
-from trainer.algorithms.base import Algorithm, Arrays, add, add_into, sub
+from trainer.algorithms.base import Algorithm, Arrays, ParameterServerAlgorithm, add, add_into, sub
 
 
 @dataclass(frozen=True)
-class DeltaAlgorithm(Algorithm):
+class DeltaAlgorithm(ParameterServerAlgorithm):
     """Base of the delta algorithms; subclasses set `worker_scale` and `server_scale`."""
 
     auto_window: ClassVar[bool] = True

@@ -13,7 +13,7 @@ docs/algorithms.md: 1 to 8 workers against plain Keras). Dividing the
 commits by N (averaging) or by the window (ADAG) learns N or `window` times
 less per epoch at that rate. What grows with N is staleness: a commit is
 based on a center that misses the others' last ``(N - 1) * window`` batches;
-an automatic window (``trainer.runtime.ps_worker.cadence``) is sized by time and keeps
+an automatic window (``trainer.algorithms.cadence``) is sized by time and keeps
 it within ``STALENESS_BUDGET`` batches (5: 2 workers exchange every 5
 batches at most, 4 and more every batch). A fixed long window with many
 workers diverges (>= 12 workers or window >= 15 in dist-keras' measurements).

@@ -23,7 +23,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, AlgorithmConfigError, add, sub
+from trainer.algorithms.base import AlgorithmConfigError, ParameterServerAlgorithm, add, sub
 
 
 def _check_fraction(name: str, value: float) -> None:
@@ -32,7 +32,7 @@ def _check_fraction(name: str, value: float) -> None:
 
 
 @dataclass(frozen=True)
-class EASGD(Algorithm):
+class EASGD(ParameterServerAlgorithm):
     window: int | None = 32
     beta: float = 0.9
 
@@ -63,7 +63,7 @@ class EASGD(Algorithm):
 
 
 @dataclass(frozen=True)
-class AEASGD(Algorithm):
+class AEASGD(ParameterServerAlgorithm):
     window: int | None = 32
     rho: float = 5.0
     lr: float = 0.1

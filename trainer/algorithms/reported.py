@@ -15,11 +15,11 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
-from trainer.algorithms.base import Algorithm, Arrays
+from trainer.algorithms.base import Arrays, ParameterServerAlgorithm
 
 
 @dataclass(frozen=True)
-class ReportedState(Algorithm):
+class ReportedState(ParameterServerAlgorithm):
     """The center becomes the state the one reporter sent; nothing goes back (it already holds it)."""
 
     name: ClassVar[str] = "reported state"

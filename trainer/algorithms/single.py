@@ -10,11 +10,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from trainer.algorithms.base import Algorithm, AlgorithmConfigError
+from trainer.algorithms.base import AlgorithmConfigError, ParameterServerAlgorithm
 
 
 @dataclass(frozen=True)
-class SingleWorker(Algorithm):
+class SingleWorker(ParameterServerAlgorithm):
     window: int | None = None
 
     name: ClassVar[str] = "single"

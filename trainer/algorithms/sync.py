@@ -19,11 +19,11 @@ from typing import ClassVar, Literal
 
 import numpy as np
 
-from trainer.algorithms.base import Algorithm, AlgorithmConfigError, check_window, copy_arrays
+from trainer.algorithms.base import AlgorithmConfigError, ParameterServerAlgorithm, check_window, copy_arrays
 
 
 @dataclass(frozen=True)
-class SyncAveraging(Algorithm):
+class SyncAveraging(ParameterServerAlgorithm):
     every: int | Literal["epoch"] = "epoch"
     average_optimizer_state: bool = False
 

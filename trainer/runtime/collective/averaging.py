@@ -9,15 +9,16 @@ ONE all-reduce (the group's ``all_reduce_host``: TensorFlow's collective ops,
 * `Averager` (numpy in, numpy out) sends each process's delta since the last
   average, not its weights: the deltas are small, so bfloat16 on the wire
   (``wire="bf16"``) rounds them, not the weights, and what bfloat16 dropped is
-  added to the next delta (error feedback, as the parameter server's
-  compressed commits do). With an outer momentum (``LocalSGD``'s 0.5) the
+  added to the next delta (error feedback: the parameter server's compressed
+  commits' own codec and step, ``trainer.algorithms.compression``). With an outer momentum (``LocalSGD``'s 0.5) the
   trainable weights move by a Nesterov step over the averaged deltas, the
   same in every process (the velocity is the averages', not any process's
   own); weights that are not trained (BatchNormalization's statistics) move
   by the averaged delta alone;
-* `choose_period` sizes ``H`` from measured times (``period="auto"``): the
-  smallest period that keeps one average under `OVERHEAD` of the time of the
-  steps between two, at most ``max_period``.
+* ``period="auto"`` sizes ``H`` from measured times by the formula every
+  cadence follows (``trainer.algorithms.cadence.choose_period``): the smallest
+  period that keeps one average under 5 % of the time of the steps between
+  two, at most ``max_period``.
 
 The optimizer's variables stay each process's own (local SGD's usual choice:
 Adam's moments follow the process's own gradients); process 0's are the ones
@@ -26,36 +27,21 @@ the driver checkpoints.
 
 from __future__ import annotations
 
-import math
 import time
 from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
+from trainer.algorithms.cadence import choose_period
+from trainer.algorithms.compression import BFloat16, compress_with_feedback
 from trainer.runtime.backends import read_weights, wait_for_steps
 
 if TYPE_CHECKING:
-    from trainer.algorithms.allreduce import Cadence
+    from trainer.algorithms.cadence import PeriodCadence
 
-#: Share of the time one average may take of the local steps between two (``period="auto"``).
-OVERHEAD = 0.05
 #: Steps averaged every step at the start of a fit while the step and the average are timed; the first
 #: `PROBE_SKIP` of them (compilation, first transfers) are not timed.
 PROBE_STEPS, PROBE_SKIP = 12, 3
-
-
-def choose_period(step_s: float, average_s: float, max_period: int, overhead: float = OVERHEAD) -> int:
-    """The smallest period whose average costs at most `overhead` of its steps' time, within [1, max_period]."""
-    if not (step_s > 0 and math.isfinite(step_s)) or not math.isfinite(average_s):
-        return int(max_period)
-    return int(min(max_period, max(1, math.ceil(average_s / (overhead * step_s)))))
-
-
-def to_bfloat16(values: np.ndarray) -> np.ndarray:
-    """`values` (float32) rounded to bfloat16 (ml_dtypes, which Keras and every backend install)."""
-    import ml_dtypes  # deferred: a dependency of Keras, needed only for bfloat16 on the wire
-
-    return values.astype(ml_dtypes.bfloat16)
 
 
 class Averager:
@@ -87,9 +73,10 @@ class Averager:
         (`all_reduce_sum`: an array in, the element-wise sum of every process's array out, same dtype)."""
         delta = np.asarray(weights, dtype=np.float32) - self.anchor
         if self.residual is not None:
-            delta += self.residual
-            sent = to_bfloat16(delta)
-            self.residual = delta - sent.astype(np.float32)
+            import ml_dtypes  # deferred: a dependency of Keras, the dtype the backends sum bfloat16 in
+
+            (bits,), (self.residual,) = compress_with_feedback(BFloat16(), [delta], [self.residual])
+            sent = bits.view(ml_dtypes.bfloat16)
         else:
             sent = delta
         step = np.asarray(all_reduce_sum(sent), dtype=np.float32) / self.processes
@@ -127,7 +114,7 @@ class FlatWeights:
             start += size
 
 
-def periodic_averaging(group, cadence: Cadence, record: dict):
+def periodic_averaging(group, cadence: PeriodCadence, record: dict):
     """The Keras callback that averages `group`'s replicas every `cadence.period` steps and at every epoch end,
     sizing an automatic period first (the module docstring); what it chose and measured goes into `record`."""
     import keras  # deferred: the loop's process starts its backend after joining the group

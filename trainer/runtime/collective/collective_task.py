@@ -47,7 +47,8 @@ from typing import Iterator
 import numpy as np
 import pyarrow as pa
 
-from trainer.algorithms.allreduce import LR_SCALING, Cadence
+from trainer.algorithms.allreduce import LR_SCALING
+from trainer.algorithms.cadence import PeriodCadence
 from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.collective.group import gpu_identities, shares_gpu
 from trainer.runtime.collective.loop import JOB_FILE, RECORD_FILE, STDERR_FILE, CollectiveJob
@@ -69,7 +70,8 @@ class CollectiveConfig(TaskConfig):
     model: ModelSource | PickledSource  # PickledSource from a fit: its task never unpickles the builder
     ps_port: int
     lr_scaling: str = "linear"  # the algorithm's: the compiled rate times LR_SCALING[lr_scaling](workers)
-    cadence: Cadence = Cadence()  # the algorithm's: period 1 all-reduces every step's gradients, else averages
+    # the algorithm's: period 1 all-reduces every step's gradients, else averages
+    cadence: PeriodCadence = PeriodCadence()
 
 
 class CollectiveProcessError(RuntimeError):

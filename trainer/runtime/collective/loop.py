@@ -59,7 +59,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.algorithms.allreduce import Cadence
+from trainer.algorithms.cadence import PeriodCadence
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.backends import DEFAULT_BACKEND, current_backend
 from trainer.runtime.collective.averaging import periodic_averaging
@@ -97,7 +97,8 @@ class CollectiveJob:
     env: dict[str, str] = field(default_factory=dict)
     validation_batch_size: int = 256
     lr_factor: float = 1.0  # the compiled learning rate times this, for the global batch (the algorithm's lr_scaling)
-    cadence: Cadence = Cadence()  # period 1: the gradients all-reduced every step; else local steps, averaged
+    # period 1: the gradients all-reduced every step; else local steps, averaged
+    cadence: PeriodCadence = PeriodCadence()
     parent_pid: int | None = None  # the task's process: this one ends when it is gone
     record: dict[str, Any] = field(default_factory=dict)  # the task's part of the record
 

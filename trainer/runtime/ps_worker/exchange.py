@@ -7,7 +7,7 @@ it into Keras's ``Callback`` (Keras loads only then) as the
 ``ParameterServerSync`` callback that the
 task loop (``trainer.runtime.ps_worker.worker_task``) and ``make bench-gpu``
 (``benchmarks/bench_gpu.py``) run inside plain ``model.fit``. When to exchange is
-the algorithm's window, counted by a `trainer.runtime.ps_worker.cadence.Cadence` (a fixed
+the algorithm's window, counted by a `trainer.algorithms.cadence.WindowCadence` (a fixed
 number of batches, once per epoch, or ``"auto"``: sized from the measured
 step and exchange times). Each exchange first waits for the steps a backend
 with asynchronous dispatch still has queued (``trainer.runtime.backends``),
@@ -28,10 +28,10 @@ from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 
-from trainer.algorithms import Algorithm
+from trainer.algorithms import ParameterServerAlgorithm
 from trainer.algorithms.delta import fold_late, overlappable
 from trainer.runtime.backends import wait_for_steps
-from trainer.runtime.ps_worker.cadence import Cadence
+from trainer.algorithms.cadence import WindowCadence
 from trainer.runtime.inference import validation_logs
 from trainer.runtime.state import load_state, model_state
 
@@ -44,7 +44,7 @@ class WorkerExchange:
     `finish`.
     """
 
-    def __init__(self, client, algorithm: Algorithm, worker: int, record: dict, budget: int | None,
+    def __init__(self, client, algorithm: ParameterServerAlgorithm, worker: int, record: dict, budget: int | None,
                  validation: tuple | None = None, validation_batch_size: int = 256, overlap: bool = False,
                  epoch_batches: int | None = None, workers: int = 1) -> None:
         super().__init__()  # keras.callbacks.Callback's, in the class make_sync_callback builds
@@ -66,7 +66,7 @@ class WorkerExchange:
         # the server cannot see (COMMIT meta "unseen", trainer.ps.commits).
         self.seen_version = self.base_version = 0
         self.sender = ThreadPoolExecutor(1, thread_name_prefix="ps-commit") if self.overlap else None
-        self.cadence = Cadence(algorithm.window, epoch_batches or budget, workers)
+        self.cadence = WindowCadence(algorithm.window, epoch_batches or budget, workers)
         # Training time and batches since the last exchange (or the start of this fit call): an
         # automatic window is sized from them.
         self.clock = time.perf_counter()
@@ -254,7 +254,7 @@ class WorkerExchange:
         self.check_epoch_over(reply_meta)
 
 
-def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, budget: int | None,
+def make_sync_callback(client, algorithm: ParameterServerAlgorithm, worker: int, record: dict, budget: int | None,
                        validation: tuple | None = None, validation_batch_size: int = 256, overlap: bool = False,
                        epoch_batches: int | None = None, workers: int = 1):
     """Build the Keras callback (imported lazily: keras must load after configure_process).
@@ -262,7 +262,7 @@ def make_sync_callback(client, algorithm: Algorithm, worker: int, record: dict, 
     `budget` is the number of minibatches in one epoch over all workers when
     the workers share each epoch (asynchronous algorithms with a window), else None;
     `epoch_batches` the same whether shared or not, and `workers` how many
-    train together (they bound an automatic window, `trainer.runtime.ps_worker.cadence`);
+    train together (they bound an automatic window, `trainer.algorithms.cadence`);
     `validation` is this worker's (x, y) validation rows, or None. With
     `overlap` (delta algorithms with a window only) a commit's round trip runs on a
     thread of its own while the next window trains; its reply is folded in at

@@ -44,7 +44,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from trainer.algorithms import Algorithm
+from trainer.algorithms import ParameterServerAlgorithm
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
@@ -63,7 +63,7 @@ class WorkerConfig(TaskConfig):
     """Everything a parameter-server worker task needs (`TaskConfig` and the algorithm, the server's ports)."""
 
     model: ModelSource
-    algorithm: Algorithm
+    algorithm: ParameterServerAlgorithm
     ps_ports: tuple[int, ...]  # one per shard of the parameter server, shard 0 first
     share_epochs: bool = True
     overlap: bool = False  # commit in the background, fold the reply a window later (delta algorithms)
