@@ -8,8 +8,8 @@ this process should use the ``spark`` fixture rather than build its own session.
 Driver programs that the tests start in processes of their own (the jobs, the
 fault drivers, Spark Connect servers, the GPU and custom-object scripts) run
 against ``drivers_cluster``, a second cluster shared by the whole session,
-instead of a cluster each: starting one costs 65-125 CPU seconds on this
-project's 2-core machine. It cannot be the ``spark`` fixture's cluster: that
+instead of a cluster each (its daemons, and the wait for them, once). It cannot
+be the ``spark`` fixture's cluster: that
 session holds all of its cores, and an application on a standalone master gets
 no executor until another one frees its cores. Its drivers run one after the
 other; a test that kills one of its workers is marked ``kills_a_worker`` and runs

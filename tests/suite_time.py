@@ -94,32 +94,28 @@ def slowest_table(tests: list[Span], count: int) -> list[str]:
     return lines
 
 
+def _summed(spans: list[Span], key) -> list[tuple[object, float, int]]:
+    """``(key, seconds, count)`` of `spans` grouped by ``key(span)``, largest first."""
+    total: dict = collections.defaultdict(float)
+    count: collections.Counter = collections.Counter()
+    for span in spans:
+        total[key(span)] += span.seconds
+        count[key(span)] += 1
+    return [(k, seconds, count[k]) for k, seconds in sorted(total.items(), key=lambda kv: -kv[1])]
+
+
 def by_file_table(tests: list[Span]) -> list[str]:
     """Minutes by test file, over every stream, largest first."""
-    total = collections.defaultdict(float)
-    count = collections.Counter()
-    for t in tests:
-        path = t.name.split("::")[0]
-        total[path] += t.seconds
-        count[path] += 1
-    lines = ["| minutes | tests | file |", "|---:|---:|---|"]
-    for path, seconds in sorted(total.items(), key=lambda kv: -kv[1]):
-        lines.append(f"| {minutes(seconds)} | {count[path]} | `{path}` |")
-    return lines
+    return ["| minutes | tests | file |", "|---:|---:|---|"] + [
+        f"| {minutes(seconds)} | {count} | `{path}` |"
+        for path, seconds, count in _summed(tests, lambda t: t.name.split("::")[0])]
 
 
 def by_fixture_table(fixtures: list[Span]) -> list[str]:
     """Seconds of each module- or session-scoped fixture's set-ups, summed over the streams that made it."""
-    total = collections.defaultdict(float)
-    count = collections.Counter()
-    for f in fixtures:
-        total[(f.name, f.detail)] += f.seconds
-        count[(f.name, f.detail)] += 1
-    lines = ["| seconds | set-ups | fixture (scope) |", "|---:|---:|---|"]
-    for (name, scope), seconds in sorted(total.items(), key=lambda kv: -kv[1]):
-        if seconds >= 1:
-            lines.append(f"| {seconds:.0f} | {count[(name, scope)]} | `{name}` ({scope}) |")
-    return lines
+    return ["| seconds | set-ups | fixture (scope) |", "|---:|---:|---|"] + [
+        f"| {seconds:.0f} | {count} | `{name}` ({scope}) |"
+        for (name, scope), seconds, count in _summed(fixtures, lambda f: (f.name, f.detail)) if seconds >= 1]
 
 
 def budget_line(streams: list[Span], name: str, budget_minutes: float) -> str:

@@ -57,6 +57,8 @@ COLLECTIVE_BACKENDS = ("jax", "tensorflow", "torch")
 LR_SCALING = {"linear": float, "sqrt": math.sqrt, "none": lambda workers: 1.0}
 #: How the averaged weights travel: as float32, or as bfloat16 with the rounding kept for the next average.
 WIRES = ("fp32", "bf16")
+
+
 @dataclass(frozen=True)
 class AllReduce(CollectiveAlgorithm):
     """Per-step gradient all-reduce over all workers: plain Keras on the global batch (``num_workers * batch_size``).

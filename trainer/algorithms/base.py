@@ -71,6 +71,8 @@ from typing import ClassVar, Sequence
 
 import numpy as np
 
+from trainer.algorithms.cadence import PeriodCadence
+
 Arrays = list[np.ndarray]
 #: The window a worker sizes itself from the measured step and exchange times (``trainer.algorithms.cadence``).
 AUTO = "auto"
@@ -111,8 +113,8 @@ class CollectiveAlgorithm(Algorithm):
 
     fit_kind: ClassVar[str] = COLLECTIVE
 
-    def cadence(self):
-        """How often the group exchanges and what travels (a ``trainer.algorithms.cadence.PeriodCadence``)."""
+    def cadence(self) -> PeriodCadence:
+        """How often the group exchanges and what travels."""
         raise NotImplementedError
 
     def learning_rate_factor(self, workers: int) -> float:

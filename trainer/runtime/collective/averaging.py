@@ -10,8 +10,9 @@ ONE all-reduce (the group's ``all_reduce_host``: TensorFlow's collective ops,
   average, not its weights: the deltas are small, so bfloat16 on the wire
   (``wire="bf16"``) rounds them, not the weights, and what bfloat16 dropped is
   added to the next delta (error feedback: the parameter server's compressed
-  commits' own codec and step, ``trainer.algorithms.compression``). With an outer momentum (``LocalSGD``'s 0.5) the
-  trainable weights move by a Nesterov step over the averaged deltas, the
+  commits' own codec and step, ``trainer.algorithms.compression``). With an
+  outer momentum (``LocalSGD``'s 0.5) the trainable weights move by a
+  Nesterov step over the averaged deltas, the
   same in every process (the velocity is the averages', not any process's
   own); weights that are not trained (BatchNormalization's statistics) move
   by the averaged delta alone;
