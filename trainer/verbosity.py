@@ -15,12 +15,15 @@ Environment variables must be set before TensorFlow starts, so importing
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
+import select
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from typing import Iterator
 
@@ -158,13 +161,47 @@ def quiet_child_stderr(drop: tuple[bytes, ...] = JVM_NOISE) -> Iterator[None]:
     os.dup2(write_end, 2)
     os.close(write_end)
     # Named apart from the "trainer-" threads of a fit: it lives as long as the JVM, not one fit.
-    threading.Thread(target=_pump, args=(read_end, target, drop), name="jvm-stderr-filter", daemon=True).start()
+    pump = threading.Thread(target=_pump, args=(read_end, target, drop), name="jvm-stderr-filter", daemon=True)
+    pump.start()
+    if not _PUMPS:
+        atexit.register(_drain_pumps)
+    _PUMPS.append((pump, read_end))
     try:
         yield
     finally:
         sys.stderr.flush()
         os.dup2(saved, 2)  # this process writes to the terminal again; children keep the filter
         os.close(saved)
+
+
+#: The filters started in this process and the pipes they read, drained at its exit (`_drain_pumps`).
+_PUMPS: list[tuple[threading.Thread, int]] = []
+#: The longest an exiting process waits for its filters to pass on what their pipes still hold.
+DRAIN_S = 2.0
+
+
+def _drain_pumps() -> None:
+    """At exit, let each filter pass on what its children wrote: a daemon thread dies with the interpreter, and a
+    busy machine had not yet scheduled it when a child's last line arrived (the line was lost). Where every child
+    has exited the filter ends by itself once it has passed the rest on; where one still runs (the JVM) and its
+    pipe is empty, the exit does not wait for it."""
+    deadline = time.monotonic() + DRAIN_S
+    for pump, read_end in _PUMPS:
+        while pump.is_alive() and time.monotonic() < deadline:
+            events = _pipe_events(read_end)
+            if events & (select.POLLHUP | select.POLLNVAL):  # no writer left: the filter is passing on the rest
+                pump.join(max(0.0, deadline - time.monotonic()))
+            elif not events & select.POLLIN:  # a writer still runs and has said everything it wrote
+                break
+            time.sleep(0.01)
+        pump.join(0.02)  # a last chunk read, being written
+
+
+def _pipe_events(fd: int) -> int:
+    """The poll events of the pipe `fd` now (POLLIN: bytes to read; POLLHUP: no writer left)."""
+    poller = select.poll()
+    poller.register(fd, select.POLLIN)
+    return dict(poller.poll(0)).get(fd, 0)
 
 
 def _pump(read_end: int, target: int, drop: tuple[bytes, ...]) -> None:
