@@ -349,38 +349,6 @@ def test_an_application_without_the_spark_secret_cannot_register(lab):
         assert f"intruder-{case}" not in registered, f"{case}: the master registered it: {registered}"
 
 
-SPARK_FROM_JUPYTER = textwrap.dedent(
-    """
-    import json, os, socket, sys
-    import pyspark
-    from trainer.spark.session import spark_session, wait_for_executors
-    spark = spark_session(os.environ["SPARK_MASTER_URL"], app_name="lab-smoke", cores_per_worker=1)
-    wait_for_executors(spark, {workers}, timeout=120)
-    def probe(_):
-        import socket, sys, pyspark
-        yield (socket.gethostname(), sys.version, pyspark.__version__, sys.executable)
-    rows = spark.sparkContext.parallelize(range({workers}), {workers}).barrier().mapPartitions(probe).collect()
-    print(json.dumps({{"driver": [socket.gethostname(), sys.version, pyspark.__version__, sys.executable],
-                      "conf": spark.conf.get("spark.driver.host"), "executors": rows}}))
-    spark.stop()
-    """
-)
-
-
-def test_jupyter_driver_reaches_every_worker_with_the_same_versions(lab):
-    """A barrier stage needs all executors at once: the driver is reachable from every worker."""
-    proc = lab.exec("jupyter", "python", "-c", SPARK_FROM_JUPYTER.format(workers=LAB_WORKERS), timeout=300)
-    result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["conf"] == "jupyter", "spark.driver.host must be the jupyter service name"
-    executors = result["executors"]
-    assert len({e[0] for e in executors}) == LAB_WORKERS, f"expected one task per worker, got {executors}"
-    driver = result["driver"]
-    for host, version, spark_version, python in executors:
-        assert (version, spark_version, python) == tuple(driver[1:]), (
-            f"executor on {host} differs from the driver: {version} {spark_version} {python} vs {driver}"
-        )
-
-
 NOTEBOOK_RUNNER = textwrap.dedent(
     """
     import nbformat, re, sys
@@ -400,6 +368,10 @@ NOTEBOOK_RUNNER = textwrap.dedent(
 
 
 def test_example_notebook_runs_against_the_cluster(lab):
+    """The lab's notebook in its Jupyter, against the lab's master: its fits' barrier stages take a task on every
+    worker container, so the Jupyter driver (``spark.driver.host=jupyter``) is reachable from each, and their Python
+    workers run the image's Python and PySpark as the driver does (PySpark refuses a worker whose Python version differs);
+    the run and its model land on the lab's MLflow server."""
     out = "/results/notebooks/train_on_cluster.out.ipynb"
     lab.exec("jupyter", "mkdir", "-p", "/results/notebooks")
     proc = lab.exec(
