@@ -138,7 +138,8 @@ def test_heavy_tests_are_found_by_marks_and_by_the_fixtures_they_need():
     heavy = heavy_tests()
     assert heavy["tests/test_trainer.py::test_algorithm_trains_digits"] == {"spark"}  # digits -> spark
     assert "backend" in heavy["tests/test_backends.py::test_fit_resume_transform_evaluate_and_save_under_this_backend"]
-    assert heavy["tests/test_allreduce.py::test_collective_processes_without_spark_take_plain_keras_steps"] == {"backend"}
+    exactness = "tests/test_allreduce.py::test_collective_processes_without_spark_take_plain_keras_steps"
+    assert heavy[exactness] == {"backend"}  # by a mark on one of its parameters
     assert "tests/test_algorithms.py::test_downpour_worker_sends_sum_of_gradient_steps" not in heavy
 
 

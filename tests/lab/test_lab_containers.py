@@ -369,9 +369,9 @@ NOTEBOOK_RUNNER = textwrap.dedent(
 
 def test_example_notebook_runs_against_the_cluster(lab):
     """The lab's notebook in its Jupyter, against the lab's master: its fits' barrier stages take a task on every
-    worker container, so the Jupyter driver (``spark.driver.host=jupyter``) is reachable from each, and their Python
-    workers run the image's Python and PySpark as the driver does (PySpark refuses a worker whose Python version differs);
-    the run and its model land on the lab's MLflow server."""
+    worker container, so the Jupyter driver (``spark.driver.host=jupyter``) is reachable from each, and their
+    Python workers run the image's Python and PySpark as the driver does (PySpark refuses a worker whose Python
+    version differs); the run and its model land on the lab's MLflow server."""
     out = "/results/notebooks/train_on_cluster.out.ipynb"
     lab.exec("jupyter", "mkdir", "-p", "/results/notebooks")
     proc = lab.exec(
