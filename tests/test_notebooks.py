@@ -38,6 +38,7 @@ def with_parameters(notebook, **values):
 
 
 @pytest.mark.timeout(600)
+@pytest.mark.in_the_lab_too  # tests/lab/test_lab_containers.py runs the same notebook in the lab's Jupyter
 def test_the_lab_notebook_runs_on_a_cluster(drivers_cluster, tmp_path, monkeypatch):
     nbformat = pytest.importorskip("nbformat")
     nbclient = pytest.importorskip("nbclient")
