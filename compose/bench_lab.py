@@ -86,6 +86,9 @@ def words(text: str) -> list[str]:
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="results/lab/bench-lab", help="results folder (default %(default)s)")
+    parser.add_argument("--publish", metavar="DIR", default=None,
+                        help="also write DIR/bench-lab.json, the results file the docs quote (the Makefile passes "
+                             "docs/results; PUBLISH= leaves it out)")
     parser.add_argument("--project", default="trainer-lab",
                         help="the lab's compose project, for its containers (default %(default)s; make passes "
                              "LAB_PROJECT)")
@@ -396,6 +399,15 @@ def main(argv: list[str] | None = None) -> int:
             return 0
     print(report(out, args))
     print(f"written: {out / 'bench-lab.csv'}, {out / 'bench-lab.md'}")
+    if not args.tables_only and not args.dry_run:
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs" / "support"))
+        from published import publish  # the standard library only: the host's Python runs this command
+
+        records = read_journal(out)
+        rows = run_rows(out, records)
+        publish(args.publish, "bench-lab", {"keras": [{"job": job, "model": model, **k} for (job, model), k in
+                                                      keras_reference(out, records).items()],
+                                            "means": summary_rows(rows), "runs": rows})
     failed = [r for r in read_journal(out) if r["status"] != 0]
     return 1 if failed and len(failed) == len(read_journal(out)) else 0
 

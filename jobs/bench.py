@@ -62,6 +62,7 @@ from pathlib import Path
 from typing import Any
 
 from trainer_jobs.support.cli import add_verbose_arg, start_logging
+from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table, metric_pivot, run_metadata
 from trainer_jobs.support.scaling import step_breakdown_table
 from trainer_jobs.support.target import TARGET_COLUMNS, target_table
@@ -311,6 +312,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                                  "(with '=': the string starts with a dash); the workers and the output folder are "
                                  "the benchmark's")
     parser.add_argument("--dry-run", action="store_true", help="print the job commands and exit")
+    add_publish_arg(parser, "bench (--quick: bench-quick)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
     if args.skip_mnist and args.skip_forecast:
@@ -370,7 +372,15 @@ def main(argv: list[str] | None = None) -> int:
     if failed:
         log.error("failed: %s (see %s)", ", ".join(failed), path)
         return 1
+    published = publish(args.publish, "bench-quick" if args.quick else "bench",
+                        {_step_key(step): _load_rows(step)[1] for step, _, _ in results})
+    if published is not None:
+        print(f"results file: {published}")
     return 0
+
+
+def _step_key(step: Step) -> str:
+    return step.job + (f" {step.label}" if step.label else "")
 
 
 if __name__ == "__main__":

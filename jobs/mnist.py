@@ -14,7 +14,22 @@ time until the center first reaches --target-accuracy (99.0 % by default) on
 the test set at an epoch end, with the epochs and sequential steps it took
 (``trainer_jobs.support.target``). --max-epochs lets the runs train past
 --epochs (at the schedule's final rate) when they need more epochs to get
-there; ``metric_value`` stays the accuracy after --epochs.
+there; ``metric_value`` stays the accuracy after --epochs. A run's line names
+the target only when the run reached it, or when --max-epochs gave it epochs
+past --epochs to chase it: a short run such as ``make demo``'s (12,000 images,
+2 epochs: about 0.96) cannot reach 99 %, and a line saying so on every row
+tells nothing.
+
+Against plain Keras: after the tables, a line per worker count says whether
+its test accuracy reaches plain Keras's, that is ends at most
+`verdict_tolerance` below it. The tolerance allows for the run-to-run spread
+of one fit of this job measured near the run's size, so that a normal run
+does not flip between "reaches" and "not yet": 0.01 on part of MNIST (--limit;
+docs/lab.md, 6,000 images, 2 epochs: plain Keras 0.949-0.962 over 3 runs;
+docs/security.md, 12,000 images, 3 epochs: 2 workers 0.964-0.971 over 10
+runs), 0.005 on all 60,000 images (docs/algorithms.md, 2 epochs: plain Keras
+0.9849-0.9895 over 5 seeds). A first line states the tolerance and that
+spread; the plot shades plain Keras's accuracy ± the tolerance.
 
 Repeated runs: an asynchronous algorithm's result is a property of the run (how
 the workers' commits interleave) as much as of the seed, so one good run
@@ -67,6 +82,15 @@ from trainer_jobs.support.target import EpochSnapshots, score_epochs, time_to_ta
 from trainer_jobs.support.mlflow_results import add_mlflow_arg, log_results
 
 TARGET_ACCURACY = 0.99
+MNIST_TRAINING_ROWS = 60_000
+
+
+def verdict_tolerance(rows: int) -> tuple[float, str]:
+    """How far below plain Keras's test accuracy a worker count may end and still reach it, for a run on `rows`
+    training images, and the measured run-to-run spread of one fit that it allows for (module docstring)."""
+    if rows < MNIST_TRAINING_ROWS:
+        return 0.01, "one fit of 6,000-12,000 images moves 0.007-0.013 between runs"
+    return 0.005, "one fit of all 60,000 images moves about 0.005 between runs"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -156,13 +180,19 @@ def _distributed_run(args, builder, n: int, seed: int, train, test, x_scored, y_
                      epochs_trained=len(fitted.history.epochs), final_metric_value=accuracy,
                      target=args.target_accuracy, metric_by_epoch=[scores[e] for e in sorted(scores)],
                      **reached, **({"side_by_side_samples_per_s": side_by_side} if side_by_side else {}))
-    ttt = reached["time_to_target_s"]
     print(f"{n} worker(s){_seeded(args, seed)}: {row['epoch_time_s']:.1f} s/epoch, test accuracy {at_epochs:.4f}, "
           f"{fitted.history.num_updates} updates, data delivery "
-          f"{fitted.history.timings['data_delivery_s']:.1f} s, {args.target_accuracy:.3f} "
-          + (f"reached in {ttt:.1f} s (epoch {reached['target_epochs']})" if ttt is not None
-             else f"not reached in {len(fitted.history.epochs)} epochs"), flush=True)
+          f"{fitted.history.timings['data_delivery_s']:.1f} s" + _target_note(args, reached, fitted), flush=True)
     return row
+
+
+def _target_note(args: argparse.Namespace, reached: dict, fitted) -> str:
+    """The run line's time to --target-accuracy: when reached, or when --max-epochs let the run chase it."""
+    if (ttt := reached["time_to_target_s"]) is not None:
+        return f", {args.target_accuracy:.3f} reached in {ttt:.1f} s (epoch {reached['target_epochs']})"
+    if args.max_epochs > args.epochs:
+        return f", {args.target_accuracy:.3f} not reached in {len(fitted.history.epochs)} epochs"
+    return ""
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -207,7 +237,8 @@ def main(argv: list[str] | None = None) -> int:
         log_results('mnist', args, rows)
     out = Path(args.out)
     paths = write_results(rows, out, "mnist", metadata={"job": "mnist", **vars(args), "data_files": data_files})
-    plot_speedup(rows, out / "mnist.png", "accuracy", title="MNIST CNN")
+    tolerance, spread = verdict_tolerance(len(x_train))
+    plot_speedup(rows, out / "mnist.png", "accuracy", title="MNIST CNN", tolerance=tolerance)
     print(markdown_table(rows, ["mode", "workers", "algorithm", "epoch_time_s", "speedup", "efficiency",
                                 "throughput_vs_keras", "throughput_vs_side_by_side", "metric_value",
                                 "time_to_target_s", "target_speedup", "target_epochs", "target_steps", "updates",
@@ -216,7 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         print(metric_pivot(rows, "Accuracy"))
     if breakdown := step_breakdown_table(rows):
         print(breakdown)
-    for line in against_plain_keras(rows, "test accuracy", higher_is_better=True, tolerance=0.005,
+    for line in against_plain_keras(rows, "test accuracy", higher_is_better=True, tolerance=tolerance, spread=spread,
                                     advice="train more epochs (--epochs) or with more rows (--limit)"):
         print(line)
     print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'mnist.png'}")

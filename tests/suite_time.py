@@ -8,6 +8,7 @@ start and end: conftest) and ``fixtures.tsv`` (each module- or session-scoped fi
     python tests/suite_time.py                          # the streams, the 25 slowest tests
     python tests/suite_time.py --by-file --by-fixture   # and the minutes by test file and by fixture
     python tests/suite_time.py --budget "make test=18"  # and that stream's time against its budget
+    python tests/suite_time.py --publish docs/results   # add this run to docs/results/suite-time.json
 
 The budget line is a report, not a check: the suite's time depends on the machine (docs/testing.md).
 """
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -144,6 +146,23 @@ def report(artifacts: Path, slowest: int = 25, files: bool = False, fixtures: bo
     return "\n".join(parts)
 
 
+def run_record(artifacts: Path) -> dict:
+    """One run's figures for docs/results/suite-time.json: each stream's minutes, tests and exit status."""
+    streams, tests = read_streams(artifacts), read_tests(artifacts)
+    counts = collections.Counter(t.stream for t in tests)
+    return {s.name: {"minutes": round(s.seconds / 60, 1), "tests": counts.get(s.name, 0), "exit": s.detail}
+            for s in streams}
+
+
+def publish_run(directory: Path, artifacts: Path, keep: int = 10) -> Path:
+    """Add this run to ``directory/suite-time.json`` (its last `keep` runs; the pages quote their range)."""
+    from trainer_jobs.support.published import publish
+
+    path = directory / "suite-time.json"
+    runs = json.loads(path.read_text())["figures"]["runs"] if path.is_file() else []
+    return publish(directory, "suite-time", {"runs": [*runs, run_record(artifacts)][-keep:]})
+
+
 def parse_budget(text: str) -> tuple[str, float]:
     name, _, limit = text.rpartition("=")
     if not name:
@@ -159,8 +178,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--by-fixture", action="store_true")
     parser.add_argument("--budget", type=parse_budget, action="append", default=[],
                         help="STREAM=MINUTES: print that stream's time against its budget")
+    parser.add_argument("--publish", type=Path, default=None, metavar="DIR",
+                        help="add this run's streams to DIR/suite-time.json, the results file the docs quote")
     args = parser.parse_args(argv)
     print(report(args.artifacts, args.slowest, args.by_file, args.by_fixture, dict(args.budget)))
+    if args.publish is not None:
+        print(f"results file: {publish_run(args.publish, args.artifacts)}")
     return 0
 
 

@@ -108,7 +108,8 @@ def test_doc_anchors_named_in_the_code_exist():
 
 
 def test_benchmarks_page_stays_short():
-    lines = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()
+    lines = [line for line in (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8").splitlines()
+             if not line.startswith("<!-- ")]  # the results blocks' markers (tests/test_docs_results.py) are not text
     assert len(lines) <= BENCHMARKS_MAX_LINES, (
         f"docs/benchmarks.md should hold today's numbers in at most {BENCHMARKS_MAX_LINES} lines. "
         f"Received: {len(lines)} lines. Move the older runs to docs/benchmarks-history.md.")

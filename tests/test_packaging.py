@@ -120,3 +120,18 @@ def test_installed_versions_pass_their_floors():
     with pytest.raises(ValueError, match="Expected a version"):
         versions.parse("latest")
 
+
+
+def test_make_dist_builds_in_a_build_only_venv_not_the_one_with_every_extra():
+    import re
+
+    makefile = (REPO / "Makefile").read_text()
+    (target,) = re.findall(r"^dist:(?! BUILD_VENV)(.*)$", makefile, re.MULTILINE)
+    assert "venv" not in target.split("##")[0], "make dist must not install the backends (venv's EXTRAS)"
+    recipe = makefile.split("\ndist: ##", 1)[1].split("\n\n", 1)[0]
+    (install,) = [line for line in recipe.splitlines() if " install " in line]
+    installed = {canonicalize_name(word) for word in install.split("-c $(CONSTRAINTS)")[1].split()}
+    build_system = tomllib.loads((REPO / "pyproject.toml").read_text())["build-system"]["requires"]
+    assert installed == {"build"} | {canonicalize_name(Requirement(r).name) for r in build_system}
+    assert installed <= set(_pins(REPO / "constraints.txt")), "each build tool installs at its pin"
+    assert "-m build --no-isolation" in recipe  # with those pins, not an isolated env of unpinned ones

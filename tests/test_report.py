@@ -206,3 +206,41 @@ def test_each_worker_count_is_told_whether_it_reaches_plain_keras_and_what_to_ch
                  {"model": "gru", "workers": 2, "mode": "distributed", "metric_value": 3.2}]
     assert "reaches" in against_plain_keras(mape_rows, "MAPE", higher_is_better=False, tolerance=0.3, advice="x")[0]
     assert against_plain_keras(rows[2:], "accuracy", higher_is_better=True, tolerance=0.005, advice="x") == []
+
+
+def test_the_mnist_verdict_states_its_tolerance_and_allows_for_the_run_to_run_spread():
+    import importlib
+
+    mnist = importlib.import_module("trainer_jobs.mnist")
+    tolerance, spread = mnist.verdict_tolerance(12_000)  # make demo's size
+    assert (tolerance, mnist.verdict_tolerance(60_000)[0]) == (0.01, 0.005)
+    plain = [{"model": "cnn", "mode": "plain keras (1 thread)", "workers": 0, "metric_value": 0.967}]
+
+    def verdict(accuracy: float) -> list[str]:
+        two = {"model": "cnn", "mode": "distributed", "workers": 2, "metric_value": accuracy}
+        return against_plain_keras(plain + [two], "test accuracy", higher_is_better=True, tolerance=tolerance,
+                                   advice="train more epochs", spread=spread)
+
+    rule = ("Reaching plain Keras's test accuracy: within 0.01 of it (one fit of 6,000-12,000 images moves "
+            "0.007-0.013 between runs).")
+    for accuracy in (0.961, 0.962, 0.9645):  # demo runs of the same code, which flipped at a tolerance of 0.005
+        assert verdict(accuracy) == [rule, f"cnn, 2 workers: test accuracy {accuracy:.4g}, plain Keras 0.967: "
+                                           "reaches plain Keras's."]
+    first, behind = verdict(0.95)
+    assert first == rule and behind.endswith("train more epochs.")
+    assert behind.startswith("cnn, 2 workers: test accuracy 0.95, plain Keras 0.967: not yet, 0.017 behind. Each of")
+    assert against_plain_keras(plain, "test accuracy", higher_is_better=True, tolerance=tolerance, advice="x",
+                               spread=spread) == []  # no worker count: no rule either
+
+
+def test_the_plot_shades_plain_keras_s_tolerance_band_and_spans_at_least_that_band():
+    rows = [{"model": "cnn", "mode": "plain keras (1 thread)", "workers": 0, "metric_name": "accuracy",
+             "metric_value": 0.967, "time_s": 60.0}]
+    rows += [{"model": "cnn", "mode": "distributed", "workers": n, "metric_name": "accuracy", "metric_value": v,
+              "time_s": 60.0 / n} for n, v in ((1, 0.9665), (2, 0.962))]
+    _, plain_only = speedup_figure(rows, "accuracy").axes
+    assert plain_only.get_legend_handles_labels()[1] == ["cnn", "plain Keras"]  # no band without a tolerance
+    _, metric = speedup_figure(rows, "accuracy", tolerance=0.01).axes
+    assert metric.get_legend_handles_labels()[1] == ["cnn", "plain Keras", "plain Keras ± 0.01 (run-to-run spread)"]
+    low, high = metric.get_ylim()
+    assert low <= 0.957 and high >= 0.977  # not zoomed on the half point between the runs

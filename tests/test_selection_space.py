@@ -365,3 +365,14 @@ def test_hyperband_brackets():
     assert all(not hb.should_continue(cid) for cid in d.stopped)
     assert hb.budget(hb.brackets[3].configs()[0].id) == 27
     assert len(hb.active()) == 49 - 18
+
+
+@pytest.mark.parametrize("value", [[1e-3, 1e-2], (32, 64)])
+def test_a_plain_list_in_a_grid_is_refused_with_both_fixes(value):
+    """scikit-learn's ParameterGrid reads a list as values to try; passed on as a constant it would reach Keras as one
+    value: the grid refuses it when the search is made, before any cluster work, naming both fixes."""
+    with pytest.raises(SearchSpaceError, match=r"plain (list|tuple)") as info:
+        GridSearch({"units": choice([32]), "lr": value}, epochs=1)
+    assert f"choice({list(value)!r})" in str(info.value) and f"choice([{value!r}])" in str(info.value)
+    assert [p["lr"] for p in grid({"lr": choice(list(value))})] == list(value)
+    assert grid({"layers": choice([value])}) == [{"layers": value}]  # the list itself, as one constant

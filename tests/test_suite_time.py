@@ -3,6 +3,7 @@ files as make test and .ci/run write them."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -61,3 +62,13 @@ def test_timed_sh_records_a_stream_with_its_status_and_names_it_for_the_tests(tm
     streams = suite_time.read_streams(tmp_path / "test-artifacts")
     assert [(s.name, s.detail) for s in streams] == [("probe", "3"), ("make test", "0")]
     assert streams[1].start == 100.5 and streams[1].end > streams[0].start
+
+
+def test_a_published_run_joins_the_last_ones(tmp_path):
+    _write(tmp_path / "artifacts")
+    for _ in range(3):
+        path = suite_time.publish_run(tmp_path / "results", tmp_path / "artifacts", keep=2)
+    runs = json.loads(path.read_text())["figures"]["runs"]
+    assert len(runs) == 2
+    assert runs[-1]["make test"] == {"minutes": 18.0, "tests": 0, "exit": "0"}
+    assert runs[-1]["main"]["tests"] == 2

@@ -88,3 +88,18 @@ def test_snapshots_are_scored_with_the_model_s_weights_only():
         snapshots(epoch, [np.full(2, float(epoch)), np.ones(5)], at=0.0)  # a model weight, then optimizer state
     model = SimpleNamespace(weights=[None], set_weights=lambda w: setattr(model, "w", w))
     assert score_epochs(snapshots, model, lambda m: float(m.w[0][0]) / 10) == {0: 0.0, 1: 0.1, 2: 0.2}
+
+
+def test_the_mnist_job_names_its_target_only_when_reached_or_chased():
+    import importlib
+
+    mnist = importlib.import_module("trainer_jobs.mnist")
+    missing = {"time_to_target_s": None, "target_epochs": None, "target_steps": None}
+    fitted = SimpleNamespace(history=SimpleNamespace(epochs=[{}] * 2))
+    demo = mnist.parse_args(["--workers", "1,2", "--epochs", "2", "--limit", "12000"])  # make demo's arguments
+    assert mnist._target_note(demo, missing, fitted) == ""  # 99 % is out of reach there: no line that always fails
+    reached = {"time_to_target_s": 31.04, "target_epochs": 2, "target_steps": 375.0}
+    assert mnist._target_note(demo, reached, fitted) == ", 0.990 reached in 31.0 s (epoch 2)"
+    chased = mnist.parse_args(["--epochs", "2", "--max-epochs", "4"])
+    fitted.history.epochs = [{}] * 4
+    assert mnist._target_note(chased, missing, fitted) == ", 0.990 not reached in 4 epochs"

@@ -54,6 +54,7 @@ from trainer.selection import (
 )
 from trainer.internals import holding_cores, plot_gantt_comparison, setup_barrier_task
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
+from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table, write_results
 
 __all__ = ["comparison_parser", "parse_comparison_args", "first_configs", "score_best_models", "write_comparison",
@@ -213,6 +214,7 @@ def comparison_parser(description: str | None, *, default_out: str, limit_help: 
                         help="where the data is written once as Parquet for Spark to read: a folder the executors "
                              "see or an hdfs://, s3://... URI (default $TRAINER_DATA_DIR or ./data)")
     parser.add_argument("--out", default=default_out, help=f"results directory (default {default_out})")
+    add_publish_arg(parser, f"{Path(default_out).name.replace('_', '-')} (--compare-searches: ...-searches)")
     parser.add_argument("--tls", action="store_true",
                         help="encrypt the traffic between the tasks and the driver with TLS (a throw-away "
                              "certificate per search; needs the cryptography package or openssl)")
@@ -272,7 +274,9 @@ def write_comparison(results: Mapping[str, SelectionResult], out: Path, name: st
     (the usual columns and those of `extra`)."""
     rows = comparison_rows(results, name, timing_valid=timing_valid, extra=extra)
     paths = write_results(rows, out, name, metadata=metadata)
-    write_results(config_rows(results, name), out, f"{name}_configs", metadata=metadata)
+    configs = config_rows(results, name)
+    write_results(configs, out, f"{name}_configs", metadata=metadata)
+    publish(metadata.get("publish"), name.replace("_", "-"), {"rows": rows, "configs": configs})
     gantt = plot_comparison(results, out / f"{name}_gantt.png", title=title)
     extra_columns = list(dict.fromkeys(key for values in extra.values() for key in values))
     print(markdown_table(rows, [*TABLE_COLUMNS, *extra_columns]))
@@ -381,6 +385,7 @@ def write_search_comparison(results: Mapping[tuple[str, int], SelectionResult], 
     searches on one time axis); print the table."""
     rows = search_rows(results, name)
     paths = write_results(rows, out, f"{name}_searches", metadata=metadata)
+    publish(metadata.get("publish"), f"{name.replace('_', '-')}-searches", rows)
     first = next(iter(results))[1]
     gantt = plot_gantt_comparison({s: (r.units, r.num_workers) for (s, seed), r in results.items() if seed == first},
                                   out / f"{name}_searches_gantt.png", title=f"{title} (seed {first})")

@@ -5,7 +5,8 @@ its last exchange); the server adds it to the center (``C += delta``) and the
 worker continues from the new center (``W = W0 = C``). Optimizer state stays
 local to each worker (moments keep tracking the worker's own trajectory).
 
-The default algorithm of ``Trainer``, with ``window="auto"`` (its default): every
+What ``algorithm="auto"`` (``Trainer``'s default) runs for one worker, for CPU workers on one host or on hosts not
+known, and with the parameter server's own options (``trainer.algorithms.choice``), with ``window="auto"``: every
 batch any worker trains moves the center once, as every batch moves plain
 Keras's model once, so at the learning rate tuned for one Keras process N
 workers learn about as much per epoch as that process (the table in

@@ -143,11 +143,12 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
 
 def _algorithm(trainer, spark) -> tuple:
     """``(algorithm, choice)``: with no algorithm named, the algorithm for this fit's cluster
-    (``trainer.algorithms.choice``: its hosts are known now), else the trainer's own (choice None)."""
+    (``trainer.algorithms.choice``: its hosts are known now; a warning where an option only the parameter server
+    serves replaced local SGD), else the trainer's own (choice None)."""
     default = trainer.options.algorithm_choice
     if default is None:
         return trainer.algorithm, None
-    choice = choose_algorithm(trainer.options.facts(fit_hosts(spark)))
+    choice = choose_algorithm(trainer.options.facts(fit_hosts(spark)), warn=True)
     # the trainer's algorithm when the choice is the same (a compressed one included), else the one chosen
     return (trainer.algorithm if choice.algorithm == default.algorithm else choice.algorithm), choice
 

@@ -99,7 +99,11 @@ class Trainer(OptionAttributes):
             state is saved atomically every `checkpoint_every` updates, at every
             epoch all workers finished, and when training stops (also on error
             or Ctrl-C); ``fit(df, resume_from=checkpoint_dir)`` continues from it.
-        checkpoint_every: Integer. Server updates between two checkpoints.
+            A collective fit (``"localsgd"``, ``"allreduce"``) saves at epoch ends
+            only: its task 0 reports the group's state once per epoch.
+        checkpoint_every: Integer. Server updates between two checkpoints of a
+            parameter-server algorithm (a collective fit's server gets one update
+            per epoch).
         checkpoint_keep: Integer. Checkpoint versions kept (``resume_from``
             falls back to the previous one when the newest is damaged).
         on_update: Callable or None. Called on the driver with every

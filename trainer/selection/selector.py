@@ -119,7 +119,7 @@ class ModelSelector(OptionAttributes):
         if not all(hasattr(search, a) for a in ("configs", "budget", "report", "metric")):
             raise SelectionError(
                 f"search must be a trainer.selection Search (GridSearch, RandomSearch, SuccessiveHalving, "
-                f"Hyperband). Received {type(search).__name__}."
+                f"Hyperband, TPESearch, ASHA). Received {type(search).__name__}."
             )
         if strategy not in STRATEGIES:
             raise SelectionError(f"Unknown strategy {strategy!r}. Expected one of: {', '.join(STRATEGIES)}.")

@@ -429,6 +429,13 @@ def _grid_axis(name: str, value: Any) -> tuple:
             f"Fix: use choice([...]) with the values to try for {name!r}, "
             "or RandomSearch to sample the space instead."
         )
+    if isinstance(value, (list, tuple)):
+        # scikit-learn's ParameterGrid reads a list as the values to try; here a constant is passed to model_fn
+        # as it is, so a list would reach Keras as one value: say which was meant
+        raise SearchSpaceError(
+            f"grid: parameter {name!r} is a plain {type(value).__name__} {value!r}. Fix: choice({list(value)!r}) "
+            f"to try each value, or choice([{value!r}]) to pass the {type(value).__name__} itself as one constant."
+        )
     return (value,)
 
 
