@@ -154,13 +154,17 @@ def run_record(artifacts: Path) -> dict:
             for s in streams}
 
 
-def publish_run(directory: Path, artifacts: Path, keep: int = 10) -> Path:
-    """Add this run to ``directory/suite-time.json`` (its last `keep` runs; the pages quote their range)."""
-    from trainer_jobs.support.published import publish
+def publish_run(directory: Path, artifacts: Path, keep: int = 10, commit: str | None = None) -> Path:
+    """Add this run (of `commit`, default this checkout's) to ``directory/suite-time.json``: its last `keep` runs,
+    whose range the pages quote."""
+    from trainer_jobs.support.published import code_commit, publish
 
     path = directory / "suite-time.json"
     runs = json.loads(path.read_text())["figures"]["runs"] if path.is_file() else []
-    return publish(directory, "suite-time", {"runs": [*runs, run_record(artifacts)][-keep:]})
+    files = _summed(read_tests(artifacts), lambda t: t.name.split("::")[0])[:15]
+    run = {"commit": commit or code_commit(), "streams": run_record(artifacts),
+           "files": {path: round(seconds / 60, 1) for path, seconds, _ in files}}
+    return publish(directory, "suite-time", {"runs": [*runs, run][-keep:]})
 
 
 def parse_budget(text: str) -> tuple[str, float]:
@@ -180,10 +184,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="STREAM=MINUTES: print that stream's time against its budget")
     parser.add_argument("--publish", type=Path, default=None, metavar="DIR",
                         help="add this run's streams to DIR/suite-time.json, the results file the docs quote")
+    parser.add_argument("--commit", default=None, help="the commit the run tested (default: this checkout's)")
     args = parser.parse_args(argv)
     print(report(args.artifacts, args.slowest, args.by_file, args.by_fixture, dict(args.budget)))
     if args.publish is not None:
-        print(f"results file: {publish_run(args.publish, args.artifacts)}")
+        print(f"results file: {publish_run(args.publish, args.artifacts, commit=args.commit)}")
     return 0
 
 

@@ -214,7 +214,7 @@ def test_arguments_are_checked_and_optuna_is_named_when_missing(monkeypatch):
     with pytest.raises(SearchError, match="smaller than one trial's first rung"):
         TPESearch(SPACE, max_epochs=4, max_total_epochs=3)
     monkeypatch.setitem(sys.modules, "optuna", None)
-    with pytest.raises(SearchError, match=r"spark-keras-trainer\[search\]"):
+    with pytest.raises(SearchError, match=r"pip install '\.\[search\]' in the checkout"):
         ASHA(SPACE, max_epochs=2, n_trials=2)
 
 

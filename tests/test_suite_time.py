@@ -67,8 +67,9 @@ def test_timed_sh_records_a_stream_with_its_status_and_names_it_for_the_tests(tm
 def test_a_published_run_joins_the_last_ones(tmp_path):
     _write(tmp_path / "artifacts")
     for _ in range(3):
-        path = suite_time.publish_run(tmp_path / "results", tmp_path / "artifacts", keep=2)
+        path = suite_time.publish_run(tmp_path / "results", tmp_path / "artifacts", keep=2, commit="abc")
     runs = json.loads(path.read_text())["figures"]["runs"]
-    assert len(runs) == 2
-    assert runs[-1]["make test"] == {"minutes": 18.0, "tests": 0, "exit": "0"}
-    assert runs[-1]["main"]["tests"] == 2
+    assert len(runs) == 2 and runs[-1]["commit"] == "abc"
+    assert runs[-1]["streams"]["make test"] == {"minutes": 18.0, "tests": 0, "exit": "0"}
+    assert runs[-1]["streams"]["main"]["tests"] == 2
+    assert runs[-1]["files"] == {"tests/test_a.py": 2.2, "tests/test_b.py": 0.0}

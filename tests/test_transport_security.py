@@ -282,7 +282,7 @@ def test_tls_without_cryptography_or_openssl_names_what_to_install(monkeypatch):
 
     monkeypatch.setattr(builtins, "__import__", no_cryptography)
     monkeypatch.setattr(tls_module.shutil, "which", lambda name: None)
-    with pytest.raises(TlsUnavailable, match=r"pip install 'spark-keras-trainer\[tls\]'.*apt-get install openssl"):
+    with pytest.raises(TlsUnavailable, match=r"pip install '\.\[tls\]' in the checkout.*apt-get install openssl"):
         server(tls=True)
 
 

@@ -1,6 +1,6 @@
 """The wheel, installed into a fresh venv with the constraints, runs a 2-worker fit through its installed command.
 
-This is what a user does: ``pip install spark-keras-trainer[tf]``, then
+This is what a user does: ``pip install 'spark_keras_trainer-<version>-py3-none-any.whl[tf]'``, then
 ``spark-keras-trainer train model ...``, from a folder that holds no source
 of this project. pip takes the wheels from its cache (no download once the
 dev venv was built on this machine). The run goes to the session's drivers

@@ -4,12 +4,13 @@ Public API (imported lazily, so ``python -m trainer`` and the executors stay lig
     Trainer                                   -- trainer.fit.trainer
     FittedModel, TrainingHistory              -- trainer.fit.fitted
     SingleWorker, SyncAveraging, DOWNPOUR, ADAG, EASGD, AEASGD, DynSGD, AllReduce, LocalSGD, Algorithm,
-    get_algorithm
+    get_algorithm, AlgorithmConfigError
                                               -- trainer.algorithms
     LocalCluster                              -- trainer.spark.local_cluster
     spark_session                             -- trainer.spark.session
-    DataValidationError, ClusterCapacityError, TrainingFailedError, CheckpointError,
-    ClusterError, JavaError, MasterUnreachableError, OptionError, UnsupportedVersionError
+    DataValidationError, ClusterCapacityError, TrainingFailedError, TaskFailedError, CheckpointError,
+    ClusterError, JavaError, MasterUnreachableError, OptionError, UnsupportedVersionError, SelectionError,
+    ConnectUnsupportedError
                                               -- trainer.errors
 
 ``docs/architecture.md`` shows the rooms of the package and the path of a fit.
@@ -28,12 +29,13 @@ versions.check_installed()
 
 _EXPORTS = {
     "trainer.algorithms": [
-        "ADAG", "AEASGD", "AllReduce", "DOWNPOUR", "EASGD", "Algorithm", "DynSGD", "LocalSGD", "SingleWorker", "SyncAveraging",
-        "get_algorithm",
+        "ADAG", "AEASGD", "AllReduce", "DOWNPOUR", "EASGD", "Algorithm", "AlgorithmConfigError", "DynSGD", "LocalSGD",
+        "SingleWorker", "SyncAveraging", "get_algorithm",
     ],
     "trainer.errors": [
-        "CheckpointError", "ClusterCapacityError", "ClusterError", "DataValidationError", "JavaError",
-        "MasterUnreachableError", "OptionError", "TrainingFailedError", "UnsupportedVersionError",
+        "CheckpointError", "ClusterCapacityError", "ClusterError", "ConnectUnsupportedError", "DataValidationError",
+        "JavaError", "MasterUnreachableError", "OptionError", "SelectionError", "TaskFailedError",
+        "TrainingFailedError", "UnsupportedVersionError",
     ],
     "trainer.fit.trainer": ["Trainer"],
     "trainer.fit.fitted": ["FittedModel", "TrainingHistory"],

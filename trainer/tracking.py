@@ -1,6 +1,6 @@
 """MLflow tracking of fits and searches: ``mlflow=True`` on `Trainer`, `KerasEstimator` and `ModelSelector`.
 
-MLflow is an optional extra (``pip install 'spark-keras-trainer[mlflow]'``),
+MLflow is an optional extra (``pip install '.[mlflow]'`` in a checkout, or the wheel with ``[mlflow]``),
 imported only when tracking is asked for. A fit logs into the active run, or
 into a new run under the current tracking URI (``MLFLOW_TRACKING_URI`` or
 ``mlflow.set_tracking_uri``):
@@ -38,8 +38,8 @@ def require_mlflow():
         import mlflow  # deferred: an optional extra, imported only when tracking is asked for
     except ImportError as exc:
         raise ImportError(
-            "mlflow=True needs MLflow, which is not installed. Fix: pip install 'spark-keras-trainer[mlflow]' "
-            "(or pip install mlflow-skinny sqlalchemy alembic)."
+            "mlflow=True needs MLflow, which is not installed. Fix: pip install '.[mlflow]' in the checkout "
+            "(or the wheel with [mlflow], or pip install mlflow-skinny sqlalchemy alembic)."
         ) from exc
     return mlflow
 

@@ -65,10 +65,14 @@ class Trainer(OptionAttributes):
             with no arguments returning one (called once on the driver and once
             per worker task; use it for models that do not serialize).
         algorithm: an `Algorithm` instance (``DynSGD(window=5)``) or its name.
-            The default, ``"downpour"``, is ``DOWNPOUR(window="auto")``: every
-            batch of every worker moves the center once, as in plain Keras, on
-            a window sized by time (docs/algorithms.md: why, and the table
-            against plain Keras at 1 to 8 workers).
+            The default, ``"auto"``, lets every fit choose from what it runs on
+            (``trainer.algorithms.choice``, docs/guide.md#choosing-an-algorithm):
+            ``DOWNPOUR(window="auto")`` for one worker, for CPU workers on one
+            host or on hosts not known (Spark Connect), and with an option only
+            the parameter server serves (``compression``, ``overlap``,
+            ``ps_shards`` above 1); ``LocalSGD()`` for several workers on GPUs
+            or on several hosts. The fit prints its choice and the reason
+            (``fitted.history.choice``).
         num_workers: Integer. Number of long-lived worker tasks (one per slot).
         batch_size: Integer. Minibatch size on each worker.
         epochs: Integer. Passes over each worker's shard.

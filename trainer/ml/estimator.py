@@ -40,7 +40,8 @@ class KerasEstimator(Estimator, KerasEstimatorParams, StagePersistence):
 
     Params (Spark ML camelCase): ``model`` (a compiled ``keras.Model`` or a
     function returning one), ``algorithm`` (``"auto"``, the default: chosen
-    per fit, ``trainer.algorithms.choice``; ``"downpour"``, ``DynSGD(window=5)``, ...), ``numWorkers``, ``epochs``, ``batchSize``, ``featuresCol``,
+    per fit, ``trainer.algorithms.choice``; ``"downpour"``, ``DynSGD(window=5)``,
+    ...), ``numWorkers``, ``epochs``, ``batchSize``, ``featuresCol``,
     ``labelCol``, ``predictionCol``, ``validationCol`` (a boolean column
     marking validation rows) or ``validationSplit`` (a fraction), ``mlflow``,
     ``seed``, ``customObjects``, ``callbacks`` (Keras callbacks, run on the

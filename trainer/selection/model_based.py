@@ -59,7 +59,8 @@ reports in the same order (``strategy="sequential"``, or a resumed sequential
 run), not under model hopper parallelism, whose order of reports depends on
 timing: replay reproduces those runs. See docs/model-selection.md.
 
-Optuna is imported when a search is made: ``pip install 'spark-keras-trainer[search]'``.
+Optuna is imported when a search is made: ``pip install '.[search]'`` in a checkout, or the wheel with
+``[search]``.
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def _optuna():
     except ImportError as exc:
         raise SearchError(
             "TPESearch and ASHA need Optuna, which is not installed. "
-            "Fix: pip install 'spark-keras-trainer[search]' (or pip install 'optuna>=4,<6')."
+            "Fix: pip install '.[search]' in the checkout (or the wheel with [search], or pip install 'optuna>=4,<6')."
         ) from exc
     # Optuna logs every told trial at INFO on its own handler; the trainer is quiet by default.
     optuna.logging.set_verbosity(optuna.logging.WARNING)

@@ -53,7 +53,8 @@ def remote_session(url: str):
     except ImportError as exc:
         raise ImportError(
             f"Connecting to {url} needs the Spark Connect client (grpcio, grpcio-status, googleapis-common-protos, "
-            "zstandard). Fix: pip install 'spark-keras-trainer[connect]' (or 'pyspark[connect]')."
+            "zstandard). Fix: pip install '.[connect]' in the checkout (or the wheel with [connect], or "
+            "pip install 'pyspark[connect]')."
         ) from exc
     from pyspark.sql import SparkSession
 

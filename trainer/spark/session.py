@@ -200,10 +200,12 @@ def spark_session(
 ):
     """Create (or reuse) the process's SparkSession connected to ``master``.
 
-    ``cores_per_worker`` is the number of task slots per executor
-    (``spark.executor.cores``; thread pools are capped at it).  Extra keyword
-    arguments are Spark properties and override the defaults; ``None`` removes a
-    default.  With ``expected_executors > 0`` the call returns only once that
+    ``cores_per_worker`` is the cores of each executor (``spark.executor.cores``,
+    not set for local masters; the executors' thread pools start capped at it):
+    its task slots at ``spark.task.cpus=1``, while a training task sets its own
+    pools to its ``spark.task.cpus`` (docs/guide.md#running-on-your-cluster, step 2).
+    Extra keyword arguments are Spark properties and override the defaults; ``None``
+    removes a default.  With ``expected_executors > 0`` the call returns only once that
     many executors have registered (bounded by ``executor_timeout`` seconds;
     on timeout the session is stopped and ``TimeoutError`` raised).
 

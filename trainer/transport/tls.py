@@ -83,8 +83,9 @@ class TlsIdentity:
 
 
 _MISSING = ("tls=True needs a throw-away certificate for this run, and neither the Python package `cryptography` "
-            "nor the `openssl` command is available on the driver. Fix: pip install 'spark-keras-trainer[tls]' "
-            "(or pip install cryptography), or apt-get install openssl; or train without tls=True.")
+            "nor the `openssl` command is available on the driver. Fix: pip install '.[tls]' in the checkout "
+            "(or the wheel with [tls], or pip install cryptography), or apt-get install openssl; "
+            "or train without tls=True.")
 
 
 def certificate_fingerprint(der: bytes) -> str:
