@@ -47,6 +47,7 @@ import pyarrow as pa
 from pyspark import BarrierTaskContext
 
 from trainer.data.columns import VALIDATION_FLAG
+from trainer.runtime.backends import DEFAULT_BACKEND
 from trainer.runtime.feeding.arrow import split_shard
 from trainer.runtime.feeding.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
@@ -89,7 +90,7 @@ class TaskSpec:
     task_seed: int = 0
     eval_batch_size: int = 256
     io_timeout: float = 600.0
-    keras_backend: str = "tensorflow"
+    keras_backend: str = DEFAULT_BACKEND
     env: dict[str, str] = field(default_factory=dict)
     space: Any = None  # a model-based search's space: decodes the points of configurations it adds later
 
