@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from marked_tables import with_table
+
 REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "trainer"
 
@@ -375,14 +377,9 @@ def make_seam_table() -> str:
     return "\n".join(["| why the public API does not serve | module: names |", "|---|---|", *rows])
 
 
-def _with_table(page: str, markers: tuple[str, str], table: str) -> str:
-    start, end = page.index(markers[0]) + len(markers[0]), page.index(markers[1])
-    return page[:start] + "\n" + table + "\n" + page[end:]
-
-
 def _with_tables(page: str) -> str:
-    page = _with_table(page, BENCHMARKS_USE_JOBS, make_benchmarks_use_jobs_table())
-    return _with_table(page, SEAM_TABLE, make_seam_table())
+    page = with_table(page, BENCHMARKS_USE_JOBS, make_benchmarks_use_jobs_table())
+    return with_table(page, SEAM_TABLE, make_seam_table())
 
 
 def test_architecture_md_tables_of_the_seam_and_of_the_benchmarks_use_of_the_jobs_are_the_code_s():

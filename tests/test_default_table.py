@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from marked_tables import with_table
 from trainer.algorithms.choice import DEFAULT_CASES, FitFacts, choose_algorithm, default_table
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,11 +31,6 @@ EXPECTED = {
     "several CPU workers on one host": "downpour",
     "several CPU workers, hosts not known": "downpour",
 }
-
-
-def with_table(page: str, table: str) -> str:
-    start, end = page.index(BEGIN) + len(BEGIN), page.index(END)
-    return page[:start] + "\n" + table + "\n" + page[end:]
 
 
 def case_of(facts: FitFacts) -> str:
@@ -53,7 +49,7 @@ def case_of(facts: FitFacts) -> str:
 def test_the_guide_quotes_the_table_the_code_makes():
     page = GUIDE.read_text(encoding="utf-8")
     assert BEGIN in page and END in page, f"docs/guide.md lost its markers {BEGIN} {END}"
-    assert page == with_table(page, default_table()), (
+    assert page == with_table(page, (BEGIN, END), default_table()), (
         "docs/guide.md's table of the default algorithm differs from trainer.algorithms.choice.default_table(): run "
         "`python tests/test_default_table.py --write`, then make the words around it (and README.md's summary) "
         "say the same")
@@ -108,5 +104,5 @@ def test_no_warning_where_the_option_changes_nothing_or_nobody_asked(facts, warn
 if __name__ == "__main__":
     if sys.argv[1:] != ["--write"]:
         sys.exit("usage: python tests/test_default_table.py --write   (writes docs/guide.md's table of the default)")
-    GUIDE.write_text(with_table(GUIDE.read_text(encoding="utf-8"), default_table()), encoding="utf-8")
+    GUIDE.write_text(with_table(GUIDE.read_text(encoding="utf-8"), (BEGIN, END), default_table()), encoding="utf-8")
     print(f"wrote the table of the default algorithm into {GUIDE.relative_to(ROOT)}")

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from marked_tables import with_table as marked_table
 from trainer.algorithms import AllReduce
 from trainer.options import FitOptions
 
@@ -226,8 +227,7 @@ def make_test_files_table() -> str:
 
 
 def with_table(page: str, table: str) -> str:
-    start, end = page.index(TABLE_BEGIN) + len(TABLE_BEGIN), page.index(TABLE_END)
-    return page[:start] + "\n" + table + "\n" + page[end:]
+    return marked_table(page, (TABLE_BEGIN, TABLE_END), table)
 
 
 def test_the_test_files_table_is_made_from_the_tests():
