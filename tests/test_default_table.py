@@ -26,6 +26,7 @@ BEGIN, END = "<!-- default-table:begin -->", "<!-- default-table:end -->"
 EXPECTED = {
     "one worker": "downpour",
     "an option only the parameter server serves": "downpour",
+    "an elastic fit": "downpour",
     "several workers on GPUs": "localsgd",
     "several CPU workers on more than one host": "localsgd",
     "several CPU workers on one host": "downpour",
@@ -39,6 +40,8 @@ def case_of(facts: FitFacts) -> str:
         return "one worker"
     if facts.ps_options:
         return "an option only the parameter server serves"
+    if facts.elastic:
+        return "an elastic fit"
     if facts.gpus_per_worker >= 1:
         return "several workers on GPUs"
     if facts.hosts is None:
@@ -67,10 +70,10 @@ def test_every_row_names_what_choose_algorithm_runs():
         assert cells[0] == case and cells[3].startswith(f'`"{EXPECTED[case]}"`') and cells[4] == choice.reason
 
 
-@pytest.mark.parametrize("workers, gpus, hosts, options", itertools.product(
-    (1, 2, 3, 8), (0, 1, 2), (None, 1, 2, 5), ((), ("compression",), ("overlap", "ps_shards"))))
-def test_every_fit_runs_what_its_case_in_the_table_says(workers, gpus, hosts, options):
-    facts = FitFacts(workers, gpus, hosts, options)
+@pytest.mark.parametrize("workers, gpus, hosts, options, elastic", itertools.product(
+    (1, 2, 3, 8), (0, 1, 2), (None, 1, 2, 5), ((), ("compression",), ("overlap", "ps_shards")), (False, True)))
+def test_every_fit_runs_what_its_case_in_the_table_says(workers, gpus, hosts, options, elastic):
+    facts = FitFacts(workers, gpus, hosts, options, elastic)
     assert choose_algorithm(facts).algorithm.name == EXPECTED[case_of(facts)]
 
 

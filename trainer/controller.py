@@ -10,7 +10,9 @@ of long-lived tasks. What is the same for both lives here, once:
    builds its server with `server_endpoint()`.
 2. `run(...)`, inside `closing(server, ...)`: wait for the free task slots,
    start the server, run the stage with retries (``run_stage_with_retries``,
-   the result rows of ``trainer.runtime.stage_result``). On leaving `closing`,
+   the result rows of ``trainer.runtime.stage_result``); an elastic fit's
+   `run_elastic` starts the server and runs one job per epoch instead
+   (``trainer.spark.elastic_launch``: no slots to wait for, Spark grants them). On leaving `closing`,
    whatever happens, the server stops and every closer runs, in the order
    given (one that fails does not keep the others from running; a closer
    records what it can survive, such as a checkpoint that could not be
@@ -29,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Sequence
 
 from trainer.runtime.stage_result import RESULT_DDL, read_records
+from trainer.spark.elastic_launch import ElasticPolicy, run_epoch_jobs
 from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
 from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret
@@ -94,3 +97,17 @@ class StageController:
                                        description=description, on_retry=on_retry, events=events, fatal=fatal,
                                        profile=profile)
         return StageResult(read_records(stage.rows), start, time.time())
+
+    def run_elastic(self, frame, chunks: int, epochs: range, make_task: Callable[[int], Callable], *, server,
+                    policy: ElasticPolicy, description: str, fatal: Callable[[], BaseException | None],
+                    profile: Any = None, on_started: Callable[[], None] | None = None,
+                    stopped: Callable[[], bool] = lambda: False, events: list[dict] | None = None) -> StageResult:
+        """Start `server` and run an elastic fit's jobs, one per epoch (inside `closing`, which stops it);
+        `make_task(epoch)` returns the function each chunk task of that epoch runs."""
+        server.start()
+        if on_started is not None:
+            on_started()
+        start = time.time()
+        jobs = run_epoch_jobs(frame, chunks, epochs, make_task, RESULT_DDL, policy=policy, description=description,
+                              profile=profile, stopped=stopped, fatal=fatal, events=events)
+        return StageResult(read_records(jobs.rows), start, time.time())

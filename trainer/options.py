@@ -25,7 +25,7 @@ import os
 from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
-from trainer.algorithms import Algorithm, get_algorithm, parse_compression, with_compression
+from trainer.algorithms import PARAMETER_SERVER, Algorithm, get_algorithm, parse_compression, with_compression
 from trainer.algorithms.choice import AUTO, FitFacts, choose_algorithm
 from trainer.algorithms.delta import overlappable
 from trainer.errors import OptionError
@@ -112,6 +112,17 @@ def columns(name: str, value: Any) -> str | list[str]:
     raise _fail(name, "a column name or a list of column names", value)
 
 
+def workers(name: str, value: Any) -> int | tuple[int, int]:
+    """A worker count, or ``(min, max)``: an elastic fit (``trainer.fit.elastic``)."""
+    if isinstance(value, (tuple, list)):
+        if (len(value) == 2 and all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+                and 1 <= value[0] <= value[1]):
+            return (value[0], value[1]) if value[0] < value[1] else value[0]
+        raise _fail(name, "a positive integer, or (min, max) with 1 <= min <= max for an elastic fit", value,
+                    "num_workers=(2, 4)")
+    return positive_int(name, value)
+
+
 def feed(name: str, value: Any) -> str:
     if value not in FEEDS:
         raise _fail(name, f"one of {', '.join(map(repr, FEEDS))}", value)
@@ -162,7 +173,7 @@ class Options:
 
     @classmethod
     def names(cls) -> list[str]:
-        return [f.name for f in fields(cls)]
+        return [f.name for f in fields(cls) if f.init]
 
     @classmethod
     def check(cls, name: str, value: Any) -> Any:
@@ -243,6 +254,7 @@ class SharedOptions(Options):
 class FitOptions(SharedOptions):
     """A fit's options: `SharedOptions` and the algorithm, the sizes, checkpoints, hooks, the feed, the server."""
 
+    num_workers: int = option(2, workers)
     algorithm: Algorithm | str = option("auto", as_given)
     batch_size: int = option(32, positive_int)
     epochs: int = option(1, positive_int)
@@ -261,7 +273,16 @@ class FitOptions(SharedOptions):
     ps_shards: int = option(1, positive_int)
     overlap: bool = option(False, flag)
 
+    #: ``(min, max)`` of an elastic fit, else None; `num_workers` is then the max and `min_workers` the min.
+    elastic: tuple[int, int] | None = field(default=None, init=False, repr=False)
+
     def check_together(self) -> None:
+        if isinstance(self.num_workers, tuple):
+            self.elastic = self.num_workers
+            if self.min_workers not in (1, self.elastic[0]):
+                raise _fail("min_workers", f"left out with num_workers={self.elastic} (its min is the floor)",
+                            self.min_workers, f"num_workers=({self.min_workers}, {self.elastic[1]})")
+            self.min_workers, self.num_workers = self.elastic
         # "auto": the algorithm for what is known here (no hosts yet); each fit chooses again with its cluster's hosts
         self.algorithm_choice = choose_algorithm(self.facts()) if _is_auto(self.algorithm) else None
         algorithm = self.algorithm_choice.algorithm if self.algorithm_choice is not None else self.algorithm
@@ -273,6 +294,8 @@ class FitOptions(SharedOptions):
             raise OptionError(str(exc)) from None
         if self.min_workers > self.num_workers:
             raise _fail("min_workers", f"<= num_workers={self.num_workers}", self.min_workers)
+        if self.elastic is not None:
+            check_elastic(self.algorithm, self.ps_shards)
         if self.overlap and not overlappable(self.algorithm):
             raise OptionError(f"`overlap=True` needs a delta algorithm with a window (downpour, adag, dynsgd). "
                               f"Received: {self.algorithm.describe()}. Fix: use one of those algorithms or "
@@ -280,6 +303,10 @@ class FitOptions(SharedOptions):
 
 
     def given(self, name: str) -> Any:
+        if name == "num_workers" and self.elastic is not None:
+            return self.elastic
+        if name == "min_workers" and self.elastic is not None:
+            return 1
         return "auto" if name == "algorithm" and self.algorithm_choice is not None else getattr(self, name)
 
     def facts(self, hosts: int | None = None) -> FitFacts:
@@ -287,7 +314,21 @@ class FitOptions(SharedOptions):
         compressed = parse_compression(self.compression) is not None  # "none" is no compression
         ps_options = tuple(name for name, given in (("compression", compressed), ("overlap", self.overlap),
                                                     ("ps_shards", self.ps_shards != 1)) if given)
-        return FitFacts(self.num_workers, self.gpus_per_worker, hosts, ps_options)
+        return FitFacts(self.num_workers, self.gpus_per_worker, hosts, ps_options, elastic=self.elastic is not None)
+
+
+def check_elastic(algorithm: Algorithm, ps_shards: int) -> None:
+    """Raise `OptionError` when an elastic fit (``num_workers=(min, max)``) cannot run `algorithm`."""
+    collective = algorithm.fit_kind != PARAMETER_SERVER
+    if collective or algorithm.synchronous:
+        raise OptionError(
+            f"An elastic fit (num_workers=(min, max)) runs the asynchronous parameter-server algorithms, whose "
+            f"workers may come and go between commits; {algorithm.describe()} needs the same workers at every "
+            f"{'average' if collective else 'round'}. Fix: leave `algorithm` out (an elastic fit then runs DOWNPOUR), "
+            "name downpour, adag, dynsgd or aeasgd, or give num_workers as one integer.")
+    if ps_shards != 1:
+        raise OptionError(f"An elastic fit (num_workers=(min, max)) serves one parameter server; received ps_shards="
+                          f"{ps_shards}. Fix: ps_shards=1, or give num_workers as one integer.")
 
 
 def _is_auto(value: Any) -> bool:

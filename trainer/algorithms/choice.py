@@ -12,6 +12,9 @@ picks, in this order:
   ``ps_shards`` above 1): DOWNPOUR, whatever the hosts and GPUs. Where the
   fit would otherwise have run local SGD, `choose_algorithm(..., warn=True)`
   (the fit's call) warns: those commits all cross the driver's one link;
+* **an elastic fit** (``num_workers=(min, max)``, ``trainer.fit.elastic``):
+  DOWNPOUR: its workers may leave and join between two commits, where the
+  all-reduce group would have to re-form;
 * **several workers on GPUs**, or **several CPU workers on more than one
   host** (distinct hosts among the block managers of the driver and of the
   executors, ``trainer.spark.session.fit_hosts``: the driver's host counts
@@ -65,6 +68,7 @@ class FitFacts:
     gpus_per_worker: int = 0
     hosts: int | None = None  # distinct hosts of the driver and the executors; None where unknown (Spark Connect)
     ps_options: tuple[str, ...] = ()  # options given that only the parameter server serves
+    elastic: bool = False  # num_workers=(min, max): workers may leave and join (workers is the max)
 
 
 @dataclass(frozen=True)
@@ -84,7 +88,8 @@ class AlgorithmChoice:
         """The choice as ``fitted.history.choice`` keeps it."""
         return {"algorithm": self.algorithm.name, "described": self.algorithm.describe(), "reason": self.reason,
                 "facts": {"workers": self.facts.workers, "gpus_per_worker": self.facts.gpus_per_worker,
-                          "hosts": self.facts.hosts, "ps_options": list(self.facts.ps_options)},
+                          "hosts": self.facts.hosts, "ps_options": list(self.facts.ps_options),
+                          "elastic": self.facts.elastic},
                 **({"measured": self.measured} if self.measured else {})}
 
 
@@ -105,6 +110,9 @@ def _choose(facts: FitFacts) -> AlgorithmChoice:
         return AlgorithmChoice(DOWNPOUR(), "one worker: nothing to average; exchanges sized by time", facts)
     if facts.ps_options:
         return AlgorithmChoice(DOWNPOUR(), f"{', '.join(facts.ps_options)} asked for the parameter server", facts)
+    if facts.elastic:
+        return AlgorithmChoice(DOWNPOUR(), f"an elastic fit of up to {n} workers: the parameter server's workers may "
+                                           "leave and join between commits", facts)
     if facts.gpus_per_worker:
         return AlgorithmChoice(LocalSGD(), f"{n} workers on GPUs: replicas averaged every few steps over the "
                                            "all-reduce group, the period sized by the link and the step measured "
@@ -134,6 +142,8 @@ DEFAULT_CASES: tuple[tuple[str, str, FitFacts], ...] = (
     ("an option only the parameter server serves", "`compression` (other than `\"none\"`), `overlap=True` or "
      "`ps_shards` above 1, with several workers, whatever the hosts and GPUs (a warning where the fit would "
      "otherwise run local SGD)", FitFacts(workers=3, hosts=4, ps_options=("compression",))),
+    ("an elastic fit", "`num_workers=(min, max)`: workers may leave and join while it runs (docs/faults.md), "
+     "whatever the hosts and GPUs", FitFacts(workers=3, hosts=4, elastic=True)),
     ("several workers on GPUs", "`gpus_per_worker` 1 or more, on any number of hosts, known or not",
      FitFacts(workers=3, gpus_per_worker=1, hosts=1)),
     ("several CPU workers on more than one host", "the distinct hosts among the block managers of the driver and "
@@ -164,6 +174,8 @@ def _example(facts: FitFacts) -> str:
         words.append(f"{facts.gpus_per_worker} GPU{'s' if facts.gpus_per_worker > 1 else ''} each")
     words.append("hosts not known" if facts.hosts is None else f"{facts.hosts} host{'s' if facts.hosts > 1 else ''}")
     words.extend(f"`{name}`" for name in facts.ps_options)
+    if facts.elastic:
+        words[0] = f"up to {words[0]}"
     return ", ".join(words)
 
 

@@ -92,6 +92,8 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     )
     if epoch_ends is not None:
         epoch_ends.bind(server)
+    if kind.membership is not None:  # an elastic fit: each join and leave above the progress bar
+        kind.membership.on_change = lambda change: progress.note(kind.membership.line(change))
     checkpoint_dir = trainer.checkpoint_dir if trainer.checkpoint_dir is not None else resume_from
     checkpointer = _checkpointer(trainer, algorithm, plan, server, checkpoint_dir)
     if checkpointer is not None:
@@ -104,10 +106,9 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     shard_budget = None if trainer.shard_budget_mb is None else int(trainer.shard_budget_mb * 1024 * 1024)
     task_memory = task_memory_bytes(spark)
 
-    def make_task(attempt: int, workers: int):
+    def launch(attempt: int, workers: int) -> TaskLaunch:
         server.start_attempt(attempt)  # leftover tasks of an older attempt are refused from now on
-        return kind.task(plan, server, TaskLaunch(controller.host, attempt, workers, backend, shard_budget,
-                                                  task_memory))
+        return TaskLaunch(controller.host, attempt, workers, backend, shard_budget, task_memory)
 
     def on_retry(workers: int) -> None:
         reporters = kind.on_retry(server, workers)
@@ -121,13 +122,14 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
                            "error": problem})
 
     with controller.closing(server, closers=(progress.close, epoch_callbacks.close, finish_checkpoints)):
-        stage = controller.run(
-            plan.frame, trainer.num_workers, make_task, server=server, policy=kind.retry_policy(),
-            description=kind.description(plan.model.name), slot_timeout=trainer.slot_timeout,
-            profile=plan.profile, on_started=lambda: epoch_callbacks.start(server), on_retry=on_retry,
-            events=events, fatal=lambda: server.failure and TrainingFailedError(
+        stage = kind.run_stage(
+            controller, plan, server, launch, on_started=lambda: epoch_callbacks.start(server), on_retry=on_retry,
+            events=events, stopped=lambda: epoch_callbacks.stopped_epoch is not None,
+            fatal=lambda: server.failure and TrainingFailedError(
                 f"Training stopped: the parameter server {server.failure}"))
     history = _history(trainer, algorithm, server, epoch_callbacks, stage, events)
+    if kind.membership is not None:
+        history.membership = kind.membership.timeline()
     if choice is not None:
         history.choice = measured_choice(choice, stage.records).record()
     log.info("Trained in %.1f s (%.1f s per epoch, data delivery %.1f s), %s", history.timings["wall_s"],

@@ -70,6 +70,13 @@ class TrainingHistory:
         choice: with no algorithm named (``algorithm="auto"``): the algorithm chosen, the
             reason, the facts it went by and what the tasks measured (local SGD's
             period, one average's and one step's time); empty for a named algorithm.
+        membership: an elastic fit's (``num_workers=(min, max)``) joins and
+            leaves, oldest first: ``{"time", "event": "joined" | "left", "worker"``
+            (``host:pid``) ``, "epoch", "step"`` (the server's version) ``,
+            "workers_before", "workers_after", "why"}``, a join with the process's
+            ``ready_s`` (start to model built). Its `workers` are then the
+            chunk tasks' records (``chunk``, ``epoch``, ``member``,
+            ``skipped_batches``, ``trained_rows``); empty for a fixed fit.
     """
 
     algorithm: str
@@ -83,6 +90,8 @@ class TrainingHistory:
     timings: dict[str, float] = field(default_factory=dict)
     # an automatic algorithm: what was chosen, why, what was measured
     choice: dict[str, Any] = field(default_factory=dict)
+    # an elastic fit: every join and leave of a worker
+    membership: list[dict] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.update_log = {k: np.asarray(v) for k, v in self.update_log.items()}
@@ -152,11 +161,15 @@ class TrainingHistory:
             "train_s": max(w["train_s"] for w in final),
             "epoch_s": float(np.mean([e["time_s"] for e in epochs])) if epochs else float("nan"),
         }
+        if workers and "chunk" in workers[0]:  # an elastic fit's chunk tasks: a task's delivery, a process's build
+            timings.update(data_delivery_s=float(np.mean([w["data_ready"] - w["task_start"] for w in workers])),
+                           model_build_s=max(w["ready_s"] for w in workers),
+                           train_s=float(sum(e["time_s"] for e in epochs)))
         update_log, update_totals = ps.update_history()
         return cls(
             algorithm=algorithm, num_workers=num_workers, backend=final[0].get("backend", "") if final else "",
             update_log=update_log, update_totals=update_totals,
-            workers=sorted(workers, key=lambda w: (w["attempt"], w["worker"])),
+            workers=sorted(workers, key=lambda w: (w["attempt"], w.get("epoch", 0), w["worker"])),
             epochs=epochs, events=list(ps.events) + events, timings=timings,
         )
 

@@ -19,17 +19,24 @@ for the rest. Each algorithm names its kind (``Algorithm.fit_kind``) and
   which run before its reply (`inline_callbacks`). A per-step all-reduce never
   shrinks (the global batch is ``num_workers * batch_size``); local SGD (a
   period other than 1) goes on with the workers left, down to `min_workers`.
+* `ElasticFit` (``num_workers=(min, max)`` with an asynchronous
+  parameter-server algorithm): one ordinary Spark job per epoch of one task
+  per chunk of the rows (``trainer.runtime.ps_worker.chunk_task``); every
+  chunk is a reporter, workers are the processes that run them
+  (``trainer.fit.membership``), and they may leave and join.
 
 Every kind's tasks end with the stage's one result row, the task's record as
 JSON (``trainer.runtime.stage_result``); `summary` reads what the kind's
-records add. A third kind (model-parallel, elastic) is one more class that
-implements `FitKind` and one more entry in `KINDS`.
+records add. `fit_kind` picks `ElasticFit` for an elastic trainer; another kind
+(model-parallel) is one more class that implements `FitKind` and one more
+entry in `KINDS`.
 """
 
 from __future__ import annotations
 
 import abc
 import functools
+import uuid
 from dataclasses import dataclass
 from typing import Any, Callable, ClassVar
 
@@ -37,12 +44,15 @@ from trainer.algorithms import COLLECTIVE, PARAMETER_SERVER, Algorithm
 from trainer.algorithms.choice import measured_line
 from trainer.algorithms.reported import ReportedState
 from trainer.fit.checkpoints import Checkpoint
+from trainer.fit.membership import Membership
 from trainer.fit.plan import FitPlan, resume_center
 from trainer.ps.server import ParameterServer
 from trainer.ps.shards import ShardedParameterServer
 from trainer.runtime.collective.collective_task import CollectiveConfig, train_collective_partition
+from trainer.runtime.ps_worker.chunk_task import ChunkConfig, train_chunk
 from trainer.runtime.ps_worker.worker_task import WorkerConfig, train_partition
 from trainer.runtime.shipping import PickledSource
+from trainer.spark.elastic_launch import ElasticPolicy
 from trainer.spark.launch import RetryPolicy
 
 
@@ -63,6 +73,8 @@ class FitKind(abc.ABC):
 
     #: Whether the driver's callbacks run on the server's thread before its reply to the reporter.
     inline_callbacks: ClassVar[bool] = False
+    #: Who trains, for a kind whose workers come and go (`ElasticFit`); None for a fixed set of workers.
+    membership: Membership | None = None
 
     def __init__(self, trainer, algorithm: Algorithm) -> None:
         self.trainer, self.algorithm = trainer, algorithm
@@ -111,6 +123,17 @@ class FitKind(abc.ABC):
     @abc.abstractmethod
     def summary(self, history: Any) -> str:
         """The end of the fit's closing log line: what the tasks' records say of the exchange."""
+
+    def run_stage(self, controller, plan: FitPlan, server, launch: Callable[[int, int], TaskLaunch], *,
+                  on_started, on_retry, events: list[dict], fatal, stopped: Callable[[], bool]):
+        """Run the fit's tasks through `controller` (inside its `closing`); `launch(attempt, workers)` starts an
+        attempt on the server and says what its tasks get. A fixed kind: one barrier stage with retries."""
+        t = self.trainer
+        return controller.run(
+            plan.frame, t.num_workers, lambda attempt, workers: self.task(plan, server, launch(attempt, workers)),
+            server=server, policy=self.retry_policy(), description=self.description(plan.model.name),
+            slot_timeout=t.slot_timeout, profile=plan.profile, on_started=on_started, on_retry=on_retry,
+            events=events, fatal=fatal)
 
 
 class ParameterServerFit(FitKind):
@@ -208,12 +231,110 @@ class CollectiveFit(FitKind):
         return f"local SGD over {self.trainer.num_workers} workers, {measured_line(first)}"
 
 
+#: Chunks per worker of the maximum: more chunks even out the epoch's tail when the workers are fewer or uneven,
+#: and a lost task redoes less; each chunk task costs a HELLO (the center) and a ``model.fit`` call.
+CHUNKS_PER_WORKER = 4
+
+
+class ElasticFit(ParameterServerFit):
+    """An elastic fit, ``Trainer(num_workers=(min, max))``: workers leave and join while it runs.
+
+    A fixed fit runs ONE barrier stage of `num_workers` long-lived tasks; an
+    elastic one runs one ordinary Spark job per epoch over its rows cut into
+    `CHUNKS_PER_WORKER` x max chunks (``trainer.spark.elastic_launch``), each task
+    one pass over one chunk (``trainer.runtime.ps_worker.chunk_task``) that
+    commits to the parameter server like any worker of the asynchronous
+    algorithms. To the server every chunk is a worker that finishes each epoch
+    once: its epoch accounting, checkpoints, the driver's callbacks (run before the
+    epoch's last report is answered, so the next epoch sees their stop or new
+    learning rate) and resuming work as for a fixed fit of that many workers.
+
+    Who trains is whatever Spark runs the tasks on: a worker is a Python
+    process (`trainer.fit.membership`), joining with its first task and leaving
+    when its connection drops without goodbye; at most max of them train at once
+    (the server makes the others wait). The fit goes on while the cluster
+    offers at least min task slots (``retry_timeout`` seconds below it stop the
+    fit with `ClusterCapacityError`). With Spark's dynamic allocation on, the
+    pending chunk tasks are what makes Spark ask for executors.
+
+    What changes with the workers, and what does not: the chunks are the same
+    whatever the workers, every row is trained once per epoch (a task re-run
+    after a loss skips what its lost attempt committed), and the learning rate is
+    the optimizer's (DOWNPOUR's commits are each worker's own steps); more
+    workers mean more commits in flight, hence more staleness, which the
+    time-sized window bounds (``trainer.algorithms.cadence``).
+    """
+
+    inline_callbacks = True
+
+    def __init__(self, trainer, algorithm) -> None:
+        super().__init__(trainer, algorithm)
+        self.chunks = CHUNKS_PER_WORKER * trainer.num_workers
+        self.fit_id = uuid.uuid4().hex
+        self.epoch = 0
+        self.membership: Membership | None = None
+
+    @property
+    def reporters(self) -> int:
+        return self.chunks
+
+    @property
+    def endpoints(self) -> int:
+        return 1
+
+    def progress_steps(self, steps_per_worker_epoch: int) -> int:
+        return steps_per_worker_epoch * self.trainer.num_workers * self.trainer.epochs
+
+    def server(self, **endpoint: Any) -> ParameterServer:
+        server: ParameterServer | None = None
+        self.membership = Membership(self.trainer.num_workers, epoch=lambda: self.epoch,
+                                     step=lambda: server.version if server is not None else 0)
+        server = ParameterServer(algorithm=self.algorithm, **endpoint, on_member=self.membership.heard,
+                                 admit=self.membership.admit)
+        return server
+
+    def task(self, plan: FitPlan, server, launch: TaskLaunch) -> Callable:
+        t = self.trainer
+        self.epoch = launch.attempt  # an elastic fit's attempt is its epoch: older epochs' tasks are fenced off
+        return functools.partial(train_chunk, ChunkConfig(
+            model=plan.source, algorithm=self.algorithm, ps_host=launch.host, ps_ports=(server.address[1],),
+            secret=server.credentials, num_workers=t.num_workers, batch_size=t.batch_size, epochs=t.epochs,
+            input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=launch.attempt, seed=t.seed,
+            io_timeout=t.io_timeout, keras_backend=launch.backend, overlap=t.overlap, epoch=launch.attempt,
+            fit_id=self.fit_id, chunks=self.chunks,
+        ))
+
+    def run_stage(self, controller, plan: FitPlan, server, launch: Callable[[int, int], TaskLaunch], *,
+                  on_started, on_retry, events: list[dict], fatal, stopped: Callable[[], bool]):
+        t = self.trainer
+        policy = ElasticPolicy(min_workers=t.min_workers, floor_timeout=t.retry_timeout, max_retries=t.max_retries)
+        stage = controller.run_elastic(
+            plan.frame, self.chunks, range(plan.completed_epochs, t.epochs),
+            lambda epoch: self.task(plan, server, launch(epoch, t.num_workers)), server=server, policy=policy,
+            description=self.description(plan.model.name), profile=plan.profile, on_started=on_started,
+            stopped=stopped, events=events, fatal=fatal)
+        for record in stage.records:  # what the server counted, whatever attempts of the chunk committed it
+            record["committed_batches"] = server.committed_batches(record["epoch"], record["chunk"])
+        return stage
+
+    def description(self, model_name: str) -> str:
+        lo, hi = self.trainer.options.elastic
+        return f"trainer: {model_name} {self.algorithm.describe()} elastic {lo}-{hi}"
+
+    def summary(self, history: Any) -> str:
+        joined = sum(1 for e in history.membership if e["event"] == "joined")
+        left = sum(1 for e in history.membership if e["event"] == "left")
+        return f"{super().summary(history)}, {joined} worker(s) joined, {left} left"
+
+
 #: Each kind of fit by the name an algorithm declares (``Algorithm.fit_kind``).
 KINDS: dict[str, type[FitKind]] = {PARAMETER_SERVER: ParameterServerFit, COLLECTIVE: CollectiveFit}
 
 
 def fit_kind(trainer, algorithm: Algorithm) -> FitKind:
-    """The kind of fit `algorithm` declares, for this `trainer`."""
+    """The kind of fit `algorithm` declares, for this `trainer` (an elastic one for ``num_workers=(min, max)``)."""
+    if trainer.options.elastic is not None:
+        return ElasticFit(trainer, algorithm)
     kind = KINDS.get(algorithm.fit_kind)
     if kind is None:
         raise ValueError(f"{algorithm.describe()} declares the kind of fit {algorithm.fit_kind!r}, which the trainer "

@@ -67,9 +67,10 @@ class PSClient(AuthenticatedClient):
 
     # -- requests ---------------------------------------------------------------
 
-    def hello(self) -> tuple[list[np.ndarray], dict[str, Any]]:
-        """Announce this worker; returns the center and ``{"version", "start_epoch", "num_workers"}``."""
-        frame = self._request(Msg.HELLO, {"attempt": self.attempt})
+    def hello(self, extra: dict[str, Any] | None = None) -> tuple[list[np.ndarray], dict[str, Any]]:
+        """Announce this worker; returns the center and ``{"version", "start_epoch", "num_workers"}``. `extra`:
+        an elastic fit's task names its epoch and its process (the reply then says ``committed_batches``)."""
+        frame = self._request(Msg.HELLO, {"attempt": self.attempt, **(extra or {})})
         announced = frame.meta.get("reply_codec")
         mine = None if self.reply_codec is None else self.reply_codec.describe()
         if announced is not None and announced != mine:

@@ -90,6 +90,7 @@ class _Conn(Connection):
         self.recv = RecvBuffer()
         self.reply: list[np.ndarray] | None = None
         self.held: list[np.ndarray] | None = None
+        self.member: dict[str, Any] | None = None  # who its worker is, as its HELLO said (elastic fits)
 
 
 class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServer):
@@ -124,6 +125,12 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         frame_mac, tls, max_pending: see ``AuthenticatedServer``.
         history_size: update records kept (``updates``); totals count all.
         hello_meta: extra meta of every HELLO reply (a shard says which part of the model it holds).
+        on_member: called with ``{"event": "hello" | "lost", "time", "worker", "peer", "member"}`` when a
+            worker whose HELLO names its process (``member``: an elastic fit's task) says HELLO, and when its
+            connection ends without BYE (the process or its machine went away), and ``"bye"`` when it ends
+            with one; serialized with `on_update`.
+        admit: called with a HELLO's ``member``; a positive number of seconds answers the HELLO with
+            ``{"wait": seconds}`` and no center (an elastic fit's cap on the workers training at once).
     """
 
     label = "parameter server"
@@ -157,6 +164,8 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         max_pending: int = 8,
         history_size: int = DEFAULT_HISTORY_SIZE,
         hello_meta: dict[str, Any] | None = None,
+        on_member: Callable[[dict[str, Any]], Any] | None = None,
+        admit: Callable[[dict[str, Any]], float] | None = None,
     ) -> None:
         if not round_timeout > 0:
             raise ValueError(f"round_timeout must be a positive number of seconds, received {round_timeout!r}")
@@ -193,6 +202,8 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         self._round_timeout = float(round_timeout)
         self._on_update = on_update
         self._on_epoch_done = on_epoch_done
+        self._on_member = on_member
+        self._admit_member = admit
 
         self._cond = threading.Condition(self._lock)
         self._callback_lock = threading.Lock()
@@ -204,6 +215,7 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         self._epochs_done: dict[int, dict[str, Any]] = dict(epochs_done or {})
         self._start_epochs: dict[int, int] = {}  # attempt -> epoch its workers start at
         self._epoch_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (attempt, epoch)
+        self._worker_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (epoch, worker)
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self._directives: dict[str, Any] = {}
 
@@ -359,6 +371,8 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
 
     def _closed(self, conn: Connection, said_bye: bool) -> None:
         worker = conn.worker
+        if getattr(conn, "member", None) is not None:
+            self._member_event("bye" if said_bye else "lost", conn)
         with self._lock:
             if (self._synchronous and self._round.payloads and worker not in self._round.payloads
                     and not any(c.worker == worker for c in self._conns)):
@@ -366,6 +380,21 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
                     f"round aborted: worker {worker} ({conn.peer}) disconnected before committing to round "
                     f"{self._round.number}; its Spark task probably failed (see the executor logs)"
                 )
+
+    def committed_batches(self, epoch: int, worker: int) -> int:
+        """The batches of `epoch` that `worker`'s applied commits counted (COMMIT meta ``"batches"``)."""
+        with self._lock:
+            return self._worker_batches[(epoch, worker)]
+
+    def _member_event(self, event: str, conn: Any) -> None:
+        if self._on_member is None:
+            return
+        with self._callback_lock:
+            try:
+                self._on_member({"event": event, "time": time.time(), "worker": conn.worker, "peer": conn.peer,
+                                 "member": conn.member})
+            except Exception:
+                log.exception("parameter server: on_member callback raised (ignored)")
 
     def _note(self, kind: str, **fields: Any) -> None:
         with self._lock:
@@ -468,15 +497,32 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
                 self._start_epochs[attempt] = completed_epochs(self._epochs_done, self._num_workers)
             return self._start_epochs[attempt], self._num_workers
 
+        epoch, member = meta.get("epoch"), meta.get("member")
+        if (epoch is not None and (type(epoch) is not int or epoch < 0)) or (
+                member is not None and not isinstance(member, dict)):
+            self._reply_error(conn, f"HELLO's 'epoch' must be an int >= 0 and its 'member' a dict, received "
+                                    f"{epoch!r:.20} and {type(member).__name__}")
+            return
+        if member is not None and self._admit_member is not None:
+            with self._callback_lock:
+                wait = self._admit_member(member)
+            if wait > 0:
+                self._reply(conn, {"wait": float(wait)})
+                return
         center, (version, start, workers) = self._read_center(conn, start_epoch)
         try:
             meta = {"version": version, "start_epoch": start, "num_workers": workers, **self._hello_meta}
+            if epoch is not None:  # a task that re-runs a chunk skips what an earlier attempt committed
+                meta["committed_batches"] = self.committed_batches(epoch, conn.worker)
             if self._reply_codec is not None:  # replies to its commits are changes of what it holds from now on
                 conn.held = [np.array(a, copy=True) for a in center]
                 meta["reply_codec"] = self._reply_codec.describe()
             self._reply(conn, meta, center)
         finally:
             self._release(center)
+        if member is not None:
+            conn.member = {k: member[k] for k in list(member)[:8]}
+            self._member_event("hello", conn)
 
     def _epoch_done(self, conn: _Conn, meta: dict[str, Any]) -> None:
         epoch, logs = meta.get("epoch"), meta.get("logs", {})

@@ -2,8 +2,9 @@
 
 * `wait_for_slots` fails fast with a clear message when the cluster cannot run
   N tasks at once (a barrier stage would otherwise wait for slots forever).
-* `run_barrier_job` runs ``frame.repartition(N).mapInArrow(fn, barrier=True)``
-  (with a ResourceProfile when tasks need GPUs) under a job tag from a helper
+* `run_job` runs ``frame.repartition(N).mapInArrow(fn, barrier=True)``
+  (with a ResourceProfile when tasks need GPUs; an elastic fit's jobs are not
+  barrier jobs, ``trainer.spark.elastic_launch``) under a job tag from a helper
   thread, so that the calling thread can show progress and a Ctrl-C cancels
   the job at once.
 * `run_stage_with_retries` re-runs a failed barrier stage after lost executors
@@ -122,9 +123,9 @@ def is_infrastructure_failure(error: BaseException) -> bool:
     return any(marker in text for marker in _INFRA_MARKERS)
 
 
-def run_barrier_job(
+def run_job(
     frame: DataFrame,
-    num_workers: int,
+    num_workers: int | None,
     task: Callable[[Any], Any],
     schema: str,
     *,
@@ -132,9 +133,10 @@ def run_barrier_job(
     on_wait: Callable[[], None] | None = None,
     poll_s: float = 0.5,
     profile: Any = None,
+    barrier: bool = True,
 ) -> list:
-    """Collect ``frame.repartition(N).mapInArrow(task, schema, barrier=True, profile=profile)``; Ctrl-C
-    cancels it (job tags)."""
+    """Collect ``frame.repartition(N).mapInArrow(task, schema, barrier=barrier, profile=profile)`` (`frame`'s own
+    partitions when `num_workers` is None); Ctrl-C, or an error `on_wait` raises, cancels it (job tags)."""
     from pyspark import InheritableThread
 
     spark = frame.sparkSession
@@ -145,7 +147,8 @@ def run_barrier_job(
     def target() -> None:
         _tag_jobs(spark, tag, description)
         try:
-            stage = frame.repartition(num_workers).mapInArrow(task, schema, barrier=True, **options)
+            parts = frame if num_workers is None else frame.repartition(num_workers)
+            stage = parts.mapInArrow(task, schema, barrier=barrier, **options)
             outcome["rows"] = stage.collect()
         except BaseException as exc:  # handed to the calling thread
             outcome["error"] = exc
@@ -255,7 +258,7 @@ def run_stage_with_retries(
     workers = num_workers
     for attempt in range(policy.max_retries + 1):
         try:
-            rows = run_barrier_job(frame, workers, make_task(attempt, workers), schema,
+            rows = run_job(frame, workers, make_task(attempt, workers), schema,
                                    description=f"{description} attempt {attempt}", profile=profile)
         except TrainingFailedError as exc:
             problem = fatal() if fatal is not None else None

@@ -46,7 +46,7 @@ from trainer.errors import ClusterError
 from trainer.spark.connect_server import ConnectServer
 from trainer.spark.java import check_java, find_spark_home, parse_memory_mb
 from trainer.spark.procs import (
-    MARKER_ENV, Daemon, ensure_port_free, free_port, kill_daemons, kill_marked, marked_pids, pdeathsig_prefix,
+    MARKER_ENV, Daemon, ensure_port_free, free_port, kill_daemons, kill_marked, kill_tree, marked_pids, pdeathsig_prefix,
     tail, wait_groups_reaped,
 )
 from trainer.spark.resources import check_worker_resources, worker_resource_opts
@@ -386,33 +386,52 @@ class LocalCluster:
             time.sleep(0.2)
 
     def _start_workers(self, spark_home: str, env: dict[str, str], t0: float) -> None:
+        self._spark_home, self._env = spark_home, env
+        for _ in range(self.workers):
+            self._launch_worker()
+        self._wait_alive(self.workers, t0)
+
+    def _launch_worker(self) -> None:
         assert self._root is not None
-        for i in range(self.workers):
-            work_dir = self._root / "work" / f"worker-{i}"
-            work_dir.mkdir(parents=True, exist_ok=True)
-            opts = worker_resource_opts(self.worker_resources, i, self._root / "resources")
-            worker_env = dict(env, SPARK_WORKER_OPTS=f"{env.get('SPARK_WORKER_OPTS', '')} {opts}".strip())
-            self._worker_daemons.append(
-                self._launch(
-                    f"worker-{i}",
-                    [_WORKER_CLASS, "--host", self.host, "--cores", str(self.cores_per_worker),
-                     "--memory", f"{self.worker_memory_mb}m", "--work-dir", str(work_dir),
-                     "--webui-port", "0", f"spark://{self.host}:{self._master_port}"],
-                    spark_home, worker_env if opts else env,
-                )
-            )
+        i = len(self._worker_daemons)
+        work_dir = self._root / "work" / f"worker-{i}"
+        work_dir.mkdir(parents=True, exist_ok=True)
+        env = self._env
+        opts = worker_resource_opts(self.worker_resources, i, self._root / "resources")
+        worker_env = dict(env, SPARK_WORKER_OPTS=f"{env.get('SPARK_WORKER_OPTS', '')} {opts}".strip())
+        self._worker_daemons.append(self._launch(
+            f"worker-{i}", [_WORKER_CLASS, "--host", self.host, "--cores", str(self.cores_per_worker),
+                            "--memory", f"{self.worker_memory_mb}m", "--work-dir", str(work_dir),
+                            "--webui-port", "0", f"spark://{self.host}:{self._master_port}"],
+            self._spark_home, worker_env if opts else env))
+
+    def add_worker(self) -> int:
+        """Start one more worker daemon (as a machine joining the cluster); returns its index once it is ALIVE."""
+        with self._lock:
+            self._require_started()
+            self._launch_worker()
+            self._wait_alive(len(self.alive_workers()) + 1, time.monotonic())
+            return len(self._worker_daemons) - 1
+
+    def kill_worker(self, index: int) -> None:
+        """SIGKILL worker daemon `index` with its executors and their Python workers, as a lost machine."""
+        with self._lock:
+            kill_tree(self._worker_daemons[index].proc.pid)
+            self._worker_daemons[index].proc.wait()
+
+    def _wait_alive(self, expected: int, t0: float) -> None:
         alive: list[dict[str, Any]] = []
         while True:
             for d in self._all_daemons():
-                if d.proc.poll() is not None:
+                if d.proc.poll() is not None and d.proc.returncode != -9:  # -9: kill_worker's
                     raise ClusterError(
-                        f"expected {self.workers} Spark worker(s) to register with the master, but "
+                        f"expected {expected} Spark worker(s) to register with the master, but "
                         f"{d.describe_exit()}"
                     )
             try:
                 status = self._fetch_status(timeout=2.0)
                 alive = [w for w in status.get("workers", []) if w.get("state") == "ALIVE"]
-                if len(alive) >= self.workers:
+                if len(alive) >= expected:
                     return
             except (urllib.error.URLError, OSError, ValueError):
                 pass
@@ -421,7 +440,7 @@ class LocalCluster:
                     f"--- {d.log_path}:\n{tail(d.log_path, 15)}" for d in self._worker_daemons
                 )
                 raise ClusterError(
-                    f"expected {self.workers} ALIVE worker(s) at {self.ui_url}/json/ within "
+                    f"expected {expected} ALIVE worker(s) at {self.ui_url}/json/ within "
                     f"{self.start_timeout:.0f}s, got {len(alive)}; raise start_timeout on a slow "
                     f"machine or read the worker logs:\n{tails}"
                 )
@@ -479,6 +498,8 @@ class LocalCluster:
         return server.start()
 
     def _expected_executors(self, settings: dict[str, Any]) -> int:
+        if str(settings.get("spark.dynamicAllocation.enabled", "false")).lower() == "true":
+            return 0  # Spark asks for executors when a job has tasks waiting
         exec_cores = int(settings.get("spark.executor.cores") or self.cores_per_worker)
         exec_mb = parse_memory_mb(str(settings.get("spark.executor.memory") or "1g"))
         cores_max = int(settings.get("spark.cores.max") or self.workers * self.cores_per_worker)

@@ -46,10 +46,11 @@ class WorkerExchange:
 
     def __init__(self, client, algorithm: ParameterServerAlgorithm, worker: int, record: dict, budget: int | None,
                  validation: tuple | None = None, validation_batch_size: int = 256, overlap: bool = False,
-                 epoch_batches: int | None = None, workers: int = 1) -> None:
+                 epoch_batches: int | None = None, workers: int = 1, count_batches: bool = False) -> None:
         super().__init__()  # keras.callbacks.Callback's, in the class make_sync_callback builds
         self.client, self.algorithm, self.worker, self.record = client, algorithm, worker, record
         self.budget, self.validation, self.validation_batch_size = budget, validation, validation_batch_size
+        self.count_batches = count_batches or budget is not None  # every commit says the batches it holds
         self.with_optimizer = algorithm.exchanges_optimizer_state
         self.since = 0
         self.step = 0
@@ -172,7 +173,7 @@ class WorkerExchange:
         """What a commit tells the server besides its payload: who, when, the loss, the batches it holds."""
         loss = float(logs["loss"]) if logs and "loss" in logs else self.running_loss()
         meta = {"worker": self.worker, "epoch": self.epoch, "step": self.step, "loss": loss}
-        if self.budget is not None:
+        if self.count_batches:
             meta["batches"] = self.since
         return meta
 
@@ -256,13 +257,16 @@ class WorkerExchange:
 
 def make_sync_callback(client, algorithm: ParameterServerAlgorithm, worker: int, record: dict, budget: int | None,
                        validation: tuple | None = None, validation_batch_size: int = 256, overlap: bool = False,
-                       epoch_batches: int | None = None, workers: int = 1):
+                       epoch_batches: int | None = None, workers: int = 1, count_batches: bool = False):
     """Build the Keras callback (imported lazily: keras must load after configure_process).
 
     `budget` is the number of minibatches in one epoch over all workers when
     the workers share each epoch (asynchronous algorithms with a window), else None;
     `epoch_batches` the same whether shared or not, and `workers` how many
     train together (they bound an automatic window, `trainer.algorithms.cadence`);
+    `count_batches` makes every commit count its batches even when epochs are
+    not shared (an elastic fit's chunk tasks: the server keeps what each chunk
+    committed, ``trainer.runtime.ps_worker.chunk_task``);
     `validation` is this worker's (x, y) validation rows, or None. With
     `overlap` (delta algorithms with a window only) a commit's round trip runs on a
     thread of its own while the next window trains; its reply is folded in at
@@ -274,4 +278,4 @@ def make_sync_callback(client, algorithm: ParameterServerAlgorithm, worker: int,
     callback = type("ParameterServerSync", (WorkerExchange, keras.callbacks.Callback),
                     {"__doc__": WorkerExchange.__doc__})
     return callback(client, algorithm, worker, record, budget, validation, validation_batch_size, overlap,
-                    epoch_batches, workers)
+                    epoch_batches, workers, count_batches)

@@ -1,0 +1,147 @@
+"""Elastic fits (``Trainer(num_workers=(min, max))``): workers leave and join a running fit.
+
+The Spark test runs one fit on a cluster of its own with Spark's dynamic
+allocation on (standalone, shuffle tracking): it starts on the executors Spark
+grants, a worker daemon added during epoch 1 joins it, and once that one
+trains, one of the first two killed while it trains (with its executor and
+Python workers, as a lost machine) leaves it; the fit ends with
+every row of every epoch committed exactly once, as the
+server counted it per chunk. The rest needs no Spark: the options, the
+membership's bookkeeping, the server's chunk accounting and admission.
+"""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import numpy as np
+import psutil
+import pytest
+
+from conftest import digits_model
+from trainer import LocalCluster, Trainer
+from trainer.errors import OptionError
+from trainer.fit.membership import Membership, every_row_once
+from trainer.options import FitOptions
+from trainer.spark.procs import descendants
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _training_below(pid: int, port: int) -> bool:
+    """Whether a process below `pid` (a worker daemon) holds a connection to the parameter server at `port`."""
+    for child in descendants(pid):
+        try:
+            if any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
+                   for c in psutil.Process(child).net_connections("tcp")):
+                return True
+        except psutil.Error:
+            continue
+    return False
+
+
+def test_num_workers_takes_min_and_max_and_refuses_what_cannot_be_elastic():
+    options = FitOptions(num_workers=(2, 4))
+    assert (options.elastic, options.num_workers, options.min_workers) == ((2, 4), 4, 2)
+    assert options.algorithm.name == "downpour" and options.algorithm_choice.facts.elastic
+    assert options.given("num_workers") == (2, 4)
+    assert FitOptions(num_workers=(3, 3)).elastic is None  # min == max: a fixed fit of 3
+    for bad in [(4, 2), (0, 2), (1, 2, 3), (1.0, 2)]:
+        with pytest.raises(OptionError, match=r"\(min, max\)"):
+            FitOptions(num_workers=bad)
+    with pytest.raises(OptionError, match="asynchronous parameter-server"):
+        FitOptions(num_workers=(1, 2), algorithm="localsgd")
+    with pytest.raises(OptionError, match="asynchronous parameter-server"):
+        FitOptions(num_workers=(1, 2), algorithm="easgd")
+    with pytest.raises(OptionError, match="ps_shards"):
+        FitOptions(num_workers=(1, 2), algorithm="downpour", ps_shards=2)
+    with pytest.raises(OptionError, match="min_workers"):
+        FitOptions(num_workers=(1, 2), min_workers=2)
+
+
+def test_membership_counts_joins_and_leaves_and_caps_the_workers_training():
+    changes = []
+    members = Membership(2, epoch=lambda: 1, step=lambda: 7, on_change=changes.append)
+    a, b, c = ({"host": "h", "pid": pid, "ready_s": 2.0} for pid in (1, 2, 3))
+    assert members.admit(a) == 0
+    members.heard({"event": "hello", "time": 1.0, "member": a})
+    members.heard({"event": "hello", "time": 2.0, "member": b})
+    assert members.admit(c) > 0 and members.admit(a) == 0  # two train: a third waits, a member's next task not
+    members.heard({"event": "bye", "time": 3.0, "member": a})  # a's task ended: it stays, idle
+    assert members.admit(c) == 0
+    members.heard({"event": "hello", "time": 4.0, "member": c})
+    members.heard({"event": "lost", "time": 5.0, "member": b})
+    assert [(e["event"], e["worker"], e["workers_before"], e["workers_after"]) for e in members.timeline()] == [
+        ("joined", "h:1", 0, 1), ("joined", "h:2", 1, 2), ("joined", "h:3", 2, 3), ("left", "h:2", 3, 2)]
+    assert changes == members.timeline() and changes[0]["epoch"] == 1 and changes[0]["step"] == 7
+    assert "ready in 2.0 s" in changes[0]["why"] and "left in epoch 2" in members.line(changes[-1])
+    assert every_row_once({0: 64, 1: 65}, {0: 2, 1: 3}, 32) == []
+    assert every_row_once({0: 64, 1: 65}, {0: 3, 1: 2}, 32) == [
+        "chunk 0: 3 batches committed for 64 rows (2 expected)", "chunk 1: 2 batches committed for 65 rows (3 expected)"]
+
+
+@pytest.mark.spark
+@pytest.mark.timeout(600)
+def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_every_row_once():
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    with LocalCluster(workers=2) as cluster:
+        spark = cluster.session("elastic", **{
+            "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+            "spark.dynamicAllocation.maxExecutors": "3", "spark.dynamicAllocation.executorIdleTimeout": "120s",
+            "spark.cores.max": "3"})
+        df = spark.createDataFrame([(x[i].tolist(), int(data.target[i])) for i in range(1500)],
+                                   "features array<float>, label int")
+        epochs_seen: list[int] = []
+        disturbed: dict[str, float] = {}
+
+        port = _free_port()
+
+        def disturb() -> None:  # add a worker in epoch 1; once it trains, kill one whose process is training
+            while not epochs_seen:
+                time.sleep(0.05)
+            cluster.add_worker()
+            disturbed["added"] = time.time()
+            while not _training_below(cluster._worker_daemons[2].proc.pid, port):  # the third one trains
+                time.sleep(0.02)
+            while "killed" not in disturbed:
+                for index in (0, 1):
+                    if _training_below(cluster._worker_daemons[index].proc.pid, port):
+                        cluster.kill_worker(index)
+                        disturbed["killed"] = time.time()
+                        break
+                time.sleep(0.02)
+
+        def on_update(record) -> None:
+            epochs_seen.append(record.epoch or 0)
+
+        thread = threading.Thread(target=disturb, daemon=True)
+        thread.start()
+        fitted = Trainer(digits_model(), num_workers=(1, 3), epochs=4, batch_size=32, on_update=on_update,
+                         ps_port=port, verbose=False).fit(df)
+        thread.join(timeout=5)
+    history = fitted.history
+    assert set(disturbed) == {"added", "killed"}
+    joined = [e for e in history.membership if e["event"] == "joined"]
+    left = [e for e in history.membership if e["event"] == "left"]
+    assert len(joined) >= 3 and all(e["ready_s"] > 0 for e in joined)  # two first executors, the added one
+    assert any(e["time"] > disturbed["added"] for e in joined)
+    assert len(left) == 1 and 0 <= left[0]["time"] - disturbed["killed"] < 5  # noticed in seconds
+    assert max(e["workers_after"] for e in history.membership) == 3
+    chunks = {(w["epoch"], w["chunk"]): w for w in history.workers}
+    assert {epoch for epoch, _ in chunks} == {0, 1, 2, 3} and len(chunks) == 4 * 12
+    for epoch in range(4):
+        records = [w for (e, _), w in chunks.items() if e == epoch]
+        assert every_row_once({w["chunk"]: w["rows"] for w in records},
+                              {w["chunk"]: w["committed_batches"] for w in records}, 32) == []
+        assert sum(w["rows"] for w in records) == 1500
+    assert [e["epoch"] for e in history.epochs] == [0, 1, 2, 3]
+    assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]

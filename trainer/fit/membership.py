@@ -1,0 +1,118 @@
+"""Who trains in an elastic fit, as the driver's parameter server sees it: pure bookkeeping, no Spark, no sockets.
+
+An elastic fit (``Trainer(num_workers=(min, max))``, ``trainer.fit.elastic``)
+has no fixed workers: Spark runs its chunk tasks on whatever executors it
+has, and a worker is the Python process a task runs in (``host:pid``: a
+reused Python worker trains one chunk after another with the model it built
+once). `Membership` hears what the server hears, in order:
+
+* ``hello``: a task of the process connected. The first one of a process is
+  a **join** (its time to ready, process start to model built, is in the
+  task's ``member`` meta); while `max_workers` processes are already
+  training, `admit` tells it to wait, so no more than the maximum train at
+  once, whatever the slots Spark grants;
+* ``bye``: the task ended and said so; the process stays a member, idle
+  until Spark gives it its next chunk;
+* ``lost``: its connection ended without BYE: the process or its machine went
+  away, a **leave**, noticed when its socket closes, not at Spark's network
+  timeout; Spark re-runs its chunk elsewhere.
+
+Each join and leave becomes an event of ``fitted.history.membership``
+(time, epoch, the server's version as the step, workers before and after,
+why) and a line above the progress bar.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Callable
+
+
+def member_id(member: dict[str, Any]) -> str:
+    """A process's name: ``host:pid``."""
+    return f"{member.get('host', '?')}:{member.get('pid', '?')}"
+
+
+class Membership:
+    """The members of an elastic fit and their changes (the module docstring).
+
+    Args:
+        max_workers: Integer. Processes that may train at once.
+        epoch: Callable returning the epoch the fit is in (for the events).
+        step: Callable returning the server's version (for the events).
+        on_change: Called with each join or leave event (the progress line).
+    """
+
+    def __init__(self, max_workers: int, epoch: Callable[[], int] = lambda: 0, step: Callable[[], int] = lambda: 0,
+                 on_change: Callable[[dict[str, Any]], Any] | None = None) -> None:
+        self.max_workers = int(max_workers)
+        self._epoch, self._step, self.on_change = epoch, step, on_change
+        self._lock = threading.Lock()
+        self.members: dict[str, dict[str, Any]] = {}  # name -> {"ready_s", "joined", "chunks"}
+        self.training: dict[str, int] = {}  # name -> open connections (a task of the process is training)
+        self.events: list[dict[str, Any]] = []
+
+    def admit(self, member: dict[str, Any]) -> float:
+        """Seconds a process's task should wait before its HELLO is served (0: train now)."""
+        name = member_id(member)
+        with self._lock:
+            busy = sum(1 for other, open_ in self.training.items() if open_ and other != name)
+        return 0.0 if busy < self.max_workers else 0.5
+
+    def heard(self, event: dict[str, Any]) -> dict[str, Any] | None:
+        """One event of the server (``hello``, ``bye``, ``lost``); returns the join or leave it makes, or None."""
+        member = event.get("member") or {}
+        name, kind = member_id(member), event["event"]
+        with self._lock:
+            change = None
+            if kind == "hello":
+                self.training[name] = self.training.get(name, 0) + 1
+                if name not in self.members:
+                    self.members[name] = {"ready_s": member.get("ready_s"), "joined": event["time"], "chunks": 0}
+                    ready = member.get("ready_s")
+                    change = self._change_locked("joined", name, event, len(self.members) - 1,
+                                                 f"a task started in a new process (ready in {ready:.1f} s)"
+                                                 if isinstance(ready, (int, float)) else "a task started")
+                self.members[name]["chunks"] += 1
+            elif kind in ("bye", "lost") and name in self.members:
+                self.training[name] = max(0, self.training.get(name, 0) - 1)
+                if kind == "lost":
+                    self.members.pop(name)
+                    self.training.pop(name, None)
+                    change = self._change_locked("left", name, event, len(self.members) + 1,
+                                                 "its connection ended without a goodbye (process or host lost)")
+        if change is not None and self.on_change is not None:
+            self.on_change(change)
+        return change
+
+    def _change_locked(self, what: str, name: str, event: dict[str, Any], before: int, why: str) -> dict[str, Any]:
+        change = {"time": event["time"], "event": what, "worker": name, "epoch": self._epoch(), "step": self._step(),
+                  "workers_before": before, "workers_after": len(self.members), "why": why}
+        if what == "joined":
+            change["ready_s"] = self.members[name]["ready_s"]
+        self.events.append(change)
+        return change
+
+    def line(self, change: dict[str, Any]) -> str:
+        """The progress line of a join or leave."""
+        verb = "joined" if change["event"] == "joined" else "left"
+        return (f"worker {change['worker']} {verb} in epoch {change['epoch'] + 1} "
+                f"({change['workers_before']} -> {change['workers_after']} workers: {change['why']})")
+
+    def timeline(self) -> list[dict[str, Any]]:
+        """The join and leave events, oldest first."""
+        with self._lock:
+            return sorted(self.events, key=lambda e: e["time"])
+
+
+def every_row_once(chunk_rows: dict[int, int], committed: dict[int, int], batch_size: int) -> list[str]:
+    """Problems with one epoch's accounting: each chunk's committed batches must cover its rows exactly once
+    (`chunk_rows`: rows per chunk; `committed`: batches the server counted per chunk). Empty: every row once."""
+    problems = []
+    for chunk, rows in sorted(chunk_rows.items()):
+        expected = -(-rows // batch_size)
+        got = committed.get(chunk, 0)
+        if got != expected:
+            problems.append(f"chunk {chunk}: {got} batches committed for {rows} rows ({expected} expected)")
+    return problems

@@ -1,0 +1,163 @@
+"""An elastic fit's task: one pass of one epoch over one chunk of the rows, in whichever Python worker Spark picks.
+
+An elastic fit (``trainer.fit.elastic``) cuts the rows into chunks and runs
+every epoch as one Spark job of one task per chunk
+(``trainer.spark.elastic_launch``). `train_chunk` is that task:
+
+1. **The process.** Spark keeps a Python worker for the executor's next task;
+   the first chunk task of a fit in a process builds the Keras model and keeps
+   it (`_PROCESSES`, by the fit's id), with its optimizer's state and its
+   exchange cadence, so the next chunks in that process only load the center.
+   The time from the task's start to the model built is the process's time to
+   ready, sent with its HELLO (``member``).
+2. **HELLO** names the epoch and the process. The server may say wait (the
+   fit already trains on its maximum of workers; the task asks again every
+   half second) and says how many batches of this chunk and epoch earlier
+   attempts committed (``committed_batches``): a task re-run after its
+   executor was lost skips them, so every row of the epoch is trained once.
+3. **One pass** over the chunk in a fixed order (seeded by the fit's seed, the
+   epoch and the chunk, the same for every attempt) with the worker's
+   ``ParameterServerSync`` callback (``trainer.runtime.ps_worker.exchange``),
+   whose commits count their batches; the batches left after the last window
+   are committed before EPOCH_DONE, whose validation metrics are the center's on
+   the chunk's validation rows.
+
+The task's record (its stage row) names its chunk, epoch, Spark attempt and
+process, the batches it skipped and the rows it trained.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+import numpy as np
+import pyarrow as pa
+
+from trainer.ps.shard_client import connect_ps
+from trainer.runtime.feeding.arrow import ValidationRows
+from trainer.runtime.feeding.shard import receive_shard
+from trainer.runtime.process import holding_cores, setup_barrier_task
+from trainer.runtime.ps_worker.exchange import make_sync_callback
+from trainer.runtime.ps_worker.worker_task import WorkerConfig
+from trainer.runtime.stage_result import result_batch
+from trainer.runtime.state import load_state
+
+#: Seconds a task waits before asking again when the server says wait (the fit trains on its maximum).
+WAIT_S = 0.5
+
+
+@dataclass(kw_only=True)
+class ChunkConfig(WorkerConfig):
+    """A chunk task's `WorkerConfig` and its epoch, the fit's id and the number of chunks (`num_workers` is the
+    fit's maximum of workers)."""
+
+    epoch: int
+    fit_id: str
+    chunks: int
+
+
+@dataclass
+class _Process:
+    """What a Python worker keeps between the chunk tasks of one fit."""
+
+    model: Any
+    ready_s: float
+    cadence: Any = None
+    chunks: int = 0
+
+
+_PROCESSES: dict[str, _Process] = {}
+
+
+def train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    """One chunk task (the function given to ``mapInArrow``); its cores are given back at its end."""
+    return holding_cores(_train_chunk(config, batches))
+
+
+def _train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+    from pyspark import TaskContext  # the task's context: imported where a task runs
+
+    task_start = time.time()
+    ctx = TaskContext.get()
+    chunk = ctx.partitionId()
+    devices = setup_barrier_task(ctx, config.keras_backend, config.env)
+    rows = ValidationRows(batches)
+    shard = receive_shard(iter(rows), config.input_shape, config.label_size, feed="memory")
+    validation = rows.arrays(config.input_shape, config.label_size)
+    data_ready = time.time()
+    process = _process(config, chunk, task_start)
+    model = process.model
+    member = {"host": socket.gethostname(), "pid": os.getpid(), "ready_s": process.ready_s}
+    record: dict[str, Any] = {
+        "worker": chunk, "chunk": chunk, "attempt": 0, "epoch": config.epoch, "spark_attempt": ctx.attemptNumber(),
+        "member": f"{member['host']}:{member['pid']}", "first_in_process": process.chunks == 0,
+        "ready_s": process.ready_s,
+        "rows": shard.rows, "task_start": task_start, "data_ready": data_ready, "model_built": time.time(),
+        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(), **devices, **shard.info(),
+        "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0},
+    }
+    process.chunks += 1
+    client = connect_ps([(config.ps_host, config.ps_ports[0])], config.secret, chunk, config.attempt,
+                        config.io_timeout, reply_codec=getattr(config.algorithm, "reply_codec", None))
+    with client:
+        center, meta = _hello(client, config.epoch, member)
+        load_state(model, list(center), with_optimizer=config.algorithm.exchanges_optimizer_state, strict=False)
+        skipped = int(meta.get("committed_batches", 0))
+        order = np.random.default_rng([config.seed, config.epoch, chunk]).permutation(shard.rows)
+        order = order[skipped * config.batch_size:]
+        chunk_batches = math.ceil(shard.rows / config.batch_size)
+        callback = make_sync_callback(client, config.algorithm, chunk, record, None,
+                                      validation if len(validation[0]) else None, config.validation_batch_size,
+                                      overlap=config.overlap, epoch_batches=chunk_batches * config.chunks,
+                                      workers=config.num_workers, count_batches=True)
+        if process.cadence is not None:
+            callback.cadence = process.cadence  # the window the process sized on its earlier chunks
+        callback.begin(model, int(meta.get("version", 0)))
+        callback.step = config.epoch * chunk_batches + skipped  # the chunk's steps over the fit (progress)
+        callback.start_epoch(config.epoch)
+        train_start = time.time()
+        if len(order):
+            feed = shard.feed(seed=None)
+            model.fit(**feed.fit_kwargs(config.batch_size, order=order), epochs=config.epoch + 1,
+                      initial_epoch=config.epoch, verbose=0, callbacks=[callback])
+            if callback.cadence.window is not None and callback.since and not callback.stopped:
+                callback.exchange(callback.logs)  # the batches after the last window, before EPOCH_DONE
+        callback.finish_epoch()
+        callback.finish()
+        process.cadence = callback.cadence
+        record.update(train_s=time.time() - train_start, end=time.time(), steps=callback.step,
+                      skipped_batches=skipped, trained_rows=len(order), stopped=callback.stopped,
+                      bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
+    shard.close()
+    yield result_batch(chunk, record)
+
+
+def _process(config: ChunkConfig, chunk: int, task_start: float) -> _Process:
+    """This Python worker's model for the fit, built by its first chunk task (other fits' models dropped)."""
+    process = _PROCESSES.get(config.fit_id)
+    if process is not None:
+        return process
+    import keras  # after setup_barrier_task: TensorFlow reads its settings when it starts
+
+    _PROCESSES.clear()
+    keras.backend.clear_session()
+    keras.utils.set_random_seed(config.seed + chunk)
+    model = config.model.build()
+    if config.algorithm.exchanges_optimizer_state:
+        model.optimizer.build(model.trainable_variables)
+    process = _PROCESSES[config.fit_id] = _Process(model, time.time() - task_start)
+    return process
+
+
+def _hello(client, epoch: int, member: dict[str, Any]) -> tuple[list, dict[str, Any]]:
+    """HELLO until the server admits this task (it says wait while the fit trains on its maximum of workers)."""
+    while True:
+        center, meta = client.hello({"epoch": epoch, "member": member})
+        if not meta.get("wait"):
+            return center, meta
+        time.sleep(WAIT_S)

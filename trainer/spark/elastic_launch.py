@@ -1,0 +1,122 @@
+"""Launch seam of an elastic fit: one ordinary Spark job per epoch over the rows in chunks, no barrier stage.
+
+A barrier stage needs all its slots at once for its whole life, and Spark
+refuses one under dynamic allocation (SPARK-24942). An elastic fit
+(``Trainer(num_workers=(min, max))``, ``trainer.fit.elastic``) instead cuts
+its rows once into chunks that Spark keeps (``persist``) and runs each epoch
+as one job of one task per chunk, so Spark's own scheduling does the rest:
+
+* **join**: an executor that registers mid-epoch takes chunks still pending;
+  under dynamic allocation the pending tasks are what makes Spark ask for
+  executors, so a fit starts on the first one granted;
+* **leave**: a task lost with its executor is re-run by Spark on another one
+  (a task retry, not a new stage); the re-run skips what the lost attempt
+  committed (``trainer.runtime.ps_worker.chunk_task``);
+* a job that fails anyway on lost executors (a task lost on every attempt)
+  runs again, up to `max_retries` times: chunks whose batches were all
+  committed only report their epoch again;
+* **the floor**: while the cluster offers fewer than `min_workers` task slots
+  for longer than `floor_timeout` seconds, the job is cancelled and the fit
+  stops with `ClusterCapacityError` (its last checkpoint kept). Spark Connect
+  clients cannot count slots: there the floor is not watched.
+
+It knows nothing about Keras or the parameter server: tasks come from
+``make_task(epoch)``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from pyspark.sql import DataFrame
+
+from trainer.errors import ClusterCapacityError, TrainingFailedError
+from trainer.spark.launch import available_slots, is_infrastructure_failure, run_job
+
+log = logging.getLogger("trainer.spark")
+
+
+@dataclass
+class ElasticPolicy:
+    """The floor and the retries of an elastic fit's jobs (the module docstring)."""
+
+    min_workers: int
+    floor_timeout: float
+    max_retries: int
+
+
+@dataclass
+class EpochJobs:
+    """What `run_epoch_jobs` returns: the rows of every epoch's job, and when each epoch's job ran."""
+
+    rows: list = field(default_factory=list)
+    epochs: list[dict[str, Any]] = field(default_factory=list)
+
+
+class _Floor:
+    """Raises ClusterCapacityError once the slots stayed under the minimum longer than the timeout."""
+
+    def __init__(self, spark, policy: ElasticPolicy, profile: Any, events: list[dict]) -> None:
+        self.spark, self.policy, self.profile, self.events = spark, policy, profile, events
+        self.below_since: float | None = None
+
+    def check(self) -> None:
+        slots = available_slots(self.spark, self.profile)
+        if slots is None or slots >= self.policy.min_workers:
+            self.below_since = None
+            return
+        now = time.monotonic()
+        if self.below_since is None:
+            self.below_since = now
+            self.events.append({"time": time.time(), "event": "below_minimum", "slots": slots,
+                                "min_workers": self.policy.min_workers})
+        elif now - self.below_since > self.policy.floor_timeout:
+            raise ClusterCapacityError(
+                f"The cluster offered {slots} task slot(s) for {self.policy.floor_timeout:.0f} s, fewer than the "
+                f"elastic fit's minimum of {self.policy.min_workers} workers: training stops. The parameter "
+                "server's last state is in the checkpoint if checkpoint_dir was set; resume with fit(df, "
+                "resume_from=...) once the cluster is back, or lower the minimum (num_workers=(min, max)).",
+                slots=slots)
+
+
+def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Callable[[int], Callable], schema: str,
+                   *, policy: ElasticPolicy, description: str, profile: Any = None,
+                   stopped: Callable[[], bool] = lambda: False,
+                   fatal: Callable[[], BaseException | None] = lambda: None,
+                   events: list[dict] | None = None) -> EpochJobs:
+    """Run one job per epoch of `epochs` over `frame` cut into `chunks` partitions (the module docstring);
+    ``stopped()`` after an epoch ends the loop (a callback stopped the fit)."""
+    from pyspark import StorageLevel
+
+    events = [] if events is None else events
+    floor = _Floor(frame.sparkSession, policy, profile, events)
+    cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK)
+    done = EpochJobs()
+    try:
+        for epoch in epochs:
+            start = time.time()
+            for attempt in range(policy.max_retries + 1):
+                try:
+                    rows = run_job(cut, None, make_task(epoch), schema, description=f"{description} epoch {epoch + 1}",
+                                   profile=profile, barrier=False, on_wait=floor.check)
+                    break
+                except TrainingFailedError as exc:
+                    problem = fatal()
+                    if problem is not None:
+                        raise problem from exc
+                    retry = attempt < policy.max_retries and is_infrastructure_failure(exc.__cause__)
+                    events.append({"time": time.time(), "event": "epoch_job_failed", "epoch": epoch,
+                                   "attempt": attempt, "error": str(exc), "retry": retry})
+                    if not retry:
+                        raise
+                    log.warning("Epoch %d's job failed (%s); running it again", epoch + 1, exc)
+            done.rows.extend(rows)
+            done.epochs.append({"epoch": epoch, "start": start, "end": time.time()})
+            if stopped():
+                break
+    finally:
+        cut.unpersist()
+    return done
