@@ -74,6 +74,13 @@ class Trainer(OptionAttributes):
             or on several hosts. The fit prints its choice and the reason
             (``fitted.history.choice``).
         num_workers: Integer. Number of long-lived worker tasks (one per slot).
+            Or ``(min, max)``: an elastic fit (``trainer.fit.kinds.ElasticFit``,
+            docs/faults.md) of the asynchronous parameter-server algorithms,
+            one Spark job per epoch over chunks of the rows, on whatever
+            executors Spark has (dynamic allocation on or off): workers join
+            and leave while it runs, at most `max` train at once, and it stops
+            after `retry_timeout` seconds below `min` task slots
+            (``fitted.history.membership`` lists the changes).
         batch_size: Integer. Minibatch size on each worker.
         epochs: Integer. Passes over each worker's shard.
         features_col: String or list of strings. An array or Spark ML Vector
