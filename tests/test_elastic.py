@@ -21,10 +21,12 @@ import psutil
 import pytest
 
 from conftest import digits_model
+from ps_fakes import client, ones, server, wait_for
 from trainer import LocalCluster, Trainer
 from trainer.errors import OptionError
 from trainer.fit.membership import Membership, every_row_once
 from trainer.options import FitOptions
+from trainer.ps import RemoteError
 from trainer.spark.procs import descendants
 
 
@@ -84,6 +86,32 @@ def test_membership_counts_joins_and_leaves_and_caps_the_workers_training():
     assert every_row_once({0: 64, 1: 65}, {0: 2, 1: 3}, 32) == []
     assert every_row_once({0: 64, 1: 65}, {0: 3, 1: 2}, 32) == [
         "chunk 0: 3 batches committed for 64 rows (2 expected)", "chunk 1: 2 batches committed for 65 rows (3 expected)"]
+
+
+@pytest.mark.timeout(20)
+def test_the_server_counts_each_chunk_admits_up_to_the_maximum_and_fences_a_replaced_task():
+    members = Membership(1)
+    heard: list[str] = []
+
+    def on_member(event):
+        heard.append(event["event"])
+        members.heard(event)
+
+    with server(num_workers=2, on_member=on_member, admit=members.admit) as ps:
+        one, two = ({"host": "h", "pid": pid} for pid in (1, 2))
+        with client(ps, 0) as first:
+            assert first.hello({"epoch": 0, "member": one})[1]["committed_batches"] == 0
+            first.commit(ones(), {"epoch": 0, "batches": 3})
+            with client(ps, 1) as second:  # the maximum (1) trains: a second process waits
+                assert second.hello({"epoch": 0, "member": two})[1] == {"wait": 0.5}
+            with client(ps, 0) as rerun:  # Spark re-runs chunk 0 (its process's next task: admitted)
+                assert rerun.hello({"epoch": 0, "member": one})[1]["committed_batches"] == 3
+                with pytest.raises(RemoteError, match="replaced: a newer task of worker 0 in epoch 0"):
+                    first.commit(ones(), {"epoch": 0, "batches": 1})  # the old task can no longer commit
+                rerun.commit(ones(), {"epoch": 0, "batches": 2})
+        assert ps.committed_batches(0, 0) == 5 and ps.committed_batches(1, 0) == 0
+        assert wait_for(lambda: heard == ["hello", "hello", "bye", "bye"])  # the waiting HELLO is not a member
+    assert [e["event"] for e in members.timeline()] == ["joined"]
 
 
 @pytest.mark.spark

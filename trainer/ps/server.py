@@ -91,6 +91,7 @@ class _Conn(Connection):
         self.reply: list[np.ndarray] | None = None
         self.held: list[np.ndarray] | None = None
         self.member: dict[str, Any] | None = None  # who its worker is, as its HELLO said (elastic fits)
+        self.claim: tuple[int, int] | None = None  # (epoch, worker) its HELLO took, if it named an epoch
 
 
 class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServer):
@@ -216,6 +217,7 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         self._start_epochs: dict[int, int] = {}  # attempt -> epoch its workers start at
         self._epoch_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (attempt, epoch)
         self._worker_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (epoch, worker)
+        self._claims: dict[tuple[int, int], Any] = {}  # (epoch, worker) -> the connection of its newest HELLO
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self._directives: dict[str, Any] = {}
 
@@ -432,6 +434,14 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
                        request=frame.msg.name)
             self._reply_error(conn, stale_attempt(conn.attempt, current))
             return
+        if conn.claim is not None and frame.msg != Msg.HELLO:
+            with self._lock:
+                replaced = self._claims.get(conn.claim) is not conn
+            if replaced:  # a task of the same chunk and epoch said HELLO after this one: only the newest trains
+                self._note("replaced_request", worker=conn.worker, epoch=conn.claim[0], request=frame.msg.name)
+                self._reply_error(conn, f"replaced: a newer task of worker {conn.worker} in epoch {conn.claim[0]} "
+                                        "took over (a Spark re-run after this task was thought lost)")
+                return
         if frame.msg == Msg.HELLO:
             self._hello(conn, meta)
         elif frame.msg == Msg.PULL:
@@ -513,7 +523,10 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         try:
             meta = {"version": version, "start_epoch": start, "num_workers": workers, **self._hello_meta}
             if epoch is not None:  # a task that re-runs a chunk skips what an earlier attempt committed
-                meta["committed_batches"] = self.committed_batches(epoch, conn.worker)
+                with self._lock:
+                    conn.claim = (epoch, conn.worker)
+                    self._claims[conn.claim] = conn
+                    meta["committed_batches"] = self._worker_batches[conn.claim]
             if self._reply_codec is not None:  # replies to its commits are changes of what it holds from now on
                 conn.held = [np.array(a, copy=True) for a in center]
                 meta["reply_codec"] = self._reply_codec.describe()
