@@ -36,16 +36,17 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _training_below(pid: int, port: int) -> bool:
-    """Whether a process below `pid` (a worker daemon) holds a connection to the parameter server at `port`."""
+def _connections_below(pid: int, port: int) -> int:
+    """Connections to the parameter server at `port` of the processes below `pid` (a worker daemon): a process's
+    heartbeat, and its task's while one trains."""
+    count = 0
     for child in descendants(pid):
         try:
-            if any(c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED
-                   for c in psutil.Process(child).net_connections("tcp")):
-                return True
+            count += sum(1 for c in psutil.Process(child).net_connections("tcp")
+                         if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
         except psutil.Error:
             continue
-    return False
+    return count
 
 
 def test_num_workers_takes_min_and_max_and_refuses_what_cannot_be_elastic():
@@ -81,11 +82,22 @@ def test_membership_counts_joins_and_leaves_and_caps_the_workers_training():
     members.heard({"event": "lost", "time": 5.0, "member": b})
     assert [(e["event"], e["worker"], e["workers_before"], e["workers_after"]) for e in members.timeline()] == [
         ("joined", "h:1", 0, 1), ("joined", "h:2", 1, 2), ("joined", "h:3", 2, 3), ("left", "h:2", 3, 2)]
-    assert changes == members.timeline() and changes[0]["epoch"] == 1 and changes[0]["step"] == 7
+    assert changes[:4] == members.timeline() and changes[0]["epoch"] == 1 and changes[0]["step"] == 7
     assert "ready in 2.0 s" in changes[0]["why"] and "left in epoch 2" in members.line(changes[-1])
+    members.heard({"event": "beat", "time": 6.0, "member": a})  # heartbeats: a and c beat, c's stop (it hangs)
+    members.heard({"event": "beat", "time": 6.0, "member": c})
+    members.heard({"event": "beat", "time": 11.0, "member": a})
+    silent = members.check(now=11.5)
+    assert [(e["worker"], e["why"]) for e in silent] == [("h:3", "no heartbeat for 5 s (hung or cut off)")]
+    assert members.admit(b) == 0  # the hung process no longer holds a place
+    members.heard({"event": "beat", "time": 20.0, "member": c})  # it wakes
+    back = members.timeline()[-1]
+    assert back["event"] == "joined" and "heard again after 8.5 s away" in back["why"]
+    members.heard({"event": "bye", "time": 21.0, "member": c, "heartbeat": True})  # a heartbeat's goodbye: no leave
+    assert len(members.members) == 2
     assert every_row_once({0: 64, 1: 65}, {0: 2, 1: 3}, 32) == []
-    assert every_row_once({0: 64, 1: 65}, {0: 3, 1: 2}, 32) == [
-        "chunk 0: 3 batches committed for 64 rows (2 expected)", "chunk 1: 2 batches committed for 65 rows (3 expected)"]
+    assert every_row_once({0: 64, 1: 65}, {0: 3, 1: 2}, 32) == ["chunk 0: 3 batches committed for 64 rows (2 expected)",
+                                                               "chunk 1: 2 batches committed for 65 rows (3 expected)"]
 
 
 @pytest.mark.timeout(20)
@@ -111,7 +123,10 @@ def test_the_server_counts_each_chunk_admits_up_to_the_maximum_and_fences_a_repl
                 rerun.commit(ones(), {"epoch": 0, "batches": 2})
         assert ps.committed_batches(0, 0) == 5 and ps.committed_batches(1, 0) == 0
         assert wait_for(lambda: heard == ["hello", "hello", "bye", "bye"])  # the waiting HELLO is not a member
-    assert [e["event"] for e in members.timeline()] == ["joined"]
+        with client(ps, 1) as beating:  # a heartbeat is answered at once, with no center
+            assert beating.hello({"heartbeat": True, "member": two}) == ([], {})
+        assert wait_for(lambda: heard[-2:] == ["beat", "bye"])
+    assert [(e["event"], e["worker"]) for e in members.timeline()] == [("joined", "h:1"), ("joined", "h:2")]
 
 
 @pytest.mark.spark
@@ -126,23 +141,25 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
             "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
             "spark.dynamicAllocation.maxExecutors": "3", "spark.dynamicAllocation.executorIdleTimeout": "120s",
             "spark.cores.max": "3"})
-        df = spark.createDataFrame([(x[i].tolist(), int(data.target[i])) for i in range(1500)],
+        df = spark.createDataFrame([(x[i % 1500].tolist(), int(data.target[i % 1500])) for i in range(3000)],
                                    "features array<float>, label int")
         epochs_seen: list[int] = []
         disturbed: dict[str, float] = {}
 
         port = _free_port()
 
-        def disturb() -> None:  # add a worker in epoch 1; once it trains, kill one whose process is training
+        def disturb() -> None:  # add a worker in epoch 1; once it joined, kill one of the first two
             while not epochs_seen:
                 time.sleep(0.05)
             cluster.add_worker()
             disturbed["added"] = time.time()
-            while not _training_below(cluster._worker_daemons[2].proc.pid, port):  # the third one trains
+            while not _connections_below(cluster._worker_daemons[2].proc.pid, port):  # the third one joined
                 time.sleep(0.02)
-            while "killed" not in disturbed:
+            deadline = time.monotonic() + 10
+            while "killed" not in disturbed:  # one of the first two, while it trains if it can be caught at it
                 for index in (0, 1):
-                    if _training_below(cluster._worker_daemons[index].proc.pid, port):
+                    if _connections_below(cluster._worker_daemons[index].proc.pid, port) >= 2 or (
+                            time.monotonic() > deadline):
                         cluster.kill_worker(index)
                         disturbed["killed"] = time.time()
                         break
@@ -170,6 +187,6 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
         records = [w for (e, _), w in chunks.items() if e == epoch]
         assert every_row_once({w["chunk"]: w["rows"] for w in records},
                               {w["chunk"]: w["committed_batches"] for w in records}, 32) == []
-        assert sum(w["rows"] for w in records) == 1500
+        assert sum(w["rows"] for w in records) == 3000
     assert [e["epoch"] for e in history.epochs] == [0, 1, 2, 3]
     assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]

@@ -294,13 +294,18 @@ class ElasticFit(ParameterServerFit):
         return server
 
     def task(self, plan: FitPlan, server, launch: TaskLaunch) -> Callable:
+        return self.chunk_task(plan, server, launch, plan.completed_epochs)
+
+    def chunk_task(self, plan: FitPlan, server, launch: TaskLaunch, epoch: int) -> Callable:
+        """What each chunk task of `epoch` runs. One attempt for the whole fit (a process's heartbeat outlives
+        epochs): a task Spark gave up on is fenced per chunk and epoch instead (``trainer.ps.members``)."""
         t = self.trainer
-        self.epoch = launch.attempt  # an elastic fit's attempt is its epoch: older epochs' tasks are fenced off
+        self.epoch = epoch
         return functools.partial(train_chunk, ChunkConfig(
             model=plan.source, algorithm=self.algorithm, ps_host=launch.host, ps_ports=(server.address[1],),
             secret=server.credentials, num_workers=t.num_workers, batch_size=t.batch_size, epochs=t.epochs,
             input_shape=plan.spec.input_shape, label_size=plan.spec.label_size, attempt=launch.attempt, seed=t.seed,
-            io_timeout=t.io_timeout, keras_backend=launch.backend, overlap=t.overlap, epoch=launch.attempt,
+            io_timeout=t.io_timeout, keras_backend=launch.backend, overlap=t.overlap, epoch=epoch,
             fit_id=self.fit_id, chunks=self.chunks,
         ))
 
@@ -308,11 +313,12 @@ class ElasticFit(ParameterServerFit):
                   on_started, on_retry, events: list[dict], fatal, stopped: Callable[[], bool]):
         t = self.trainer
         policy = ElasticPolicy(min_workers=t.min_workers, floor_timeout=t.retry_timeout, max_retries=t.max_retries)
+        tasks = launch(0, t.num_workers)
         stage = controller.run_elastic(
             plan.frame, self.chunks, range(plan.completed_epochs, t.epochs),
-            lambda epoch: self.task(plan, server, launch(epoch, t.num_workers)), server=server, policy=policy,
+            lambda epoch: self.chunk_task(plan, server, tasks, epoch), server=server, policy=policy,
             description=self.description(plan.model.name), profile=plan.profile, on_started=on_started,
-            stopped=stopped, events=events, fatal=fatal)
+            stopped=stopped, events=events, fatal=fatal, watch=self.membership.check)
         for record in stage.records:  # what the server counted, whatever attempts of the chunk committed it
             record["committed_batches"] = server.committed_batches(record["epoch"], record["chunk"])
         return stage

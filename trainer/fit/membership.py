@@ -6,16 +6,21 @@ has, and a worker is the Python process a task runs in (``host:pid``: a
 reused Python worker trains one chunk after another with the model it built
 once). `Membership` hears what the server hears, in order:
 
-* ``hello``: a task of the process connected. The first one of a process is
-  a **join** (its time to ready, process start to model built, is in the
-  task's ``member`` meta); while `max_workers` processes are already
-  training, `admit` tells it to wait, so no more than the maximum train at
-  once, whatever the slots Spark grants;
-* ``bye``: the task ended and said so; the process stays a member, idle
-  until Spark gives it its next chunk;
-* ``lost``: its connection ended without BYE: the process or its machine went
-  away, a **leave**, noticed when its socket closes, not at Spark's network
-  timeout; Spark re-runs its chunk elsewhere.
+* ``hello``: a task of the process connected; ``beat``: its heartbeat (every
+  `HEARTBEAT_S` seconds on a connection of its own, from its model's build to
+  its end). The first of either is a **join** (its time to ready, process
+  start to model built, is in the ``member`` meta); while `max_workers`
+  processes are already training, `admit` tells a task to wait, so no more
+  than the maximum train at once, whatever the slots Spark grants;
+* ``bye``: a task ended and said so; the process stays a member, idle until
+  Spark gives it its next chunk;
+* ``lost``: a connection of the process (a task's or its heartbeat's) ended
+  without BYE: the process or its machine went away, a **leave** noticed when
+  its socket closes, not at Spark's network timeout; Spark re-runs its chunk
+  elsewhere. A process that hangs (a paused container) keeps its sockets:
+  `check` makes it leave after `SILENT_S` seconds without a heartbeat, and
+  it joins again if it wakes (its task's requests are refused if Spark re-ran
+  its chunk meanwhile, ``trainer.ps.members``).
 
 Each join and leave becomes an event of ``fitted.history.membership``
 (time, epoch, the server's version as the step, workers before and after,
@@ -27,6 +32,8 @@ from __future__ import annotations
 import threading
 import time
 from typing import Any, Callable
+
+from trainer.ps.members import SILENT_S
 
 
 def member_id(member: dict[str, Any]) -> str:
@@ -45,12 +52,13 @@ class Membership:
     """
 
     def __init__(self, max_workers: int, epoch: Callable[[], int] = lambda: 0, step: Callable[[], int] = lambda: 0,
-                 on_change: Callable[[dict[str, Any]], Any] | None = None) -> None:
-        self.max_workers = int(max_workers)
+                 on_change: Callable[[dict[str, Any]], Any] | None = None, silent_s: float = SILENT_S) -> None:
+        self.max_workers, self.silent_s = int(max_workers), float(silent_s)
         self._epoch, self._step, self.on_change = epoch, step, on_change
         self._lock = threading.Lock()
         self.members: dict[str, dict[str, Any]] = {}  # name -> {"ready_s", "joined", "chunks"}
         self.training: dict[str, int] = {}  # name -> open connections (a task of the process is training)
+        self.gone: dict[str, float] = {}  # name -> when it left (it may come back: a hung process that wakes)
         self.events: list[dict[str, Any]] = []
 
     def admit(self, member: dict[str, Any]) -> float:
@@ -61,30 +69,53 @@ class Membership:
         return 0.0 if busy < self.max_workers else 0.5
 
     def heard(self, event: dict[str, Any]) -> dict[str, Any] | None:
-        """One event of the server (``hello``, ``bye``, ``lost``); returns the join or leave it makes, or None."""
+        """One event of the server (``hello``, ``beat``, ``bye``, ``lost``); returns the join or leave it makes, or
+        None."""
         member = event.get("member") or {}
-        name, kind = member_id(member), event["event"]
+        name, kind, now = member_id(member), event["event"], event["time"]
         with self._lock:
             change = None
-            if kind == "hello":
-                self.training[name] = self.training.get(name, 0) + 1
+            if kind in ("hello", "beat"):
                 if name not in self.members:
-                    self.members[name] = {"ready_s": member.get("ready_s"), "joined": event["time"], "chunks": 0}
+                    again = name in self.gone
                     ready = member.get("ready_s")
-                    change = self._change_locked("joined", name, event, len(self.members) - 1,
-                                                 f"a task started in a new process (ready in {ready:.1f} s)"
-                                                 if isinstance(ready, (int, float)) else "a task started")
-                self.members[name]["chunks"] += 1
-            elif kind in ("bye", "lost") and name in self.members:
-                self.training[name] = max(0, self.training.get(name, 0) - 1)
-                if kind == "lost":
-                    self.members.pop(name)
-                    self.training.pop(name, None)
-                    change = self._change_locked("left", name, event, len(self.members) + 1,
-                                                 "its connection ended without a goodbye (process or host lost)")
+                    self.members[name] = {"ready_s": ready, "joined": now, "chunks": 0}
+                    why = (f"heard again after {now - self.gone.pop(name):.1f} s away" if again
+                           else f"a new process, ready in {ready:.1f} s" if isinstance(ready, (int, float))
+                           else "a new process")
+                    change = self._change_locked("joined", name, event, len(self.members) - 1, why)
+                self.members[name]["beat"] = now
+                if kind == "hello":
+                    self.training[name] = self.training.get(name, 0) + 1
+                    self.members[name]["chunks"] += 1
+            elif name in self.members and kind == "bye" and not event.get("heartbeat"):
+                self.training[name] = max(0, self.training.get(name, 0) - 1)  # its task ended; it stays, idle
+            elif name in self.members and kind == "lost":
+                change = self._leave_locked(name, event, "its connection ended without a goodbye (process or host "
+                                                         "lost)")
+        self._changed(change)
+        return change
+
+    def check(self, now: float | None = None) -> list[dict[str, Any]]:
+        """Members silent for more than `silent_s` seconds (no heartbeat: hung or cut off) leave; returns them."""
+        now = time.time() if now is None else now
+        with self._lock:
+            silent = [name for name, info in self.members.items() if now - info.get("beat", now) > self.silent_s]
+            changes = [self._leave_locked(name, {"time": now}, f"no heartbeat for {self.silent_s:.0f} s (hung or cut "
+                                                               "off)") for name in silent]
+        for change in changes:
+            self._changed(change)
+        return changes
+
+    def _leave_locked(self, name: str, event: dict[str, Any], why: str) -> dict[str, Any]:
+        self.members.pop(name)
+        self.training.pop(name, None)
+        self.gone[name] = event["time"]
+        return self._change_locked("left", name, event, len(self.members) + 1, why)
+
+    def _changed(self, change: dict[str, Any] | None) -> None:
         if change is not None and self.on_change is not None:
             self.on_change(change)
-        return change
 
     def _change_locked(self, what: str, name: str, event: dict[str, Any], before: int, why: str) -> dict[str, Any]:
         change = {"time": event["time"], "event": what, "worker": name, "epoch": self._epoch(), "step": self._step(),

@@ -83,7 +83,7 @@ class AsynchronousCommits:
         self._version = conn.last_version = meta["version"]
         if "epoch_batches" in meta:
             self._epoch_batches[(conn.attempt, frame.meta["epoch"])] = meta["epoch_batches"]
-            self._worker_batches[(frame.meta["epoch"], conn.worker)] += frame.meta["batches"]
+            self._count_batches_locked(frame.meta["epoch"], conn.worker, frame.meta["batches"])
         return self._record(conn, frame, meta["version"], meta["staleness"], frame_size(buffers), "commit")
 
     def _commit_in_place(self: Any, conn: Any, frame: Frame) -> None:

@@ -65,6 +65,7 @@ import numpy as np
 from trainer.ps.center import Center
 from trainer.ps.commits import AsynchronousCommits
 from trainer.ps.epochs import completed_epochs, uniform_progress
+from trainer.ps.members import MemberTracking
 from trainer.ps.ps_errors import PSNotStartedError
 from trainer.ps.hygiene import check_commit, refusal, stale_attempt
 from trainer.ps.records import DEFAULT_HISTORY_SIZE, UpdateLog, UpdateRecord
@@ -92,9 +93,10 @@ class _Conn(Connection):
         self.held: list[np.ndarray] | None = None
         self.member: dict[str, Any] | None = None  # who its worker is, as its HELLO said (elastic fits)
         self.claim: tuple[int, int] | None = None  # (epoch, worker) its HELLO took, if it named an epoch
+        self.heartbeat = False  # a member's heartbeat connection (trainer.ps.members)
 
 
-class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServer):
+class ParameterServer(AsynchronousCommits, SynchronousRounds, MemberTracking, AuthenticatedServer):
     """Parameter server holding the center variable; see the module docstring.
 
     Serving (listening, the handshake, one thread per connection, stopping)
@@ -126,12 +128,7 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         frame_mac, tls, max_pending: see ``AuthenticatedServer``.
         history_size: update records kept (``updates``); totals count all.
         hello_meta: extra meta of every HELLO reply (a shard says which part of the model it holds).
-        on_member: called with ``{"event": "hello" | "lost", "time", "worker", "peer", "member"}`` when a
-            worker whose HELLO names its process (``member``: an elastic fit's task) says HELLO, and when its
-            connection ends without BYE (the process or its machine went away), and ``"bye"`` when it ends
-            with one; serialized with `on_update`.
-        admit: called with a HELLO's ``member``; a positive number of seconds answers the HELLO with
-            ``{"wait": seconds}`` and no center (an elastic fit's cap on the workers training at once).
+        on_member, admit: an elastic fit's members and their admission (``trainer.ps.members``).
     """
 
     label = "parameter server"
@@ -203,8 +200,7 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         self._round_timeout = float(round_timeout)
         self._on_update = on_update
         self._on_epoch_done = on_epoch_done
-        self._on_member = on_member
-        self._admit_member = admit
+        self._init_members(on_member, admit)
 
         self._cond = threading.Condition(self._lock)
         self._callback_lock = threading.Lock()
@@ -216,8 +212,6 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
         self._epochs_done: dict[int, dict[str, Any]] = dict(epochs_done or {})
         self._start_epochs: dict[int, int] = {}  # attempt -> epoch its workers start at
         self._epoch_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (attempt, epoch)
-        self._worker_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (epoch, worker)
-        self._claims: dict[tuple[int, int], Any] = {}  # (epoch, worker) -> the connection of its newest HELLO
         self._events: collections.deque[dict[str, Any]] = collections.deque(maxlen=MAX_EVENTS)
         self._directives: dict[str, Any] = {}
 
@@ -373,7 +367,7 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
 
     def _closed(self, conn: Connection, said_bye: bool) -> None:
         worker = conn.worker
-        if getattr(conn, "member", None) is not None:
+        if not self._stopping:  # the fit ended: the members did not leave
             self._member_event("bye" if said_bye else "lost", conn)
         with self._lock:
             if (self._synchronous and self._round.payloads and worker not in self._round.payloads
@@ -382,21 +376,6 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
                     f"round aborted: worker {worker} ({conn.peer}) disconnected before committing to round "
                     f"{self._round.number}; its Spark task probably failed (see the executor logs)"
                 )
-
-    def committed_batches(self, epoch: int, worker: int) -> int:
-        """The batches of `epoch` that `worker`'s applied commits counted (COMMIT meta ``"batches"``)."""
-        with self._lock:
-            return self._worker_batches[(epoch, worker)]
-
-    def _member_event(self, event: str, conn: Any) -> None:
-        if self._on_member is None:
-            return
-        with self._callback_lock:
-            try:
-                self._on_member({"event": event, "time": time.time(), "worker": conn.worker, "peer": conn.peer,
-                                 "member": conn.member})
-            except Exception:
-                log.exception("parameter server: on_member callback raised (ignored)")
 
     def _note(self, kind: str, **fields: Any) -> None:
         with self._lock:
@@ -434,14 +413,8 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
                        request=frame.msg.name)
             self._reply_error(conn, stale_attempt(conn.attempt, current))
             return
-        if conn.claim is not None and frame.msg != Msg.HELLO:
-            with self._lock:
-                replaced = self._claims.get(conn.claim) is not conn
-            if replaced:  # a task of the same chunk and epoch said HELLO after this one: only the newest trains
-                self._note("replaced_request", worker=conn.worker, epoch=conn.claim[0], request=frame.msg.name)
-                self._reply_error(conn, f"replaced: a newer task of worker {conn.worker} in epoch {conn.claim[0]} "
-                                        "took over (a Spark re-run after this task was thought lost)")
-                return
+        if frame.msg != Msg.HELLO and self._replaced(conn, frame.msg.name):
+            return
         if frame.msg == Msg.HELLO:
             self._hello(conn, meta)
         elif frame.msg == Msg.PULL:
@@ -507,35 +480,20 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, AuthenticatedServe
                 self._start_epochs[attempt] = completed_epochs(self._epochs_done, self._num_workers)
             return self._start_epochs[attempt], self._num_workers
 
-        epoch, member = meta.get("epoch"), meta.get("member")
-        if (epoch is not None and (type(epoch) is not int or epoch < 0)) or (
-                member is not None and not isinstance(member, dict)):
-            self._reply_error(conn, f"HELLO's 'epoch' must be an int >= 0 and its 'member' a dict, received "
-                                    f"{epoch!r:.20} and {type(member).__name__}")
+        if self._member_hello(conn, meta):  # an elastic fit's: a heartbeat, a wait or malformed (trainer.ps.members)
             return
-        if member is not None and self._admit_member is not None:
-            with self._callback_lock:
-                wait = self._admit_member(member)
-            if wait > 0:
-                self._reply(conn, {"wait": float(wait)})
-                return
+        epoch, member = meta.get("epoch"), meta.get("member")
         center, (version, start, workers) = self._read_center(conn, start_epoch)
         try:
             meta = {"version": version, "start_epoch": start, "num_workers": workers, **self._hello_meta}
-            if epoch is not None:  # a task that re-runs a chunk skips what an earlier attempt committed
-                with self._lock:
-                    conn.claim = (epoch, conn.worker)
-                    self._claims[conn.claim] = conn
-                    meta["committed_batches"] = self._worker_batches[conn.claim]
+            meta.update(self._claim(conn, epoch))  # a chunk's re-run skips what earlier attempts committed
             if self._reply_codec is not None:  # replies to its commits are changes of what it holds from now on
                 conn.held = [np.array(a, copy=True) for a in center]
                 meta["reply_codec"] = self._reply_codec.describe()
             self._reply(conn, meta, center)
         finally:
             self._release(center)
-        if member is not None:
-            conn.member = {k: member[k] for k in list(member)[:8]}
-            self._member_event("hello", conn)
+        self._member_said_hello(conn, member)
 
     def _epoch_done(self, conn: _Conn, meta: dict[str, Any]) -> None:
         epoch, logs = meta.get("epoch"), meta.get("logs", {})

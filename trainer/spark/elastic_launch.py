@@ -86,13 +86,19 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                    *, policy: ElasticPolicy, description: str, profile: Any = None,
                    stopped: Callable[[], bool] = lambda: False,
                    fatal: Callable[[], BaseException | None] = lambda: None,
-                   events: list[dict] | None = None) -> EpochJobs:
+                   events: list[dict] | None = None, watch: Callable[[], Any] = lambda: None) -> EpochJobs:
     """Run one job per epoch of `epochs` over `frame` cut into `chunks` partitions (the module docstring);
-    ``stopped()`` after an epoch ends the loop (a callback stopped the fit)."""
+    ``stopped()`` after an epoch ends the loop (a callback stopped the fit); ``watch()`` runs every half second
+    while a job runs (the members' heartbeats)."""
     from pyspark import StorageLevel
 
     events = [] if events is None else events
     floor = _Floor(frame.sparkSession, policy, profile, events)
+
+    def on_wait() -> None:
+        watch()
+        floor.check()
+
     cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK)
     done = EpochJobs()
     try:
@@ -101,7 +107,7 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
             for attempt in range(policy.max_retries + 1):
                 try:
                     rows = run_job(cut, None, make_task(epoch), schema, description=f"{description} epoch {epoch + 1}",
-                                   profile=profile, barrier=False, on_wait=floor.check)
+                                   profile=profile, barrier=False, on_wait=on_wait)
                     break
                 except TrainingFailedError as exc:
                     problem = fatal()

@@ -10,7 +10,9 @@ every epoch as one Spark job of one task per chunk
    exchange cadence, so the next chunks in that process only load the center.
    The time from the task's start to the model built is the process's time to
    ready, sent with its HELLO (``member``).
-2. **HELLO** names the epoch and the process. The server may say wait (the
+2. **HELLO** names the epoch and the process (which also sends a heartbeat
+   every `HEARTBEAT_S` seconds from its first task on, on a connection of
+   its own: ``trainer.ps.members``). The server may say wait (the
    fit already trains on its maximum of workers; the task asks again every
    half second) and says how many batches of this chunk and epoch earlier
    attempts committed (``committed_batches``): a task re-run after its
@@ -31,6 +33,7 @@ from __future__ import annotations
 import math
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -38,6 +41,7 @@ from typing import Any, Iterator
 import numpy as np
 import pyarrow as pa
 
+from trainer.ps.members import HEARTBEAT_S
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.feeding.shard import receive_shard
@@ -69,6 +73,7 @@ class _Process:
     ready_s: float
     cadence: Any = None
     chunks: int = 0
+    heartbeat: threading.Thread | None = None
 
 
 _PROCESSES: dict[str, _Process] = {}
@@ -93,6 +98,10 @@ def _train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Iter
     process = _process(config, chunk, task_start)
     model = process.model
     member = {"host": socket.gethostname(), "pid": os.getpid(), "ready_s": process.ready_s}
+    if process.heartbeat is None:
+        process.heartbeat = threading.Thread(target=_beat, args=(config, chunk, member), daemon=True,
+                                             name="trainer-heartbeat")
+        process.heartbeat.start()
     record: dict[str, Any] = {
         "worker": chunk, "chunk": chunk, "attempt": 0, "epoch": config.epoch, "spark_attempt": ctx.attemptNumber(),
         "member": f"{member['host']}:{member['pid']}", "first_in_process": process.chunks == 0,
@@ -152,6 +161,19 @@ def _process(config: ChunkConfig, chunk: int, task_start: float) -> _Process:
         model.optimizer.build(model.trainable_variables)
     process = _PROCESSES[config.fit_id] = _Process(model, time.time() - task_start)
     return process
+
+
+def _beat(config: ChunkConfig, chunk: int, member: dict[str, Any]) -> None:
+    """This process's heartbeat to the server, every `HEARTBEAT_S` seconds while the fit is this process's; it
+    ends quietly when the server goes (the fit ended) or another fit takes the process."""
+    try:
+        with connect_ps([(config.ps_host, config.ps_ports[0])], config.secret, chunk, config.attempt,
+                        config.io_timeout) as client:
+            while config.fit_id in _PROCESSES:
+                client.hello({"heartbeat": True, "member": member})
+                time.sleep(HEARTBEAT_S)
+    except Exception:  # the server stopped: nothing to tell
+        return
 
 
 def _hello(client, epoch: int, member: dict[str, Any]) -> tuple[list, dict[str, Any]]:
