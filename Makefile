@@ -66,7 +66,7 @@ SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-quick test-unit test-spark test-lab test-matrix matrix-venv bench bench-quality bench-select bench-out-of-core bench-ps bench-gpu clean lock lock-mlflow-server dist
+.PHONY: help venv demo test test-quick test-unit test-spark test-lab test-matrix matrix-venv bench bench-quality bench-select bench-out-of-core bench-elastic bench-ps bench-gpu worker-add worker-kill clean lock lock-mlflow-server dist
 
 help: ## show this help: the variables, then the targets by section
 	@awk '/^##@ Variables/ {printf "%s\n", substr($$0, 5)} /^#> / {name = $$2; $$1 = $$2 = ""; sub(/^ +/, ""); printf "  %-16s %s\n", name, $$0}' $(MAKEFILE_LIST)
@@ -195,6 +195,9 @@ bench-select: venv ## model selection on MNIST and forecasting: MOP vs task para
 	$(PY) jobs/select_forecast.py --limit 8760 --search $(SEARCHES) --seeds $(SELECT_SEEDS) --max-epochs 8 --eta 2 \
 	    --out $(OUT)/select_forecast_searches $(PUBLISH_ARG)
 
+bench-elastic: venv ## the MNIST CNN on 3 workers: elastic vs fixed fits, undisturbed, one worker killed at epoch 2, one joining; results under $(OUT)/elastic
+	$(PY) benchmarks/bench_elastic.py --out $(OUT)/elastic $(PUBLISH_ARG)
+
 bench-ps: venv ## parameter server vs raw loopback and an authenticated echo: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps
 	$(PY) benchmarks/bench_ps.py --out $(OUT)/bench_ps $(PUBLISH_ARG) $(BENCH_PS_ARGS)
 
@@ -320,6 +323,16 @@ up: ## start master, WORKERS workers, Jupyter and MLflow; returns when WORKERS w
 	    "the names in JUPYTER_LOCAL_HOSTNAMES ($${JUPYTER_LOCAL_HOSTNAMES:-none}): browse via one of them (docs/lab.md)";; esac; \
 	case "$$ml" in 127.*|localhost:*) ;; *) echo "  MLflow answers only to loopback addresses, localhost and" \
 	    "the names in MLFLOW_LOCAL_HOSTNAMES ($${MLFLOW_LOCAL_HOSTNAMES:-none}); it has no login (docs/security.md)";; esac
+
+worker-add: ## add one worker container to the running lab (an elastic fit, num_workers=(min, max), takes it on)
+	@n=$$(( $$($(LAB_COMPOSE) ps -q worker | wc -l) + 1 )); \
+	$(LAB_COMPOSE) up -d --no-recreate --scale worker=$$n worker && \
+	$(LAB_COMPOSE) exec -T master entrypoint.sh wait-workers $$n $(UP_MAX_TRIES) && echo "lab: $$n worker(s) ALIVE"
+
+worker-kill: ## kill the newest worker container, as a lost machine (docker kill: it does not come back)
+	@id=$$($(LAB_COMPOSE) ps -q worker | tail -n 1); \
+	if [ -z "$$id" ]; then echo "worker-kill: no worker container runs"; exit 1; fi; \
+	$(DOCKER) kill $$id >/dev/null && echo "lab: killed worker container $$id"
 
 down: ## stop the lab: no containers or networks left (PURGE=1 also deletes the data/checkpoints/results/mlflow volumes)
 	$(LAB_COMPOSE) --profile tools down --remove-orphans $(if $(PURGE),--volumes)

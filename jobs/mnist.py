@@ -97,6 +97,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--master", default=None, help="Spark master URL; default: an embedded LocalCluster")
     parser.add_argument("--workers", default="1,2", help="comma-separated worker counts to run (default 1,2)")
+    parser.add_argument("--min-workers", type=positive_int, default=None,
+                        help="an elastic fit for each worker count N above it: num_workers=(MIN, N), workers may "
+                             "leave and join while it trains (docs/faults.md); default: fixed fits")
     parser.add_argument("--algorithm", default="auto",
                         help="auto (the default: chosen from the workers, their GPUs and hosts), single, sync, "
                              "downpour, adag, easgd, aeasgd, dynsgd, allreduce (gradients all-reduced every step, no "
@@ -167,7 +170,8 @@ def _distributed_run(args, builder, n: int, seed: int, train, test, x_scored, y_
     run_options, fit_options = trainer_options(args, "cnn", n, seed)
     snapshots = EpochSnapshots()
     fitted = Trainer(
-        builder(n), algorithm=algorithm_from_args(args.algorithm, args.window), num_workers=n,
+        builder(n), algorithm=algorithm_from_args(args.algorithm, args.window),
+        num_workers=(args.min_workers, n) if args.min_workers and args.min_workers < n else n,
         batch_size=args.batch_size, epochs=args.max_epochs, on_epoch_end=snapshots, **run_options,
     ).fit(train, **fit_options)
     accuracy = fitted.evaluate(test)["accuracy"]  # after every epoch trained

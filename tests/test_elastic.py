@@ -2,9 +2,10 @@
 
 The Spark test runs one fit on a cluster of its own with Spark's dynamic
 allocation on (standalone, shuffle tracking): it starts on the executors Spark
-grants, a worker daemon added during epoch 1 joins it, and once that one
-trains, one of the first two killed while it trains (with its executor and
-Python workers, as a lost machine) leaves it; the fit ends with
+grants, a worker daemon added during epoch 1 joins it (its executor started
+at that epoch's end), and once that one trains, one of the first two killed
+while it trains (with its executor and Python workers, as a lost machine)
+leaves it; the fit ends with
 every row of every epoch committed exactly once, as the
 server counted it per chunk. The rest needs no Spark: the options, the
 membership's bookkeeping, the server's chunk accounting and admission.
@@ -24,6 +25,7 @@ from conftest import digits_model
 from ps_fakes import client, ones, server, wait_for
 from trainer import LocalCluster, Trainer
 from trainer.errors import OptionError
+from trainer.fit.kinds import CHUNKS_PER_WORKER
 from trainer.fit.membership import Membership, every_row_once
 from trainer.options import FitOptions
 from trainer.ps import RemoteError
@@ -145,15 +147,23 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
                                    "features array<float>, label int")
         epochs_seen: list[int] = []
         disturbed: dict[str, float] = {}
-
+        gates = {"added": threading.Event(), "killed": threading.Event()}
         port = _free_port()
 
-        def disturb() -> None:  # add a worker in epoch 1; once it joined, kill one of the first two
-            while not epochs_seen:
+        def nap(batches):  # a closure: cloudpickle ships it by value
+            for batch in batches:
+                time.sleep(2)
+                yield batch
+
+        def disturb() -> None:
+            while not epochs_seen:  # the fit trains: a machine joins the cluster
                 time.sleep(0.05)
             cluster.add_worker()
             disturbed["added"] = time.time()
-            while not _connections_below(cluster._worker_daemons[2].proc.pid, port):  # the third one joined
+            # Tasks waiting make dynamic allocation start an executor on it (the fit waits at its first epoch's end)
+            spark.range(6, numPartitions=6).mapInPandas(nap, "id long").collect()
+            gates["added"].set()
+            while not _connections_below(cluster._worker_daemons[2].proc.pid, port):  # its process joined
                 time.sleep(0.02)
             deadline = time.monotonic() + 10
             while "killed" not in disturbed:  # one of the first two, while it trains if it can be caught at it
@@ -162,16 +172,22 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
                             time.monotonic() > deadline):
                         cluster.kill_worker(index)
                         disturbed["killed"] = time.time()
+                        gates["killed"].set()
                         break
                 time.sleep(0.02)
 
         def on_update(record) -> None:
             epochs_seen.append(record.epoch or 0)
 
+        def on_epoch_end(epoch, center, when) -> None:  # the join before epoch 2, the kill before the last
+            gate = {0: gates["added"], 2: gates["killed"]}.get(epoch)
+            if gate is not None:
+                gate.wait(timeout=120)
+
         thread = threading.Thread(target=disturb, daemon=True)
         thread.start()
         fitted = Trainer(digits_model(), num_workers=(1, 3), epochs=4, batch_size=32, on_update=on_update,
-                         ps_port=port, verbose=False).fit(df)
+                         on_epoch_end=on_epoch_end, ps_port=port, verbose=False).fit(df)
         thread.join(timeout=5)
     history = fitted.history
     assert set(disturbed) == {"added", "killed"}
@@ -182,7 +198,7 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
     assert len(left) == 1 and 0 <= left[0]["time"] - disturbed["killed"] < 5  # noticed in seconds
     assert max(e["workers_after"] for e in history.membership) == 3
     chunks = {(w["epoch"], w["chunk"]): w for w in history.workers}
-    assert {epoch for epoch, _ in chunks} == {0, 1, 2, 3} and len(chunks) == 4 * 12
+    assert {epoch for epoch, _ in chunks} == {0, 1, 2, 3} and len(chunks) == 4 * CHUNKS_PER_WORKER * 3
     for epoch in range(4):
         records = [w for (e, _), w in chunks.items() if e == epoch]
         assert every_row_once({w["chunk"]: w["rows"] for w in records},

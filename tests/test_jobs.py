@@ -525,7 +525,7 @@ def test_the_demo_s_mnist_job_is_quiet_and_reports_every_run(tmp_path):
     master (--master), its large-task check at TRAINER_LOG=info and its tables without a baseline or a reached
     target: `test_a_job_runs_on_the_keras_backend_it_is_given`."""
     out = tmp_path / "demo"
-    result = run_job("mnist", ["--workers", "1,2", "--limit", "2000", "--epochs", "1", "--max-epochs", "2",
+    result = run_job("mnist", ["--workers", "1,2", "--limit", "1000", "--epochs", "1", "--max-epochs", "2",
                                "--target-accuracy", "0.5", "--fixed-epochs"], out, log_level=None)
     text = (tmp_path / "demo.log").read_text(errors="replace")
     noise = [line for line in text.splitlines() if CHATTER.search(line)]
@@ -545,9 +545,9 @@ def test_the_demo_s_mnist_job_is_quiet_and_reports_every_run(tmp_path):
     assert files["train"] and files["test"] and all(f.endswith(".parquet") for f in files["train"] + files["test"])
     _check_distributed_rows(rows, [1, 2])
     for r in (r for r in rows if r["mode"] == "distributed"):
-        # 2,000 images for 2 epochs: 50 % test accuracy comes within the first epoch
+        # 1,000 images for 2 epochs: 50 % test accuracy comes within the first epoch (0.77-0.83 there in two runs)
         assert r["target"] == 0.5 and r["target_epochs"] == 1 and r["epochs_trained"] == 2
-        assert 0 < r["time_to_target_s"] < r["time_s"] and r["target_steps"] == pytest.approx(63 / r["workers"], abs=2)
+        assert 0 < r["time_to_target_s"] < r["time_s"] and r["target_steps"] == pytest.approx(32 / r["workers"], abs=2)
         assert r["target_speedup"] > 0 and r["final_metric_value"] > 0.5
     assert [r["workers"] for r in rows if r["mode"] != "distributed"] == [0]  # the plain Keras baseline
     one, two = sorted((r for r in rows if r["mode"] == "distributed"), key=lambda r: r["workers"])

@@ -21,7 +21,10 @@ ready):
   too;
 * **events** for the driver (``on_member``): ``hello``, ``beat``, ``bye``
   and ``lost`` (a connection that ended without BYE), each naming the member
-  and whether it came from a heartbeat connection.
+  and whether it came from a heartbeat connection. They and ``admit`` are
+  called from the connections' threads as they come, not serialized with the
+  other callbacks (a slow epoch-end callback must not make a member look
+  silent): they must be thread-safe (``trainer.fit.membership`` is).
 """
 
 from __future__ import annotations
@@ -60,12 +63,11 @@ class MemberTracking:
     def _member_event(self, event: str, conn: Any) -> None:
         if self._on_member is None or conn.member is None:
             return
-        with self._callback_lock:
-            try:
-                self._on_member({"event": event, "time": time.time(), "worker": conn.worker, "peer": conn.peer,
-                                 "member": conn.member, "heartbeat": conn.heartbeat})
-            except Exception:
-                log.exception("parameter server: on_member callback raised (ignored)")
+        try:  # not under the callbacks' lock: a slow epoch-end callback must not make the members look silent
+            self._on_member({"event": event, "time": time.time(), "worker": conn.worker, "peer": conn.peer,
+                             "member": conn.member, "heartbeat": conn.heartbeat})
+        except Exception:
+            log.exception("parameter server: on_member callback raised (ignored)")
 
     def _replaced(self, conn: Any, request: str) -> bool:
         """Refuse (and say True for) a request on a connection whose chunk and epoch a newer HELLO took over."""
@@ -96,8 +98,7 @@ class MemberTracking:
             self._member_event("beat", conn)
             return True
         if self._admit_member is not None:
-            with self._callback_lock:
-                wait = self._admit_member(member)
+            wait = self._admit_member(member)
             if wait > 0:
                 self._reply(conn, {"wait": float(wait)})
                 return True

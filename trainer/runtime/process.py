@@ -23,7 +23,9 @@ The C allocator keeps freed blocks of up to 32 MiB (``trainer.runtime.allocator`
 from __future__ import annotations
 
 import os
-from typing import Iterator, TypeVar
+import time
+from dataclasses import dataclass
+from typing import Any, Iterator, TypeVar
 
 from trainer.process_env import prepare_process
 from trainer.runtime.allocator import keep_freed_memory
@@ -69,6 +71,24 @@ def setup_barrier_task(ctx, keras_backend: str, env: dict[str, str]) -> dict:
     pinned = configure_process(cpus, gpus, keras_backend, env, index=ctx.partitionId())
     return {"cpus": cpus, "gpus": gpus, "visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
             "pinned_cores": pinned, "cores_shared": sharing(), "backend": keras_backend}
+
+
+@dataclass(frozen=True)
+class TaskStart:
+    """What every training task knows once it started: when, its Spark context, its partition, its settings."""
+
+    time: float
+    ctx: Any
+    index: int
+    devices: dict
+
+
+def start_task(context: Any, keras_backend: str, env: dict[str, str]) -> TaskStart:
+    """The prologue of every training task: the time, the task's context (`context` is pyspark's
+    ``TaskContext`` or ``BarrierTaskContext``), its partition and `setup_barrier_task`'s settings."""
+    started = time.time()
+    ctx = context.get()
+    return TaskStart(started, ctx, ctx.partitionId(), setup_barrier_task(ctx, keras_backend, env))
 
 
 def setup_task(keras_backend: str, env: dict[str, str] | None = None) -> None:

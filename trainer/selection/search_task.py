@@ -51,7 +51,7 @@ from trainer.runtime.backends import DEFAULT_BACKEND
 from trainer.runtime.feeding.arrow import split_shard
 from trainer.runtime.feeding.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
-from trainer.runtime.process import holding_cores, setup_barrier_task
+from trainer.runtime.process import holding_cores, start_task
 from trainer.runtime.stage_result import result_batch
 from trainer.runtime.state import load_state, model_state, optimizer_of
 from trainer.selection.hopper import HopperClient
@@ -231,10 +231,8 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
 
 
 def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    task_start = time.time()
-    ctx = BarrierTaskContext.get()
-    worker = ctx.partitionId()
-    devices = setup_barrier_task(ctx, spec.keras_backend, spec.env)
+    start = start_task(BarrierTaskContext, spec.keras_backend, spec.env)
+    task_start, worker, devices = start.time, start.index, start.devices
 
     if spec.full_copy is None:
         (x, y), (xv, yv) = split_shard(batches, (spec.feature_size,), spec.label_size)
@@ -247,7 +245,7 @@ def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     checksum = _checksum(x, y, xv, yv)
     data_ready = time.time()
 
-    import keras  # after setup_barrier_task: TensorFlow reads its settings when it starts
+    import keras  # after start_task: TensorFlow reads its settings when it starts
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here

@@ -15,6 +15,13 @@ as one job of one task per chunk, so Spark's own scheduling does the rest:
 * a job that fails anyway on lost executors (a task lost on every attempt)
   runs again, up to `max_retries` times: chunks whose batches were all
   committed only report their epoch again;
+* **no waiting for locality**: Spark's delay scheduling keeps a cached chunk
+  for the executor that holds it for up to ``spark.locality.wait`` (3 s) while
+  that executor keeps finishing tasks, so a joiner would get no chunk at all
+  while the others keep up; the fit's jobs run with no locality wait (Spark
+  has no per-job setting and refuses ``spark.conf.set`` of it: the
+  SparkContext's own conf is set for the fit and put back after; not on Spark
+  Connect, whose clients cannot reach it);
 * **the floor**: while the cluster offers fewer than `min_workers` task slots
   for longer than `floor_timeout` seconds, the job is cancelled and the fit
   stops with `ClusterCapacityError` (its last checkpoint kept). Spark Connect
@@ -26,6 +33,7 @@ It knows nothing about Keras or the parameter server: tasks come from
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from dataclasses import dataclass, field
@@ -34,6 +42,7 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame
 
 from trainer.errors import ClusterCapacityError, TrainingFailedError
+from trainer.spark.connect import is_connect
 from trainer.spark.launch import available_slots, is_infrastructure_failure, run_job
 
 log = logging.getLogger("trainer.spark")
@@ -101,28 +110,55 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
 
     cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK)
     done = EpochJobs()
-    try:
+    with _no_locality_wait(frame.sparkSession), contextlib.ExitStack() as stack:
+        stack.callback(cut.unpersist)
         for epoch in epochs:
             start = time.time()
-            for attempt in range(policy.max_retries + 1):
-                try:
-                    rows = run_job(cut, None, make_task(epoch), schema, description=f"{description} epoch {epoch + 1}",
-                                   profile=profile, barrier=False, on_wait=on_wait)
-                    break
-                except TrainingFailedError as exc:
-                    problem = fatal()
-                    if problem is not None:
-                        raise problem from exc
-                    retry = attempt < policy.max_retries and is_infrastructure_failure(exc.__cause__)
-                    events.append({"time": time.time(), "event": "epoch_job_failed", "epoch": epoch,
-                                   "attempt": attempt, "error": str(exc), "retry": retry})
-                    if not retry:
-                        raise
-                    log.warning("Epoch %d's job failed (%s); running it again", epoch + 1, exc)
-            done.rows.extend(rows)
+            done.rows.extend(_epoch_job(cut, epoch, make_task(epoch), schema, policy, f"{description} epoch "
+                                        f"{epoch + 1}", profile, on_wait, fatal, events))
             done.epochs.append({"epoch": epoch, "start": start, "end": time.time()})
             if stopped():
                 break
-    finally:
-        cut.unpersist()
     return done
+
+
+def _epoch_job(cut: DataFrame, epoch: int, task: Callable, schema: str, policy: ElasticPolicy, description: str,
+               profile: Any, on_wait: Callable[[], None], fatal: Callable[[], BaseException | None],
+               events: list[dict]) -> list:
+    """One epoch's job, run again after lost executors (the module docstring); its rows."""
+    for attempt in range(policy.max_retries + 1):
+        try:
+            return run_job(cut, None, task, schema, description=description, profile=profile, barrier=False,
+                           on_wait=on_wait)
+        except TrainingFailedError as exc:
+            problem = fatal()
+            if problem is not None:
+                raise problem from exc
+            retry = attempt < policy.max_retries and is_infrastructure_failure(exc.__cause__)
+            events.append({"time": time.time(), "event": "epoch_job_failed", "epoch": epoch, "attempt": attempt,
+                           "error": str(exc), "retry": retry})
+            if not retry:
+                raise
+            log.warning("Epoch %d's job failed (%s); running it again", epoch + 1, exc)
+    raise AssertionError("unreachable: the last attempt either returns or raises")
+
+
+LOCALITY_WAIT = "spark.locality.wait"
+
+
+@contextlib.contextmanager
+def _no_locality_wait(spark):
+    """``spark.locality.wait`` at 0 for the jobs started inside, then as it was (the module docstring)."""
+    if is_connect(spark):
+        yield
+        return
+    conf = spark.sparkContext._jsc.sc().conf()
+    before = conf.get(LOCALITY_WAIT) if conf.contains(LOCALITY_WAIT) else None
+    conf.set(LOCALITY_WAIT, "0s")
+    try:
+        yield
+    finally:
+        if before is None:
+            conf.remove(LOCALITY_WAIT)
+        else:
+            conf.set(LOCALITY_WAIT, before)

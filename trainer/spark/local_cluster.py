@@ -413,11 +413,15 @@ class LocalCluster:
             self._wait_alive(len(self.alive_workers()) + 1, time.monotonic())
             return len(self._worker_daemons) - 1
 
-    def kill_worker(self, index: int) -> None:
-        """SIGKILL worker daemon `index` with its executors and their Python workers, as a lost machine."""
+    def kill_worker(self, index: int | None = None) -> int:
+        """SIGKILL worker daemon `index` (None: the first one alive) with its executors and their Python workers,
+        as a lost machine; returns its index."""
         with self._lock:
+            if index is None:
+                index = next(i for i, d in enumerate(self._worker_daemons) if d.proc.poll() is None)
             kill_tree(self._worker_daemons[index].proc.pid)
             self._worker_daemons[index].proc.wait()
+            return index
 
     def _wait_alive(self, expected: int, t0: float) -> None:
         alive: list[dict[str, Any]] = []

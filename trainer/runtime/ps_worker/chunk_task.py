@@ -45,7 +45,7 @@ from trainer.ps.members import HEARTBEAT_S
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.feeding.shard import receive_shard
-from trainer.runtime.process import holding_cores, setup_barrier_task
+from trainer.runtime.process import holding_cores, start_task
 from trainer.runtime.ps_worker.exchange import make_sync_callback
 from trainer.runtime.ps_worker.worker_task import WorkerConfig
 from trainer.runtime.stage_result import result_batch
@@ -87,10 +87,8 @@ def train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Itera
 def _train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import TaskContext  # the task's context: imported where a task runs
 
-    task_start = time.time()
-    ctx = TaskContext.get()
-    chunk = ctx.partitionId()
-    devices = setup_barrier_task(ctx, config.keras_backend, config.env)
+    start = start_task(TaskContext, config.keras_backend, config.env)
+    task_start, ctx, chunk, devices = start.time, start.ctx, start.index, start.devices
     rows = ValidationRows(batches)
     shard = receive_shard(iter(rows), config.input_shape, config.label_size, feed="memory")
     validation = rows.arrays(config.input_shape, config.label_size)
@@ -151,7 +149,7 @@ def _process(config: ChunkConfig, chunk: int, task_start: float) -> _Process:
     process = _PROCESSES.get(config.fit_id)
     if process is not None:
         return process
-    import keras  # after setup_barrier_task: TensorFlow reads its settings when it starts
+    import keras  # after start_task: TensorFlow reads its settings when it starts
 
     _PROCESSES.clear()
     keras.backend.clear_session()

@@ -48,7 +48,7 @@ from trainer.algorithms import ParameterServerAlgorithm
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
-from trainer.runtime.process import holding_cores, setup_barrier_task
+from trainer.runtime.process import holding_cores, start_task
 from trainer.runtime.feeding.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource
 from trainer.runtime.stage_result import result_batch
@@ -82,10 +82,8 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
 def _train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     from pyspark import BarrierTaskContext  # the task's context: imported where a task runs
 
-    task_start = time.time()
-    ctx = BarrierTaskContext.get()
-    worker = ctx.partitionId()
-    devices = setup_barrier_task(ctx, config.keras_backend, config.env)
+    start = start_task(BarrierTaskContext, config.keras_backend, config.env)
+    task_start, ctx, worker, devices = start.time, start.ctx, start.index, start.devices
     reset_peak_rss()
 
     # In memory, or streamed from a local spill file when the shard is large (trainer.runtime.feeding.shard);
@@ -103,7 +101,7 @@ def _train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) ->
         )
     shard.pad_to(max(sizes), seed=config.seed + worker)
 
-    import keras  # after setup_barrier_task: TensorFlow reads its settings when it starts
+    import keras  # after start_task: TensorFlow reads its settings when it starts
 
     keras.backend.clear_session()
     keras.utils.set_random_seed(config.seed + 1000 * config.attempt + worker)

@@ -1,0 +1,145 @@
+"""Elastic fits against fixed ones when a worker is lost or joins: the MNIST CNN on the embedded cluster.
+
+On one `LocalCluster` of 3 worker daemons, each repeat (--runs) trains the
+MNIST CNN (--limit images, --epochs epochs, the defaults: DOWNPOUR on one
+host) in five ways:
+
+* ``fixed``: ``num_workers=3``, undisturbed;
+* ``fixed, killed``: the same, one worker daemon killed (with its executor and
+  Python workers, as a lost machine) when epoch 2 starts: the barrier stage
+  fails, the retry waits ``retry_timeout`` for the slot, then goes on with 2;
+* ``elastic``: ``num_workers=(1, 3)``, undisturbed;
+* ``elastic, killed``: the same kill; the fit goes on with the others;
+* ``elastic, joined``: started on 2 workers, a third added when epoch 1
+  starts.
+
+A first, untimed fit starts every worker's Python process and imports; a
+killed worker is added back before the next run. Each row: the fit's wall
+time, its ratio to the undisturbed run of its kind in the same repeat
+(``vs_undisturbed``, the target for an elastic fit that loses one of 3 workers
+at epoch 2: at most 1.15), seconds from the kill to the fit noticing it
+(``noticed_s``: the elastic fit's ``left`` event, the fixed fit's failed
+attempt), the joiner's time to ready, and the test accuracy.
+
+    python benchmarks/bench_elastic.py --out results/elastic              # 3 repeats: about 40 minutes
+    python benchmarks/bench_elastic.py --runs 1 --epochs 2 --limit 3000 --out /tmp/elastic   # a quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import threading
+import time
+from pathlib import Path
+
+from trainer import LocalCluster, Trainer
+from trainer.data.prep import scale_pixels
+from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
+from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
+from trainer_jobs.support.models import build_cnn
+from trainer_jobs.support.published import add_publish_arg, publish
+from trainer_jobs.support.report import markdown_table, write_results
+
+COLUMNS = ["run", "mode", "wall_s", "vs_undisturbed", "noticed_s", "joined_ready_s", "accuracy"]
+MODES = ("fixed", "fixed, killed", "elastic", "elastic, killed", "elastic, joined")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--runs", type=positive_int, default=3, help="repeats of the five fits (default 3)")
+    parser.add_argument("--epochs", type=positive_int, default=4, help="epochs of each fit (default 4)")
+    parser.add_argument("--limit", type=positive_int, default=6000, help="training images (default 6000)")
+    parser.add_argument("--batch-size", type=positive_int, default=32, help="minibatch size (default 32)")
+    parser.add_argument("--retry-timeout", type=float, default=60.0,
+                        help="a fixed fit's wait for the lost slot before it goes on with fewer (default 60)")
+    parser.add_argument("--data-dir", default=None, help="where the Parquet copy of MNIST goes (default ./data)")
+    parser.add_argument("--out", default="results/elastic", help="results directory")
+    add_publish_arg(parser, "elastic")
+    add_verbose_arg(parser)
+    return parser.parse_args(argv)
+
+
+def disturbed_fit(cluster: LocalCluster, train, mode: str, args) -> tuple:
+    """One fit of `mode`; (the fitted model, when the kill or the join happened or None)."""
+    elastic = mode.startswith("elastic")
+    at: dict[str, float] = {}
+    started = threading.Event()
+    second = threading.Event()
+
+    def on_update(record) -> None:
+        started.set()
+        if (record.epoch or 0) >= 1:
+            second.set()
+
+    def disturb() -> None:
+        if mode.endswith("killed"):
+            second.wait()
+            at["time"] = time.time()
+            cluster.kill_worker()
+        elif mode.endswith("joined"):
+            started.wait()
+            at["time"] = time.time()
+            cluster.add_worker()
+
+    thread = threading.Thread(target=disturb, daemon=True)
+    thread.start()
+    trainer = Trainer(build_cnn, num_workers=(1, 3) if elastic else 3, epochs=args.epochs,
+                      batch_size=args.batch_size, retry_timeout=args.retry_timeout, on_update=on_update,
+                      check_data=False, verbose=False)
+    fitted = trainer.fit(train)
+    started.set(), second.set()
+    thread.join(timeout=120)
+    return fitted, at.get("time")
+
+
+def noticed(fitted, at: float | None) -> float | None:
+    """Seconds from the kill to the fit's own record of it."""
+    if at is None:
+        return None
+    left = [e["time"] for e in fitted.history.membership if e["event"] == "left"]
+    failed = [e["time"] for e in fitted.history.events if e.get("event") == "attempt_failed"]
+    times = left or failed
+    return min(times) - at if times else None
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    start_logging(args)
+    x_train, y_train, x_test, y_test = load_mnist(None, limit=args.limit)
+    rows = []
+    with LocalCluster(workers=3, cores_per_worker=1) as cluster:
+        spark = cluster.session("elastic", **{"spark.cores.max": "4"})
+        folder = data_dir(args.data_dir)
+        train = scale_pixels(parquet_images(spark, folder, "mnist-train", x_train, y_train)).cache()
+        test = scale_pixels(parquet_images(spark, folder, "mnist-test", x_test, y_test)).cache()
+        Trainer(build_cnn, num_workers=(1, 3), epochs=1, check_data=False, verbose=False).fit(train)  # warm-up
+        for run in range(args.runs):
+            undisturbed: dict[str, float] = {}
+            for mode in MODES:
+                if mode == "elastic, joined":
+                    cluster.kill_worker()  # start on 2
+                    time.sleep(2)
+                start = time.time()
+                fitted, at = disturbed_fit(cluster, train, mode, args)
+                wall = time.time() - start
+                kind = mode.split(",")[0]
+                undisturbed.setdefault(kind, wall)
+                joined = [e for e in fitted.history.membership if e["event"] == "joined" and at and e["time"] > at]
+                row = {"run": run + 1, "mode": mode, "wall_s": wall, "vs_undisturbed": wall / undisturbed[kind],
+                       "noticed_s": noticed(fitted, at) if mode.endswith("killed") else None,
+                       "joined_ready_s": joined[0]["ready_s"] if joined else None,
+                       "accuracy": fitted.evaluate(test)["accuracy"], "workers": 3, "speedup": None}
+                rows.append(row)
+                print(markdown_table([row], COLUMNS), flush=True)
+                if mode.endswith("killed"):
+                    cluster.add_worker()  # back to 3 for the next fit
+    paths = write_results(rows, Path(args.out), "elastic", metadata={"job": "bench_elastic", **vars(args)})
+    print(markdown_table(rows, COLUMNS))
+    print(f"results: {', '.join(str(p) for p in paths.values())}")
+    publish(args.publish, "elastic", rows)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
