@@ -144,6 +144,8 @@ def _epoch_job(cut: DataFrame, epoch: int, task: Callable, schema: str, policy: 
 
 
 LOCALITY_WAIT = "spark.locality.wait"
+#: The fit's locality wait: 0 here (see the module docstring).
+ELASTIC_LOCALITY_WAIT = "0s"
 
 
 @contextlib.contextmanager
@@ -154,7 +156,7 @@ def _no_locality_wait(spark):
         return
     conf = spark.sparkContext._jsc.sc().conf()
     before = conf.get(LOCALITY_WAIT) if conf.contains(LOCALITY_WAIT) else None
-    conf.set(LOCALITY_WAIT, "0s")
+    conf.set(LOCALITY_WAIT, ELASTIC_LOCALITY_WAIT)
     try:
         yield
     finally:
