@@ -1,54 +1,31 @@
 """Elastic fits (``Trainer(num_workers=(min, max))``): workers leave and join a running fit.
 
-The Spark test runs one fit on a cluster of its own with Spark's dynamic
-allocation on (standalone, shuffle tracking): it starts on the executors Spark
-grants, a worker daemon added during epoch 1 joins it (its executor started
-at that epoch's end), and once that one trains, one of the first two killed
-while it trains (with its executor and Python workers, as a lost machine)
-leaves it; the fit ends with
-every row of every epoch committed exactly once, as the
-server counted it per chunk. The rest needs no Spark: the options, the
+The Spark test runs one fit in a driver process of its own
+(tests/elastic_driver.py: its own cluster, with Spark's dynamic allocation on):
+it starts on the executors Spark grants, a worker daemon added during epoch 1
+joins it, one of the first two killed while it trains leaves it, and the fit
+ends with every row of every epoch committed exactly once, as the server
+counted it per chunk. The rest needs no Spark: the options, the
 membership's bookkeeping, the server's chunk accounting and admission.
 """
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
+import json
+import subprocess
+import sys
+from pathlib import Path
 
-import numpy as np
-import psutil
 import pytest
 
-from conftest import digits_model
 from ps_fakes import client, ones, server, wait_for
-from trainer import LocalCluster, Trainer
 from trainer.errors import OptionError
 from trainer.fit.kinds import CHUNKS_PER_WORKER
 from trainer.fit.membership import Membership, every_row_once
 from trainer.options import FitOptions
 from trainer.ps import RemoteError
-from trainer.spark.procs import descendants
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _connections_below(pid: int, port: int) -> int:
-    """Connections to the parameter server at `port` of the processes below `pid` (a worker daemon): a process's
-    heartbeat, and its task's while one trains."""
-    count = 0
-    for child in descendants(pid):
-        try:
-            count += sum(1 for c in psutil.Process(child).net_connections("tcp")
-                         if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
-        except psutil.Error:
-            continue
-    return count
+DRIVER = Path(__file__).with_name("elastic_driver.py")
 
 
 def test_num_workers_takes_min_and_max_and_refuses_what_cannot_be_elastic():
@@ -133,76 +110,26 @@ def test_the_server_counts_each_chunk_admits_up_to_the_maximum_and_fences_a_repl
 
 @pytest.mark.spark
 @pytest.mark.timeout(600)
-def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_every_row_once():
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    with LocalCluster(workers=2) as cluster:
-        spark = cluster.session("elastic", **{
-            "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
-            "spark.dynamicAllocation.maxExecutors": "3", "spark.dynamicAllocation.executorIdleTimeout": "120s",
-            "spark.cores.max": "3"})
-        df = spark.createDataFrame([(x[i % 1500].tolist(), int(data.target[i % 1500])) for i in range(3000)],
-                                   "features array<float>, label int")
-        epochs_seen: list[int] = []
-        disturbed: dict[str, float] = {}
-        gates = {"added": threading.Event(), "killed": threading.Event()}
-        port = _free_port()
-
-        def nap(batches):  # a closure: cloudpickle ships it by value
-            for batch in batches:
-                time.sleep(2)
-                yield batch
-
-        def disturb() -> None:
-            while not epochs_seen:  # the fit trains: a machine joins the cluster
-                time.sleep(0.05)
-            cluster.add_worker()
-            disturbed["added"] = time.time()
-            # Tasks waiting make dynamic allocation start an executor on it (the fit waits at its first epoch's end)
-            spark.range(6, numPartitions=6).mapInPandas(nap, "id long").collect()
-            gates["added"].set()
-            while not _connections_below(cluster._worker_daemons[2].proc.pid, port):  # its process joined
-                time.sleep(0.02)
-            deadline = time.monotonic() + 10
-            while "killed" not in disturbed:  # one of the first two, while it trains if it can be caught at it
-                for index in (0, 1):
-                    if _connections_below(cluster._worker_daemons[index].proc.pid, port) >= 2 or (
-                            time.monotonic() > deadline):
-                        cluster.kill_worker(index)
-                        disturbed["killed"] = time.time()
-                        gates["killed"].set()
-                        break
-                time.sleep(0.02)
-
-        def on_update(record) -> None:
-            epochs_seen.append(record.epoch or 0)
-
-        def on_epoch_end(epoch, center, when) -> None:  # the join before epoch 2, the kill before the last
-            gate = {0: gates["added"], 2: gates["killed"]}.get(epoch)
-            if gate is not None:
-                gate.wait(timeout=120)
-
-        thread = threading.Thread(target=disturb, daemon=True)
-        thread.start()
-        fitted = Trainer(digits_model(), num_workers=(1, 3), epochs=4, batch_size=32, on_update=on_update,
-                         on_epoch_end=on_epoch_end, ps_port=port, verbose=False).fit(df)
-        thread.join(timeout=5)
-    history = fitted.history
+def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_every_row_once(tmp_path):
+    out = tmp_path / "elastic.json"
+    run = subprocess.run([sys.executable, str(DRIVER), str(out)], capture_output=True, text=True, timeout=540,
+                         cwd=DRIVER.parent.parent)
+    assert run.returncode == 0 and out.is_file(), run.stdout[-3000:] + run.stderr[-3000:]
+    history = json.loads(out.read_text())
+    disturbed = history["disturbed"]
     assert set(disturbed) == {"added", "killed"}
-    joined = [e for e in history.membership if e["event"] == "joined"]
-    left = [e for e in history.membership if e["event"] == "left"]
+    joined = [e for e in history["membership"] if e["event"] == "joined"]
+    left = [e for e in history["membership"] if e["event"] == "left"]
     assert len(joined) >= 3 and all(e["ready_s"] > 0 for e in joined)  # two first executors, the added one
     assert any(e["time"] > disturbed["added"] for e in joined)
     assert len(left) == 1 and 0 <= left[0]["time"] - disturbed["killed"] < 5  # noticed in seconds
-    assert max(e["workers_after"] for e in history.membership) == 3
-    chunks = {(w["epoch"], w["chunk"]): w for w in history.workers}
+    assert max(e["workers_after"] for e in history["membership"]) == 3
+    chunks = {(w["epoch"], w["chunk"]): w for w in history["workers"]}
     assert {epoch for epoch, _ in chunks} == {0, 1, 2, 3} and len(chunks) == 4 * CHUNKS_PER_WORKER * 3
     for epoch in range(4):
         records = [w for (e, _), w in chunks.items() if e == epoch]
         assert every_row_once({w["chunk"]: w["rows"] for w in records},
                               {w["chunk"]: w["committed_batches"] for w in records}, 32) == []
         assert sum(w["rows"] for w in records) == 3000
-    assert [e["epoch"] for e in history.epochs] == [0, 1, 2, 3]
-    assert history.epochs[-1]["loss"] < history.epochs[0]["loss"]
+    assert [e["epoch"] for e in history["epochs"]] == [0, 1, 2, 3]
+    assert history["epochs"][-1]["loss"] < history["epochs"][0]["loss"]

@@ -1,0 +1,114 @@
+"""The driver program of the elastic fit's test (tests/test_elastic.py): its own cluster, in its own process.
+
+Spark allows one SparkContext per process and the test's pytest worker may hold the session's: so the fit runs
+here, against a `LocalCluster` of 2 workers with Spark's dynamic allocation on (standalone, shuffle tracking), and
+writes what happened as JSON. A worker daemon is added once the fit trains (its executor started by tasks waiting
+while the fit waits at its first epoch's end); once its process joined, one of the first two is killed while it
+trains (with its executor and Python workers, as a lost machine), the fit waiting for that at its third epoch's
+end.
+
+    python tests/elastic_driver.py OUT.json
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import psutil
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from conftest import digits_model  # noqa: E402
+
+from trainer import LocalCluster, Trainer  # noqa: E402
+from trainer.spark.procs import descendants  # noqa: E402
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _connections_below(pid: int, port: int) -> int:
+    """Connections to the parameter server at `port` of the processes below `pid` (a worker daemon): a process's
+    heartbeat, and its task's while one trains."""
+    count = 0
+    for child in descendants(pid):
+        try:
+            count += sum(1 for c in psutil.Process(child).net_connections("tcp")
+                         if c.raddr and c.raddr.port == port and c.status == psutil.CONN_ESTABLISHED)
+        except psutil.Error:
+            continue
+    return count
+
+
+def main(out: str) -> int:
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = (data.data / 16.0).astype(np.float32)
+    with LocalCluster(workers=2) as cluster:
+        spark = cluster.session("elastic", **{
+            "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+            "spark.dynamicAllocation.maxExecutors": "3", "spark.dynamicAllocation.executorIdleTimeout": "120s",
+            "spark.cores.max": "3"})
+        df = spark.createDataFrame([(x[i % 1500].tolist(), int(data.target[i % 1500])) for i in range(3000)],
+                                   "features array<float>, label int")
+        epochs_seen: list[int] = []
+        disturbed: dict[str, float] = {}
+        gates = {"added": threading.Event(), "killed": threading.Event()}
+        port = _free_port()
+
+        def nap(batches):  # a closure: cloudpickle ships it by value
+            for batch in batches:
+                time.sleep(2)
+                yield batch
+
+        def disturb() -> None:
+            while not epochs_seen:  # the fit trains: a machine joins the cluster
+                time.sleep(0.05)
+            cluster.add_worker()
+            disturbed["added"] = time.time()
+            # Tasks waiting make dynamic allocation start an executor on it (the fit waits at its first epoch's end)
+            spark.range(6, numPartitions=6).mapInPandas(nap, "id long").collect()
+            gates["added"].set()
+            while not _connections_below(cluster._worker_daemons[2].proc.pid, port):  # its process joined
+                time.sleep(0.02)
+            deadline = time.monotonic() + 10
+            while "killed" not in disturbed:  # one of the first two, while it trains if it can be caught at it
+                for index in (0, 1):
+                    if _connections_below(cluster._worker_daemons[index].proc.pid, port) >= 2 or (
+                            time.monotonic() > deadline):
+                        disturbed["killed"] = time.time()
+                        cluster.kill_worker(index)
+                        gates["killed"].set()
+                        break
+                time.sleep(0.02)
+
+        def on_update(record) -> None:
+            epochs_seen.append(record.epoch or 0)
+
+        def on_epoch_end(epoch, center, when) -> None:  # the join before epoch 2, the kill before the last
+            gate = {0: gates["added"], 2: gates["killed"]}.get(epoch)
+            if gate is not None:
+                gate.wait(timeout=120)
+
+        thread = threading.Thread(target=disturb, daemon=True)
+        thread.start()
+        fitted = Trainer(digits_model(), num_workers=(1, 3), epochs=4, batch_size=32, on_update=on_update,
+                         on_epoch_end=on_epoch_end, ps_port=port, verbose=False).fit(df)
+        thread.join(timeout=5)
+    history = fitted.history
+    Path(out).write_text(json.dumps({"disturbed": disturbed, "membership": history.membership,
+                                     "workers": history.workers, "epochs": history.epochs}, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1]))
