@@ -4,8 +4,8 @@ Spark allows one SparkContext per process and the test's pytest worker may hold 
 here, against a `LocalCluster` of 2 workers with Spark's dynamic allocation on (standalone, shuffle tracking), and
 writes what happened as JSON. A worker daemon is added once the fit trains (its executor started by tasks waiting
 while the fit waits at its first epoch's end); once its process joined, one of the first two is killed while it
-trains (with its executor and Python workers, as a lost machine), the fit waiting for that at its third epoch's
-end.
+trains (with its executor and Python workers, as a lost machine), then the other one paused while it trains (a hung
+machine, woken 8 s later), the fit waiting for each at an epoch's end so that the last epoch sees them all.
 
     python tests/elastic_driver.py OUT.json
 """
@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from conftest import digits_model  # noqa: E402
 
 from trainer import LocalCluster, Trainer  # noqa: E402
+from trainer.ps.members import SILENT_S  # noqa: E402
 from trainer.spark.procs import descendants  # noqa: E402
 
 
@@ -62,13 +63,25 @@ def main(out: str) -> int:
                                    "features array<float>, label int")
         epochs_seen: list[int] = []
         disturbed: dict[str, float] = {}
-        gates = {"added": threading.Event(), "killed": threading.Event()}
+        gates = {"added": threading.Event(), "killed": threading.Event(), "paused": threading.Event()}
         port = _free_port()
 
         def nap(batches):  # a closure: cloudpickle ships it by value
             for batch in batches:
                 time.sleep(2)
                 yield batch
+
+        def training(index: int) -> bool:  # its process's task holds a connection beside its heartbeat's
+            return _connections_below(cluster._worker_daemons[index].proc.pid, port) >= 2
+
+        def when_training(indexes, act) -> int:  # act on the first of `indexes` caught training (in 10 s)
+            deadline = time.monotonic() + 10
+            while True:
+                for index in indexes:
+                    if training(index) or time.monotonic() > deadline:
+                        act(index)
+                        return index
+                time.sleep(0.02)
 
         def disturb() -> None:
             while not epochs_seen:  # the fit trains: a machine joins the cluster
@@ -80,22 +93,21 @@ def main(out: str) -> int:
             gates["added"].set()
             while not _connections_below(cluster._worker_daemons[2].proc.pid, port):  # its process joined
                 time.sleep(0.02)
-            deadline = time.monotonic() + 10
-            while "killed" not in disturbed:  # one of the first two, while it trains if it can be caught at it
-                for index in (0, 1):
-                    if _connections_below(cluster._worker_daemons[index].proc.pid, port) >= 2 or (
-                            time.monotonic() > deadline):
-                        disturbed["killed"] = time.time()
-                        cluster.kill_worker(index)
-                        gates["killed"].set()
-                        break
-                time.sleep(0.02)
+            killed = when_training((0, 1), cluster.kill_worker)  # a lost machine
+            disturbed["killed"] = time.time()
+            gates["killed"].set()
+            hung = when_training((1 - killed,), cluster.pause_worker)  # a hung machine (docker pause)
+            disturbed["paused"] = time.time()
+            gates["paused"].set()
+            time.sleep(SILENT_S + 3)  # it wakes once the fit dropped it and Spark re-ran its chunk
+            cluster.pause_worker(hung, paused=False)
+            disturbed["woken"] = time.time()
 
         def on_update(record) -> None:
             epochs_seen.append(record.epoch or 0)
 
-        def on_epoch_end(epoch, center, when) -> None:  # the join before epoch 2, the kill before the last
-            gate = {0: gates["added"], 2: gates["killed"]}.get(epoch)
+        def on_epoch_end(epoch, center, when) -> None:  # the join before epoch 2, the kill before epoch 3, the hang
+            gate = {0: gates["added"], 1: gates["killed"], 2: gates["paused"]}.get(epoch)  # before the last
             if gate is not None:
                 gate.wait(timeout=120)
 
@@ -103,7 +115,7 @@ def main(out: str) -> int:
         thread.start()
         fitted = Trainer(digits_model(), num_workers=(1, 3), epochs=4, batch_size=32, on_update=on_update,
                          on_epoch_end=on_epoch_end, ps_port=port, verbose=False).fit(df)
-        thread.join(timeout=5)
+        thread.join(timeout=30)
     history = fitted.history
     Path(out).write_text(json.dumps({"disturbed": disturbed, "membership": history.membership,
                                      "workers": history.workers, "epochs": history.epochs}, default=str))

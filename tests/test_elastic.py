@@ -3,9 +3,10 @@
 The Spark test runs one fit in a driver process of its own
 (tests/elastic_driver.py: its own cluster, with Spark's dynamic allocation on):
 it starts on the executors Spark grants, a worker daemon added during epoch 1
-joins it, one of the first two killed while it trains leaves it, and the fit
-ends with every row of every epoch committed exactly once, as the server
-counted it per chunk. The rest needs no Spark: the options, the
+joins it, one of the first two killed while it trains leaves it at once, the
+other paused while it trains (hung) is dropped by the fit's heartbeat and its
+executor released to Spark, and the fit ends with every row of every epoch
+committed exactly once, as the server counted it per chunk. The rest needs no Spark: the options, the
 membership's bookkeeping, the server's chunk accounting and admission.
 """
 
@@ -21,8 +22,9 @@ import pytest
 from ps_fakes import client, ones, server, wait_for
 from trainer.errors import OptionError
 from trainer.fit.kinds import CHUNKS_PER_WORKER
-from trainer.fit.membership import Membership, every_row_once
+from trainer.fit.membership import Membership
 from trainer.options import FitOptions
+from trainer.ps.members import SILENT_S
 from trainer.ps import RemoteError
 
 DRIVER = Path(__file__).with_name("elastic_driver.py")
@@ -117,12 +119,16 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
     assert run.returncode == 0 and out.is_file(), run.stdout[-3000:] + run.stderr[-3000:]
     history = json.loads(out.read_text())
     disturbed = history["disturbed"]
-    assert set(disturbed) == {"added", "killed"}
+    assert set(disturbed) == {"added", "killed", "paused", "woken"}
     joined = [e for e in history["membership"] if e["event"] == "joined"]
     left = [e for e in history["membership"] if e["event"] == "left"]
     assert len(joined) >= 3 and all(e["ready_s"] > 0 for e in joined)  # two first executors, the added one
     assert any(e["time"] > disturbed["added"] for e in joined)
-    assert len(left) == 1 and 0 <= left[0]["time"] - disturbed["killed"] < 5  # noticed in seconds
+    lost = [e for e in left if "without a goodbye" in e["why"]]
+    assert lost and 0 <= lost[0]["time"] - disturbed["killed"] < 5  # noticed in seconds, not Spark's timeout
+    hung = [e for e in left if "no heartbeat" in e["why"]]  # dropped by the fit's heartbeat, released to Spark
+    assert len(hung) == 1 and 0 <= hung[0]["time"] - disturbed["paused"] < SILENT_S + 3, left
+    assert hung[0]["executor_released"] is True
     assert max(e["workers_after"] for e in history["membership"]) == 3
     chunks = {(w["epoch"], w["chunk"]): w for w in history["workers"]}
     assert {epoch for epoch, _ in chunks} == {0, 1, 2, 3} and len(chunks) == 4 * CHUNKS_PER_WORKER * 3
@@ -133,3 +139,15 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
         assert sum(w["rows"] for w in records) == 3000
     assert [e["epoch"] for e in history["epochs"]] == [0, 1, 2, 3]
     assert history["epochs"][-1]["loss"] < history["epochs"][0]["loss"]
+
+
+def every_row_once(chunk_rows: dict[int, int], committed: dict[int, int], batch_size: int) -> list[str]:
+    """Problems with one epoch's accounting: each chunk's committed batches must cover its rows exactly once
+    (`chunk_rows`: rows per chunk; `committed`: batches the server counted per chunk). Empty: every row once."""
+    problems = []
+    for chunk, rows in sorted(chunk_rows.items()):
+        expected = -(-rows // batch_size)
+        got = committed.get(chunk, 0)
+        if got != expected:
+            problems.append(f"chunk {chunk}: {got} batches committed for {rows} rows ({expected} expected)")
+    return problems

@@ -253,7 +253,8 @@ class ElasticFit(ParameterServerFit):
 
     Who trains is whatever Spark runs the tasks on: a worker is a Python
     process (`trainer.fit.membership`), joining with its first task and leaving
-    when its connection drops without goodbye; at most max of them train at once
+    when its connection drops without goodbye or its heartbeat stops (a hung
+    one's executor is then released to Spark); at most max of them train at once
     (the server makes the others wait). The fit goes on while the cluster
     offers at least min task slots (``retry_timeout`` seconds below it stop the
     fit with `ClusterCapacityError`). With Spark's dynamic allocation on, the

@@ -56,7 +56,7 @@ class Membership:
         self.max_workers, self.silent_s = int(max_workers), float(silent_s)
         self._epoch, self._step, self.on_change = epoch, step, on_change
         self._lock = threading.Lock()
-        self.members: dict[str, dict[str, Any]] = {}  # name -> {"ready_s", "joined", "chunks"}
+        self.members: dict[str, dict[str, Any]] = {}  # name -> {"ready_s", "executor", "beat"}
         self.training: dict[str, int] = {}  # name -> open connections (a task of the process is training)
         self.gone: dict[str, float] = {}  # name -> when it left (it may come back: a hung process that wakes)
         self.events: list[dict[str, Any]] = []
@@ -79,7 +79,7 @@ class Membership:
                 if name not in self.members:
                     again = name in self.gone
                     ready = member.get("ready_s")
-                    self.members[name] = {"ready_s": ready, "joined": now, "chunks": 0}
+                    self.members[name] = {"ready_s": ready, "executor": member.get("executor")}
                     why = (f"heard again after {now - self.gone.pop(name):.1f} s away" if again
                            else f"a new process, ready in {ready:.1f} s" if isinstance(ready, (int, float))
                            else "a new process")
@@ -87,7 +87,6 @@ class Membership:
                 self.members[name]["beat"] = now
                 if kind == "hello":
                     self.training[name] = self.training.get(name, 0) + 1
-                    self.members[name]["chunks"] += 1
             elif name in self.members and kind == "bye" and not event.get("heartbeat"):
                 self.training[name] = max(0, self.training.get(name, 0) - 1)  # its task ended; it stays, idle
             elif name in self.members and kind == "lost":
@@ -108,10 +107,13 @@ class Membership:
         return changes
 
     def _leave_locked(self, name: str, event: dict[str, Any], why: str) -> dict[str, Any]:
-        self.members.pop(name)
+        info = self.members.pop(name)
         self.training.pop(name, None)
         self.gone[name] = event["time"]
-        return self._change_locked("left", name, event, len(self.members) + 1, why)
+        change = self._change_locked("left", name, event, len(self.members) + 1, why)
+        if info.get("executor") is not None:
+            change["executor"] = info["executor"]
+        return change
 
     def _changed(self, change: dict[str, Any] | None) -> None:
         if change is not None and self.on_change is not None:
@@ -136,14 +138,3 @@ class Membership:
         with self._lock:
             return sorted(self.events, key=lambda e: e["time"])
 
-
-def every_row_once(chunk_rows: dict[int, int], committed: dict[int, int], batch_size: int) -> list[str]:
-    """Problems with one epoch's accounting: each chunk's committed batches must cover its rows exactly once
-    (`chunk_rows`: rows per chunk; `committed`: batches the server counted per chunk). Empty: every row once."""
-    problems = []
-    for chunk, rows in sorted(chunk_rows.items()):
-        expected = -(-rows // batch_size)
-        got = committed.get(chunk, 0)
-        if got != expected:
-            problems.append(f"chunk {chunk}: {got} batches committed for {rows} rows ({expected} expected)")
-    return problems

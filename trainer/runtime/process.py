@@ -100,6 +100,25 @@ def setup_task(keras_backend: str, env: dict[str, str] | None = None) -> None:
     configure_process(cpus, gpus, keras_backend, env or {}, index=ctx.partitionId() if ctx is not None else 0)
 
 
+def executor_id() -> str | None:
+    """The Spark executor this Python worker runs under: the ``--executor-id`` of the nearest ancestor process
+    that has one (the executor's JVM, on every cluster manager); None where /proc cannot tell (not Linux)."""
+    pid = os.getppid()
+    for _ in range(8):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                args = f.read().split(b"\0")
+            if b"--executor-id" in args:
+                return args[args.index(b"--executor-id") + 1].decode()
+            with open(f"/proc/{pid}/stat") as f:
+                pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return None
+        if pid <= 1:
+            return None
+    return None
+
+
 def holding_cores(task: Iterator[T]) -> Iterator[T]:
     """Run the task body `task` (a generator) and give back the cores it claimed when it ends, however it ends:
     the Python worker Spark keeps for a later task then holds none (see `trainer.runtime.cores`)."""

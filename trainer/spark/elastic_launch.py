@@ -12,6 +12,12 @@ as one job of one task per chunk, so Spark's own scheduling does the rest:
 * **leave**: a task lost with its executor is re-run by Spark on another one
   (a task retry, not a new stage); the re-run skips what the lost attempt
   committed (``trainer.runtime.ps_worker.chunk_task``);
+* **hung**: an executor whose Python worker went silent (``watch()`` names
+  it: the fit's own heartbeat, seconds) is declared lost to Spark and
+  replaced, as Spark's heartbeat timeout would after ``spark.network.timeout``
+  (120 s by default): its task runs again elsewhere (its chunk recomputed if
+  the hung executor held it) instead of the epoch waiting for it, and if it
+  wakes its task is refused (``trainer.ps.members``). Not on Spark Connect;
 * a job that fails anyway on lost executors (a task lost on every attempt)
   runs again, up to `max_retries` times: chunks whose batches were all
   committed only report their epoch again;
@@ -98,14 +104,21 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                    events: list[dict] | None = None, watch: Callable[[], Any] = lambda: None) -> EpochJobs:
     """Run one job per epoch of `epochs` over `frame` cut into `chunks` partitions (the module docstring);
     ``stopped()`` after an epoch ends the loop (a callback stopped the fit); ``watch()`` runs every half second
-    while a job runs (the members' heartbeats)."""
+    while a job runs (the members' heartbeats) and returns the members that went silent, each a dict whose
+    ``"executor"`` (when known) is released (`release_executor`; ``"executor_released"`` says whether Spark took
+    it)."""
     from pyspark import StorageLevel
 
     events = [] if events is None else events
     floor = _Floor(frame.sparkSession, policy, profile, events)
+    released: set[str] = set()
 
     def on_wait() -> None:
-        watch()
+        for silent in watch() or ():
+            executor = silent.get("executor")
+            if executor is not None and executor not in released:
+                released.add(executor)
+                silent["executor_released"] = release_executor(frame.sparkSession, executor, silent["why"])
         floor.check()
 
     cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK)
@@ -141,6 +154,24 @@ def _epoch_job(cut: DataFrame, epoch: int, task: Callable, schema: str, policy: 
                 raise
             log.warning("Epoch %d's job failed (%s); running it again", epoch + 1, exc)
     raise AssertionError("unreachable: the last attempt either returns or raises")
+
+
+def release_executor(spark, executor: str, why: str) -> bool:
+    """Declare `executor` lost and have Spark replace it, what Spark's own heartbeat timeout does (its tasks are
+    re-run elsewhere, its blocks and shuffle files forgotten); False on Spark Connect or where Spark refused."""
+    if is_connect(spark):
+        return False
+    try:
+        sc, jvm = spark.sparkContext._jsc.sc(), spark.sparkContext._jvm
+        reason = jvm.org.apache.spark.scheduler.ExecutorProcessLost(f"trainer: {why}", jvm.scala.Option.empty(),
+                                                                    False)
+        sc.taskScheduler().executorLost(executor, reason)
+        sc.killAndReplaceExecutor(executor)
+    except Exception as exc:  # a Spark whose internals moved: the hung task then waits for Spark's own timeout
+        log.warning("Could not release hung executor %s (%s); Spark's network timeout will", executor, exc)
+        return False
+    log.info("Executor %s released: %s", executor, why)
+    return True
 
 
 LOCALITY_WAIT = "spark.locality.wait"

@@ -34,6 +34,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import signal
 import threading
 import time
 import urllib.error
@@ -422,6 +423,10 @@ class LocalCluster:
             kill_tree(self._worker_daemons[index].proc.pid)
             self._worker_daemons[index].proc.wait()
             return index
+
+    def pause_worker(self, index: int, paused: bool = True) -> None:
+        """SIGSTOP worker daemon `index` with everything below it (a hung machine), or wake it (`paused` False)."""
+        kill_tree(self._worker_daemons[index].proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
 
     def _wait_alive(self, expected: int, t0: float) -> None:
         alive: list[dict[str, Any]] = []

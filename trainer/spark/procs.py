@@ -233,11 +233,12 @@ def descendants(pid: int) -> list[int]:
     return found
 
 
-def kill_tree(pid: int) -> None:
-    """SIGKILL `pid` and every process below it at once, as a lost machine ends them (no process outlives it to
-    say goodbye, whatever its process group)."""
+def kill_tree(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Send `sig` to `pid` and every process below it at once: SIGKILL ends them as a lost machine does (no
+    process outlives it to say goodbye, whatever its process group); SIGSTOP and SIGCONT pause and wake them as a
+    hung machine (``docker pause``)."""
     for target in [pid, *descendants(pid)]:
         try:
-            os.kill(target, signal.SIGKILL)
+            os.kill(target, sig)
         except ProcessLookupError:
             pass

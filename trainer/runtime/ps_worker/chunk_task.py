@@ -45,7 +45,7 @@ from trainer.ps.members import HEARTBEAT_S
 from trainer.ps.shard_client import connect_ps
 from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.feeding.shard import receive_shard
-from trainer.runtime.process import holding_cores, start_task
+from trainer.runtime.process import executor_id, holding_cores, start_task
 from trainer.runtime.ps_worker.exchange import make_sync_callback
 from trainer.runtime.ps_worker.worker_task import WorkerConfig
 from trainer.runtime.stage_result import result_batch
@@ -71,6 +71,7 @@ class _Process:
 
     model: Any
     ready_s: float
+    executor: str | None = None
     cadence: Any = None
     chunks: int = 0
     heartbeat: threading.Thread | None = None
@@ -95,7 +96,8 @@ def _train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Iter
     data_ready = time.time()
     process = _process(config, chunk, task_start)
     model = process.model
-    member = {"host": socket.gethostname(), "pid": os.getpid(), "ready_s": process.ready_s}
+    member = {"host": socket.gethostname(), "pid": os.getpid(), "ready_s": process.ready_s,
+              "executor": process.executor}
     if process.heartbeat is None:
         process.heartbeat = threading.Thread(target=_beat, args=(config, chunk, member), daemon=True,
                                              name="trainer-heartbeat")
@@ -157,7 +159,7 @@ def _process(config: ChunkConfig, chunk: int, task_start: float) -> _Process:
     model = config.model.build()
     if config.algorithm.exchanges_optimizer_state:
         model.optimizer.build(model.trainable_variables)
-    process = _PROCESSES[config.fit_id] = _Process(model, time.time() - task_start)
+    process = _PROCESSES[config.fit_id] = _Process(model, time.time() - task_start, executor_id())
     return process
 
 
