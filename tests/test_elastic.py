@@ -15,16 +15,18 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from ps_fakes import client, ones, server, wait_for
-from trainer.errors import OptionError
+from trainer.errors import ClusterCapacityError, OptionError
 from trainer.fit.kinds import CHUNKS_PER_WORKER
 from trainer.fit.membership import Membership
 from trainer.options import FitOptions
 from trainer.ps.members import SILENT_S
+from trainer.spark.elastic_launch import ElasticPolicy, Floor
 from trainer.ps import RemoteError
 
 DRIVER = Path(__file__).with_name("elastic_driver.py")
@@ -76,6 +78,28 @@ def test_membership_counts_joins_and_leaves_and_caps_the_workers_training():
     assert back["event"] == "joined" and "heard again after 8.5 s away" in back["why"]
     members.heard({"event": "bye", "time": 21.0, "member": c, "heartbeat": True})  # a heartbeat's goodbye: no leave
     assert len(members.members) == 2
+    d = {"host": "h", "pid": 4}  # a process that joins and is lost at once holds no place: the others go on
+    capped = Membership(1)
+    capped.heard({"event": "hello", "time": 1.0, "member": d})
+    assert capped.admit(a) == 0.5
+    capped.heard({"event": "lost", "time": 1.1, "member": d})
+    assert capped.admit(a) == 0 and [e["event"] for e in capped.timeline()] == ["joined", "left"]
+
+
+def test_the_fit_stops_once_the_slots_stay_under_the_minimum_longer_than_the_timeout():
+    slots = [0]
+    events: list[dict] = []
+    floor = Floor(lambda: slots[0], ElasticPolicy(min_workers=2, floor_timeout=0.2, max_retries=0), events)
+    floor.check()  # under the minimum: noted, not yet fatal
+    slots[0] = 2
+    time.sleep(0.3)
+    floor.check()  # back at the minimum in time: the clock starts again
+    slots[0] = 1
+    floor.check()
+    time.sleep(0.3)
+    with pytest.raises(ClusterCapacityError, match="fewer than the elastic fit's minimum of 2 workers.*resume_from"):
+        floor.check()
+    assert [e["event"] for e in events] == ["below_minimum", "below_minimum"]
     assert every_row_once({0: 64, 1: 65}, {0: 2, 1: 3}, 32) == []
     assert every_row_once({0: 64, 1: 65}, {0: 3, 1: 2}, 32) == ["chunk 0: 3 batches committed for 64 rows (2 expected)",
                                                                "chunk 1: 2 batches committed for 65 rows (3 expected)"]

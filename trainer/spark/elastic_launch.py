@@ -71,15 +71,15 @@ class EpochJobs:
     epochs: list[dict[str, Any]] = field(default_factory=list)
 
 
-class _Floor:
+class Floor:
     """Raises ClusterCapacityError once the slots stayed under the minimum longer than the timeout."""
 
-    def __init__(self, spark, policy: ElasticPolicy, profile: Any, events: list[dict]) -> None:
-        self.spark, self.policy, self.profile, self.events = spark, policy, profile, events
+    def __init__(self, slots: Callable[[], int | None], policy: ElasticPolicy, events: list[dict]) -> None:
+        self.slots, self.policy, self.events = slots, policy, events  # slots(): None when Spark cannot tell
         self.below_since: float | None = None
 
     def check(self) -> None:
-        slots = available_slots(self.spark, self.profile)
+        slots = self.slots()
         if slots is None or slots >= self.policy.min_workers:
             self.below_since = None
             return
@@ -110,7 +110,7 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
     from pyspark import StorageLevel
 
     events = [] if events is None else events
-    floor = _Floor(frame.sparkSession, policy, profile, events)
+    floor = Floor(lambda: available_slots(frame.sparkSession, profile), policy, events)
     released: set[str] = set()
 
     def on_wait() -> None:
