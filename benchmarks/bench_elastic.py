@@ -10,6 +10,9 @@ host) in five ways:
   fails, the retry waits ``retry_timeout`` for the slot, then goes on with 2;
 * ``elastic``: ``num_workers=(1, 3)``, undisturbed;
 * ``elastic, killed``: the same kill; the fit goes on with the others;
+* ``elastic, paused``: one worker daemon paused (SIGSTOP, with everything
+  below it: a hung machine) when epoch 2 starts and woken 8 s later; the fit
+  drops it after 5 s without a heartbeat and releases its executor to Spark;
 * ``elastic, joined``: started on 2 workers, a third added when epoch 1
   starts.
 
@@ -19,7 +22,10 @@ time, its ratio to the undisturbed run of its kind in the same repeat
 (``vs_undisturbed``, the target for an elastic fit that loses one of 3 workers
 at epoch 2: at most 1.15), seconds from the kill to the fit noticing it
 (``noticed_s``: the elastic fit's ``left`` event, the fixed fit's failed
-attempt), the joiner's time to ready, and the test accuracy.
+attempt), the joiner's time to ready, and the test accuracy. The last
+repeat's disturbed elastic fits are also drawn, workers and rows per second
+over time (``elastic-timeline.png``, beside the results and, with
+``--publish``, in its folder: docs/faults.md shows it).
 
     python benchmarks/bench_elastic.py --out results/elastic              # 3 repeats: about 40 minutes
     python benchmarks/bench_elastic.py --runs 1 --epochs 2 --limit 3000 --out /tmp/elastic   # a quick look
@@ -35,14 +41,18 @@ from pathlib import Path
 
 from trainer import LocalCluster, Trainer
 from trainer.data.prep import scale_pixels
+from trainer.spark.launch import wait_for_slots
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table, write_results
+from trainer_jobs.support.timeline import fit_timeline, plot_timelines
 
 COLUMNS = ["run", "mode", "wall_s", "vs_undisturbed", "noticed_s", "joined_ready_s", "accuracy"]
-MODES = ("fixed", "fixed, killed", "elastic", "elastic, killed", "elastic, joined")
+MODES = ("fixed", "fixed, killed", "elastic", "elastic, killed", "elastic, paused", "elastic, joined")
+#: Seconds a paused worker stays paused: past the fit's SILENT_S, so it is dropped, then woken.
+PAUSE_S = 8.0
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,6 +87,12 @@ def disturbed_fit(cluster: LocalCluster, train, mode: str, args) -> tuple:
             second.wait()
             at["time"] = time.time()
             cluster.kill_worker()
+        elif mode.endswith("paused"):
+            second.wait()
+            at["time"] = time.time()
+            hung = cluster.pause_worker()
+            time.sleep(PAUSE_S)
+            cluster.pause_worker(hung, paused=False)
         elif mode.endswith("joined"):
             started.wait()
             at["time"] = time.time()
@@ -94,7 +110,7 @@ def disturbed_fit(cluster: LocalCluster, train, mode: str, args) -> tuple:
 
 
 def noticed(fitted, at: float | None) -> float | None:
-    """Seconds from the kill to the fit's own record of it."""
+    """Seconds from the kill (or the pause) to the fit's own record of it."""
     if at is None:
         return None
     left = [e["time"] for e in fitted.history.membership if e["event"] == "left"]
@@ -116,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         Trainer(build_cnn, num_workers=(1, 3), epochs=1, check_data=False, verbose=False).fit(train)  # warm-up
         for run in range(args.runs):
             undisturbed: dict[str, float] = {}
+            timelines: dict[str, dict] = {}
             for mode in MODES:
                 if mode == "elastic, joined":
                     cluster.kill_worker()  # start on 2
@@ -126,15 +143,21 @@ def main(argv: list[str] | None = None) -> int:
                 kind = mode.split(",")[0]
                 undisturbed.setdefault(kind, wall)
                 joined = [e for e in fitted.history.membership if e["event"] == "joined" and at and e["time"] > at]
+                if mode.startswith("elastic,"):
+                    timelines[mode] = fit_timeline(fitted, start, start + wall, at)
                 row = {"run": run + 1, "mode": mode, "wall_s": wall, "vs_undisturbed": wall / undisturbed[kind],
-                       "noticed_s": noticed(fitted, at) if mode.endswith("killed") else None,
+                       "noticed_s": noticed(fitted, at) if mode.endswith(("killed", "paused")) else None,
                        "joined_ready_s": joined[0]["ready_s"] if joined else None,
                        "accuracy": fitted.evaluate(test)["accuracy"], "workers": 3, "speedup": None}
                 rows.append(row)
                 print(markdown_table([row], COLUMNS), flush=True)
                 if mode.endswith("killed"):
                     cluster.add_worker()  # back to 3 for the next fit
+                elif mode.endswith("paused"):
+                    wait_for_slots(spark, 3, 120)  # the woken worker's executor replaced
     paths = write_results(rows, Path(args.out), "elastic", metadata={"job": "bench_elastic", **vars(args)})
+    for folder in {Path(args.out), *([Path(args.publish)] if args.publish else [])}:
+        print(f"timeline: {plot_timelines(timelines, folder / 'elastic-timeline.png')}")
     print(markdown_table(rows, COLUMNS))
     print(f"results: {', '.join(str(p) for p in paths.values())}")
     publish(args.publish, "elastic", rows)

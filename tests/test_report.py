@@ -1,4 +1,5 @@
-"""Results files, speed-up arithmetic, Markdown tables (empty columns left out), the speed-up plot and MAPE."""
+"""Results files, speed-up arithmetic, Markdown tables (empty columns left out), the speed-up and timeline plots and
+MAPE."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from trainer_jobs.support.report import (COLUMNS, against_plain_keras, is_empty, mape, markdown_row, markdown_table, metric_pivot,
                                          plot_speedup, speedup_figure, speedup_rows, write_results)
+from trainer_jobs.support.timeline import plot_timelines, throughput
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -244,3 +246,16 @@ def test_the_plot_shades_plain_keras_s_tolerance_band_and_spans_at_least_that_ba
     assert metric.get_legend_handles_labels()[1] == ["cnn", "plain Keras", "plain Keras ± 0.01 (run-to-run spread)"]
     low, high = metric.get_ylim()
     assert low <= 0.957 and high >= 0.977  # not zoomed on the half point between the runs
+
+
+def test_the_timeline_spreads_each_task_over_its_span_and_draws_one_column_per_fit(tmp_path):
+    tasks = [{"t0": 0.5, "t1": 2.5, "rows": 100}, {"t0": 1.0, "t1": 2.0, "rows": 30}, {"t0": 3.0, "t1": 3.0, "rows": 9}]
+    starts, rate = throughput(tasks, wall_s=4.0)
+    assert list(starts) == [0.0, 1.0, 2.0, 3.0] and rate.tolist() == pytest.approx([25.0, 80.0, 25.0, 0.0])
+    fit = {"wall_s": 4.0, "disturbed_s": 1.5, "tasks": tasks,
+           "membership": [{"t": 0.2, "workers": 1, "event": "joined"}, {"t": 0.4, "workers": 2, "event": "joined"},
+                          {"t": 1.6, "workers": 1, "event": "left"}]}
+    out = plot_timelines({"killed": fit, "joined": fit}, tmp_path / "timeline.png")
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(ValueError, match="no fits"):
+        plot_timelines({}, tmp_path / "empty.png")

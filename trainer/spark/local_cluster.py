@@ -418,15 +418,21 @@ class LocalCluster:
         """SIGKILL worker daemon `index` (None: the first one alive) with its executors and their Python workers,
         as a lost machine; returns its index."""
         with self._lock:
-            if index is None:
-                index = next(i for i, d in enumerate(self._worker_daemons) if d.proc.poll() is None)
+            index = self._first_alive() if index is None else index
             kill_tree(self._worker_daemons[index].proc.pid)
             self._worker_daemons[index].proc.wait()
             return index
 
-    def pause_worker(self, index: int, paused: bool = True) -> None:
-        """SIGSTOP worker daemon `index` with everything below it (a hung machine), or wake it (`paused` False)."""
-        kill_tree(self._worker_daemons[index].proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+    def pause_worker(self, index: int | None = None, paused: bool = True) -> int:
+        """SIGSTOP worker daemon `index` (None: the first one alive) with everything below it, as a hung machine
+        (``docker pause``), or wake it (`paused` False); returns its index."""
+        with self._lock:
+            index = self._first_alive() if index is None else index
+            kill_tree(self._worker_daemons[index].proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+            return index
+
+    def _first_alive(self) -> int:
+        return next(i for i, d in enumerate(self._worker_daemons) if d.proc.poll() is None)
 
     def _wait_alive(self, expected: int, t0: float) -> None:
         alive: list[dict[str, Any]] = []
