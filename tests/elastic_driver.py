@@ -5,7 +5,8 @@ here, against a `LocalCluster` of 2 workers with Spark's dynamic allocation on (
 writes what happened as JSON. A worker daemon is added once the fit trains (its executor started by tasks waiting
 while the fit waits at its first epoch's end); once its process joined, one of the first two is killed while it
 trains (with its executor and Python workers, as a lost machine), then the other one paused while it trains (a hung
-machine, woken 8 s later), the fit waiting for each at an epoch's end so that the last epoch sees them all.
+machine, woken 8 s later). The fit waits for the join at its first epoch's end and for the rest at its third's, so
+that it cannot end before them (the epoch after a waiting one may run meanwhile, not the one after that).
 
     python tests/elastic_driver.py OUT.json
 """
@@ -63,7 +64,7 @@ def main(out: str) -> int:
                                    "features array<float>, label int")
         epochs_seen: list[int] = []
         disturbed: dict[str, float] = {}
-        gates = {"added": threading.Event(), "killed": threading.Event(), "paused": threading.Event()}
+        gates = {"added": threading.Event(), "disturbed": threading.Event()}
         port = _free_port()
 
         def nap(batches):  # a closure: cloudpickle ships it by value
@@ -86,28 +87,29 @@ def main(out: str) -> int:
         def disturb() -> None:
             while not epochs_seen:  # the fit trains: a machine joins the cluster
                 time.sleep(0.05)
-            cluster.add_worker()
+            cluster.add_worker()  # (the fit waits for it at its first epoch's end)
             disturbed["added"] = time.time()
-            # Tasks waiting make dynamic allocation start an executor on it (the fit waits at its first epoch's end)
-            spark.range(6, numPartitions=6).mapInPandas(nap, "id long").collect()
             gates["added"].set()
-            while not _connections_below(cluster._worker_daemons[2].proc.pid, port):  # its process joined
+            # Tasks waiting make dynamic allocation start an executor on it
+            spark.range(6, numPartitions=6).mapInPandas(nap, "id long").collect()
+            deadline = time.monotonic() + 30
+            while not _connections_below(cluster._worker_daemons[2].proc.pid, port) and (
+                    time.monotonic() < deadline):  # its process joined (the test says if it never did)
                 time.sleep(0.02)
             killed = when_training((0, 1), cluster.kill_worker)  # a lost machine
             disturbed["killed"] = time.time()
-            gates["killed"].set()
             hung = when_training((1 - killed,), cluster.pause_worker)  # a hung machine (docker pause)
             disturbed["paused"] = time.time()
-            gates["paused"].set()
             time.sleep(SILENT_S + 3)  # it wakes once the fit dropped it and Spark re-ran its chunk
             cluster.pause_worker(hung, paused=False)
             disturbed["woken"] = time.time()
+            gates["disturbed"].set()
 
         def on_update(record) -> None:
             epochs_seen.append(record.epoch or 0)
 
-        def on_epoch_end(epoch, center, when) -> None:  # the join before epoch 2, the kill before epoch 3, the hang
-            gate = {0: gates["added"], 1: gates["killed"], 2: gates["paused"]}.get(epoch)  # before the last
+        def on_epoch_end(epoch, center, when) -> None:  # the join before epoch 2, the rest before the last
+            gate = {0: gates["added"], 2: gates["disturbed"]}.get(epoch)
             if gate is not None:
                 gate.wait(timeout=120)
 

@@ -6,8 +6,11 @@ it starts on the executors Spark grants, a worker daemon added during epoch 1
 joins it, one of the first two killed while it trains leaves it at once, the
 other paused while it trains (hung) is dropped by the fit's heartbeat and its
 executor released to Spark, and the fit ends with every row of every epoch
-committed exactly once, as the server counted it per chunk. The rest needs no Spark: the options, the
-membership's bookkeeping, the server's chunk accounting and admission.
+committed exactly once, as the server counted it per chunk. Under each backend
+(``-m backend``), an elastic fit on the session's cluster trains every row
+once, each process keeping the model it built for its next chunks. The rest
+needs no Spark: the options, the membership's bookkeeping, the server's chunk
+accounting and admission, the floor.
 """
 
 from __future__ import annotations
@@ -20,9 +23,12 @@ from pathlib import Path
 
 import pytest
 
+from conftest import digits_model
 from ps_fakes import client, ones, server, wait_for
+from trainer import Trainer
 from trainer.errors import ClusterCapacityError, OptionError
 from trainer.fit.kinds import CHUNKS_PER_WORKER
+from trainer.fit.epoch_callbacks import EpochCallbacks
 from trainer.fit.membership import Membership
 from trainer.options import FitOptions
 from trainer.ps.members import SILENT_S
@@ -163,6 +169,55 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
         assert sum(w["rows"] for w in records) == 3000
     assert [e["epoch"] for e in history["epochs"]] == [0, 1, 2, 3]
     assert history["epochs"][-1]["loss"] < history["epochs"][0]["loss"]
+
+
+def test_epochs_reach_the_callbacks_in_order_when_a_later_one_ends_first():
+    import keras
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+
+    class Server:  # what EpochCallbacks asks of the parameter server: each worker's last EPOCH_DONE, the center
+        epochs_done: dict = {}
+
+        def center(self):
+            return model.get_weights()
+
+        def direct(self, **directives):
+            raise AssertionError(f"no callback asks for {directives}")
+
+    class Seen(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            seen.append(epoch)
+
+    seen: list[int] = []
+    callbacks = EpochCallbacks(model, [Seen()], num_workers=2, epochs=2, inline=True)
+    server = Server()
+    callbacks.start(server)
+    for worker, epoch in ((0, 0), (0, 1), (1, 1)):  # epoch 1 ends while chunk 1 of epoch 0 still trains
+        server.epochs_done[worker] = {"epoch": epoch, "logs": {"loss": 1.0}, "time": time.time()}
+        callbacks.on_epoch_done(worker, epoch)
+    assert seen == []
+    callbacks.on_epoch_done(1, 0)
+    assert seen == [0, 1]
+
+
+@pytest.mark.spark
+@pytest.mark.backend
+@pytest.mark.timeout(300)
+def test_an_elastic_fit_trains_every_row_once_under_this_backend_each_process_keeping_its_model(digits):
+    import keras
+
+    train, _ = digits
+    fitted = Trainer(digits_model(0.005), num_workers=(1, 2), epochs=2, batch_size=32, verbose=False).fit(train)
+    records = fitted.history.workers
+    assert {w["backend"] for w in records} == {keras.backend.backend()}
+    assert any(not w["first_in_process"] for w in records)  # a process's next chunk trains the model it built
+    for epoch in (0, 1):
+        mine = [w for w in records if w["epoch"] == epoch]
+        assert len(mine) == 2 * CHUNKS_PER_WORKER and sum(w["rows"] for w in mine) == 1500
+        assert every_row_once({w["chunk"]: w["rows"] for w in mine},
+                              {w["chunk"]: w["committed_batches"] for w in mine}, 32) == []
+    assert fitted.history.epochs[-1]["loss"] < fitted.history.epochs[0]["loss"]
 
 
 def every_row_once(chunk_rows: dict[int, int], committed: dict[int, int], batch_size: int) -> list[str]:

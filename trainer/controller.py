@@ -102,7 +102,8 @@ class StageController:
                     policy: ElasticPolicy, description: str, fatal: Callable[[], BaseException | None],
                     profile: Any = None, on_started: Callable[[], None] | None = None,
                     stopped: Callable[[], bool] = lambda: False, events: list[dict] | None = None,
-                    watch: Callable[[], Any] = lambda: None) -> StageResult:
+                    watch: Callable[[], Any] = lambda: None,
+                    begun: Callable[[int], bool] = lambda epoch: False) -> StageResult:
         """Start `server` and run an elastic fit's jobs, one per epoch (inside `closing`, which stops it);
         `make_task(epoch)` returns the function each chunk task of that epoch runs."""
         server.start()
@@ -110,5 +111,6 @@ class StageController:
             on_started()
         start = time.time()
         jobs = run_epoch_jobs(frame, chunks, epochs, make_task, RESULT_DDL, policy=policy, description=description,
-                              profile=profile, stopped=stopped, fatal=fatal, events=events, watch=watch)
+                              profile=profile, stopped=stopped, fatal=fatal, events=events, watch=watch,
+                              begun=begun)
         return StageResult(read_records(jobs.rows), start, time.time())

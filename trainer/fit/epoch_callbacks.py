@@ -23,7 +23,9 @@ the driver, once per epoch that EVERY worker finished:
    ``restore_best_weights`` puts the best epoch's weights back: they are what
    ``fit`` returns).
 
-Callbacks run on a thread of their own, so a slow one (a checkpoint, a
+Epochs are handed over in order: one that ends before an earlier one (an
+elastic fit runs two epochs at once, ``trainer.spark.elastic_launch``) waits
+for it. Callbacks run on a thread of their own, so a slow one (a checkpoint, a
 TensorBoard write) never holds up the parameter server; epochs that end after
 a stop are not reported. With ``inline=True`` (the all-reduce fit,
 ``trainer.fit.kinds.CollectiveFit``) they run on the server's thread before its reply to
@@ -120,6 +122,7 @@ class EpochCallbacks:
         self._reports: dict[int, dict[int, dict]] = defaultdict(dict)
         self._stats: dict[int, dict[str, float]] = defaultdict(lambda: {"updates": 0, "bytes": 0, "staleness": 0})
         self._done: set[int] = set()
+        self._ready: dict[int, tuple[int, dict[str, Any], list]] = {}  # ended, waiting for an earlier epoch
         self._queue: queue.Queue = queue.Queue()
         self._thread = threading.Thread(target=self._run, name="trainer-callbacks", daemon=True)
         self._rate = self._learning_rate()
@@ -150,11 +153,14 @@ class EpochCallbacks:
         logs.update(epoch_time_s=end - previous,
                     updates=float(stats["updates"]), bytes=float(stats["bytes"]),
                     staleness=stats["staleness"] / stats["updates"] if stats["updates"] else 0.0)
-        item = (epoch, logs, self.server.center())
-        if self.inline:
-            self._handle(item)
-        else:
-            self._queue.put(item)
+        self._ready[epoch] = (epoch, logs, self.server.center())
+        # In order: an epoch that ends before an earlier one (an elastic fit runs two at once) waits for it.
+        while self._ready and min(self._ready) < min(self._reports, default=float("inf")):
+            item = self._ready.pop(min(self._ready))
+            if self.inline:
+                self._handle(item)
+            else:
+                self._queue.put(item)
 
     # -- lifecycle (driver thread) ------------------------------------------------
     def start(self, server) -> None:

@@ -57,6 +57,11 @@ class MemberTracking:
         with self._lock:
             return self._worker_batches[(epoch, worker)]
 
+    def claimed_chunks(self, epoch: int) -> int:
+        """How many chunks of `epoch` a task has taken (said HELLO for)."""
+        with self._lock:
+            return sum(1 for claimed, _ in self._claims if claimed == epoch)
+
     def _count_batches_locked(self, epoch: int, worker: int, batches: int) -> None:
         self._worker_batches[(epoch, worker)] += batches
 

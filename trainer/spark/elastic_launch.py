@@ -28,6 +28,12 @@ as one job of one task per chunk, so Spark's own scheduling does the rest:
   has no per-job setting and refuses ``spark.conf.set`` of it: the
   SparkContext's own conf is set for the fit and put back after; not on Spark
   Connect, whose clients cannot reach it);
+* **no idle slots between epochs**: once every chunk of an epoch has begun
+  (``begun``), the next epoch's job starts beside it, so the slots its last
+  chunks leave idle (a straggler, a joiner building its model, a re-run) train
+  the next epoch's chunks; at most two epochs run at once. The epoch's
+  callbacks still run when its last chunk reports: the next epoch's first
+  chunks follow their stop or new learning rate from their next exchange;
 * **the floor**: while the cluster offers fewer than `min_workers` task slots
   for longer than `floor_timeout` seconds, the job is cancelled and the fit
   stops with `ClusterCapacityError` (its last checkpoint kept). Spark Connect
@@ -39,9 +45,12 @@ It knows nothing about Keras or the parameter server: tasks come from
 
 from __future__ import annotations
 
+import concurrent.futures
 import contextlib
+import functools
 import logging
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -49,7 +58,7 @@ from pyspark.sql import DataFrame
 
 from trainer.errors import ClusterCapacityError, TrainingFailedError
 from trainer.spark.connect import is_connect
-from trainer.spark.launch import available_slots, is_infrastructure_failure, run_job
+from trainer.spark.launch import available_slots, cancel_tagged, is_infrastructure_failure, run_job
 
 log = logging.getLogger("trainer.spark")
 
@@ -101,48 +110,78 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                    *, policy: ElasticPolicy, description: str, profile: Any = None,
                    stopped: Callable[[], bool] = lambda: False,
                    fatal: Callable[[], BaseException | None] = lambda: None,
-                   events: list[dict] | None = None, watch: Callable[[], Any] = lambda: None) -> EpochJobs:
+                   events: list[dict] | None = None, watch: Callable[[], Any] = lambda: None,
+                   begun: Callable[[int], bool] = lambda epoch: False, poll_s: float = 0.5) -> EpochJobs:
     """Run one job per epoch of `epochs` over `frame` cut into `chunks` partitions (the module docstring);
-    ``stopped()`` after an epoch ends the loop (a callback stopped the fit); ``watch()`` runs every half second
+    ``stopped()`` after an epoch ends the loop (a callback stopped the fit); ``begun(epoch)`` says every chunk
+    of `epoch` has started, so the next epoch's job may start beside it; ``watch()`` runs every `poll_s` seconds
     while a job runs (the members' heartbeats) and returns the members that went silent, each a dict whose
     ``"executor"`` (when known) is released (`release_executor`; ``"executor_released"`` says whether Spark took
     it)."""
     from pyspark import StorageLevel
 
+    spark = frame.sparkSession
     events = [] if events is None else events
-    floor = Floor(lambda: available_slots(frame.sparkSession, profile), policy, events)
+    floor = Floor(lambda: available_slots(spark, profile), policy, events)
     released: set[str] = set()
+    tag = f"trainer-elastic-{uuid.uuid4().hex[:12]}"
 
     def on_wait() -> None:
         for silent in watch() or ():
             executor = silent.get("executor")
             if executor is not None and executor not in released:
                 released.add(executor)
-                silent["executor_released"] = release_executor(frame.sparkSession, executor, silent["why"])
+                silent["executor_released"] = release_executor(spark, executor, silent["why"])
         floor.check()
 
     cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK)
-    done = EpochJobs()
-    with _no_locality_wait(frame.sparkSession), contextlib.ExitStack() as stack:
+    done, order = EpochJobs(), list(epochs)
+    running: dict[int, tuple[concurrent.futures.Future, float]] = {}  # epoch -> its job, when it started
+    with _no_locality_wait(spark), contextlib.ExitStack() as stack:
         stack.callback(cut.unpersist)
-        for epoch in epochs:
-            start = time.time()
-            done.rows.extend(_epoch_job(cut, epoch, make_task(epoch), schema, policy, f"{description} epoch "
-                                        f"{epoch + 1}", profile, on_wait, fatal, events))
-            done.epochs.append({"epoch": epoch, "start": start, "end": time.time()})
-            if stopped():
-                break
+        pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="trainer-epoch"))
+
+        def start(epoch: int) -> None:
+            job = functools.partial(_epoch_job, cut, epoch, make_task(epoch), schema, policy,
+                                    f"{description} epoch {epoch + 1}", profile, fatal, events, tag)
+            running[epoch] = (pool.submit(job), time.time())
+
+        try:
+            for i, epoch in enumerate(order):
+                if epoch not in running:
+                    start(epoch)
+                following = order[i + 1] if i + 1 < len(order) else None
+                job, started = running.pop(epoch)
+                while not _finished(job, poll_s):
+                    on_wait()
+                    if following is not None and following not in running and begun(epoch):
+                        start(following)  # its tasks take the slots this epoch's last chunks leave idle
+                done.rows.extend(job.result())
+                done.epochs.append({"epoch": epoch, "start": started, "end": time.time()})
+                if stopped():  # the next epoch's tasks, if they started, were told to stop: they end soon
+                    for job, _ in running.values():
+                        done.rows.extend(job.result())
+                    break
+        except BaseException:
+            cancel_tagged(spark, tag)
+            raise
     return done
 
 
+def _finished(job: concurrent.futures.Future, timeout: float) -> bool:
+    try:
+        job.exception(timeout=timeout)
+    except concurrent.futures.TimeoutError:
+        return False
+    return True
+
+
 def _epoch_job(cut: DataFrame, epoch: int, task: Callable, schema: str, policy: ElasticPolicy, description: str,
-               profile: Any, on_wait: Callable[[], None], fatal: Callable[[], BaseException | None],
-               events: list[dict]) -> list:
+               profile: Any, fatal: Callable[[], BaseException | None], events: list[dict], tag: str) -> list:
     """One epoch's job, run again after lost executors (the module docstring); its rows."""
     for attempt in range(policy.max_retries + 1):
         try:
-            return run_job(cut, None, task, schema, description=description, profile=profile, barrier=False,
-                           on_wait=on_wait)
+            return run_job(cut, None, task, schema, description=description, profile=profile, barrier=False, tag=tag)
         except TrainingFailedError as exc:
             problem = fatal()
             if problem is not None:

@@ -134,13 +134,15 @@ def run_job(
     poll_s: float = 0.5,
     profile: Any = None,
     barrier: bool = True,
+    tag: str | None = None,
 ) -> list:
     """Collect ``frame.repartition(N).mapInArrow(task, schema, barrier=barrier, profile=profile)`` (`frame`'s own
-    partitions when `num_workers` is None); Ctrl-C, or an error `on_wait` raises, cancels it (job tags)."""
+    partitions when `num_workers` is None); Ctrl-C, or an error `on_wait` raises, cancels it (job tags: `tag`, or
+    one of its own; `cancel_tagged` cancels them from another thread)."""
     from pyspark import InheritableThread
 
     spark = frame.sparkSession
-    tag = f"trainer-{uuid.uuid4().hex[:12]}"
+    tag = tag or f"trainer-{uuid.uuid4().hex[:12]}"
     outcome: dict[str, Any] = {}
     options = {} if profile is None else {"profile": profile}  # pyspark 3.5 has no `profile`
 
@@ -165,7 +167,7 @@ def run_job(
                 on_wait()
     except BaseException:
         log.warning("Interrupted: cancelling the Spark jobs tagged %s", tag)
-        _cancel_tagged(spark, tag)
+        cancel_tagged(spark, tag)
         thread.join(timeout=30)
         raise
     if "error" in outcome:
@@ -197,7 +199,8 @@ def _untag_jobs(spark: SparkSession, tag: str) -> None:
         spark.removeTag(tag)
 
 
-def _cancel_tagged(spark: SparkSession, tag: str) -> None:
+def cancel_tagged(spark: SparkSession, tag: str) -> None:
+    """Cancel the running jobs tagged `tag` (`run_job`'s)."""
     if _job_tags(spark):
         spark.interruptTag(tag)
     else:
