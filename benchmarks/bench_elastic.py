@@ -17,7 +17,8 @@ host) in five ways:
   starts.
 
 A first, untimed fit starts every worker's Python process and imports; a
-killed worker is added back before the next run. Each row: the fit's wall
+killed worker is added back before the next fit, and a paused one's executor
+replaced, each followed by another untimed fit (`warm_up`). Each row: the fit's wall
 time, its ratio to the undisturbed run of its kind in the same repeat
 (``vs_undisturbed``, the target for an elastic fit that loses one of 3 workers
 at epoch 2: at most 1.15), seconds from the kill to the fit noticing it
@@ -41,7 +42,6 @@ from pathlib import Path
 
 from trainer import LocalCluster, Trainer
 from trainer.data.prep import scale_pixels
-from trainer.spark.launch import wait_for_slots
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.models import build_cnn
@@ -109,6 +109,20 @@ def disturbed_fit(cluster: LocalCluster, train, mode: str, args) -> tuple:
     return fitted, at.get("time")
 
 
+def executors(spark, count: int, timeout: float = 120.0) -> None:
+    """Wait until the application has `count` executors (besides the driver)."""
+    deadline = time.monotonic() + timeout
+    while len(spark.sparkContext.statusTracker().getExecutorInfos()) - 1 < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+
+
+def warm_up(train) -> None:
+    """An untimed elastic fit of one epoch: every executor's Python worker imports Keras and builds the model, so
+    that a fit after a worker was added back does not time a cold start (a new executor's JVM and imports take
+    10-20 s on 2 busy cores)."""
+    Trainer(build_cnn, num_workers=(1, 3), epochs=1, check_data=False, verbose=False).fit(train)
+
+
 def noticed(fitted, at: float | None) -> float | None:
     """Seconds from the kill (or the pause) to the fit's own record of it."""
     if at is None:
@@ -129,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         folder = data_dir(args.data_dir)
         train = scale_pixels(parquet_images(spark, folder, "mnist-train", x_train, y_train)).cache()
         test = scale_pixels(parquet_images(spark, folder, "mnist-test", x_test, y_test)).cache()
-        Trainer(build_cnn, num_workers=(1, 3), epochs=1, check_data=False, verbose=False).fit(train)  # warm-up
+        warm_up(train)
         for run in range(args.runs):
             undisturbed: dict[str, float] = {}
             timelines: dict[str, dict] = {}
@@ -142,7 +156,8 @@ def main(argv: list[str] | None = None) -> int:
                 wall = time.time() - start
                 kind = mode.split(",")[0]
                 undisturbed.setdefault(kind, wall)
-                joined = [e for e in fitted.history.membership if e["event"] == "joined" and at and e["time"] > at]
+                joined = [e for e in fitted.history.membership if e["event"] == "joined" and at and e["time"] > at
+                          and mode.endswith("joined")]  # not the paused worker's return
                 if mode.startswith("elastic,"):
                     timelines[mode] = fit_timeline(fitted, start, start + wall, at)
                 row = {"run": run + 1, "mode": mode, "wall_s": wall, "vs_undisturbed": wall / undisturbed[kind],
@@ -153,8 +168,10 @@ def main(argv: list[str] | None = None) -> int:
                 print(markdown_table([row], COLUMNS), flush=True)
                 if mode.endswith("killed"):
                     cluster.add_worker()  # back to 3 for the next fit
+                    warm_up(train)
                 elif mode.endswith("paused"):
-                    wait_for_slots(spark, 3, 120)  # the woken worker's executor replaced
+                    executors(spark, 3)  # the woken worker's executor replaced
+                    warm_up(train)
     paths = write_results(rows, Path(args.out), "elastic", metadata={"job": "bench_elastic", **vars(args)})
     for folder in {Path(args.out), *([Path(args.publish)] if args.publish else [])}:
         print(f"timeline: {plot_timelines(timelines, folder / 'elastic-timeline.png')}")

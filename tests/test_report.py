@@ -249,7 +249,8 @@ def test_the_plot_shades_plain_keras_s_tolerance_band_and_spans_at_least_that_ba
 
 
 def test_the_timeline_spreads_each_task_over_its_span_and_draws_one_column_per_fit(tmp_path):
-    tasks = [{"t0": 0.5, "t1": 2.5, "rows": 100}, {"t0": 1.0, "t1": 2.0, "rows": 30}, {"t0": 3.0, "t1": 3.0, "rows": 9}]
+    tasks = [{"t0": 0.5, "t1": 2.5, "rows": 100}, {"t0": 1.0, "t1": 2.0, "rows": 30},
+             {"t0": 3.0, "t1": 3.0, "rows": 9}]  # the last spans no time: left out
     starts, rate = throughput(tasks, wall_s=4.0)
     assert list(starts) == [0.0, 1.0, 2.0, 3.0] and rate.tolist() == pytest.approx([25.0, 80.0, 25.0, 0.0])
     fit = {"wall_s": 4.0, "disturbed_s": 1.5, "tasks": tasks,

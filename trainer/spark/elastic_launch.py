@@ -31,9 +31,10 @@ as one job of one task per chunk, so Spark's own scheduling does the rest:
 * **no idle slots between epochs**: once every chunk of an epoch has begun
   (``begun``), the next epoch's job starts beside it, so the slots its last
   chunks leave idle (a straggler, a joiner building its model, a re-run) train
-  the next epoch's chunks; at most two epochs run at once. The epoch's
-  callbacks still run when its last chunk reports: the next epoch's first
-  chunks follow their stop or new learning rate from their next exchange;
+  the next epoch's chunks; at most `LOOKAHEAD` + 1 epochs run at once. An
+  epoch's callbacks still run when its last chunk reports (and after the
+  earlier epochs'): the later epochs' chunks already running follow their
+  stop or new learning rate from their next exchange;
 * **the floor**: while the cluster offers fewer than `min_workers` task slots
   for longer than `floor_timeout` seconds, the job is cancelled and the fit
   stops with `ClusterCapacityError` (its last checkpoint kept). Spark Connect
@@ -139,7 +140,8 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
     running: dict[int, tuple[concurrent.futures.Future, float]] = {}  # epoch -> its job, when it started
     with _no_locality_wait(spark), contextlib.ExitStack() as stack:
         stack.callback(cut.unpersist)
-        pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(2, thread_name_prefix="trainer-epoch"))
+        pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(LOOKAHEAD + 1,
+                                                                         thread_name_prefix="trainer-epoch"))
 
         def start(epoch: int) -> None:
             job = functools.partial(_epoch_job, cut, epoch, make_task(epoch), schema, policy,
@@ -150,12 +152,14 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
             for i, epoch in enumerate(order):
                 if epoch not in running:
                     start(epoch)
-                following = order[i + 1] if i + 1 < len(order) else None
-                job, started = running.pop(epoch)
+                ahead = order[i:i + LOOKAHEAD + 1]
+                job, started = running[epoch]
                 while not _finished(job, poll_s):
                     on_wait()
-                    if following is not None and following not in running and begun(epoch):
-                        start(following)  # its tasks take the slots this epoch's last chunks leave idle
+                    for before, after in zip(ahead, ahead[1:]):  # its tasks take the slots left idle
+                        if after not in running and before in running and begun(before):
+                            start(after)
+                running.pop(epoch)
                 done.rows.extend(job.result())
                 done.epochs.append({"epoch": epoch, "start": started, "end": time.time()})
                 if stopped():  # the next epoch's tasks, if they started, were told to stop: they end soon
@@ -166,6 +170,11 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
             cancel_tagged(spark, tag)
             raise
     return done
+
+
+#: Epochs whose jobs may start while an earlier one still runs (its last chunks: a straggler, a joiner building its
+#: model, a re-run): two, so that a joiner's start-up (several seconds) does not idle the others on short epochs.
+LOOKAHEAD = 2
 
 
 def _finished(job: concurrent.futures.Future, timeout: float) -> bool:

@@ -89,13 +89,12 @@ def _train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Iter
     from pyspark import TaskContext  # the task's context: imported where a task runs
 
     start = start_task(TaskContext, config.keras_backend, config.env)
-    task_start, ctx, chunk, devices = start.time, start.ctx, start.index, start.devices
+    chunk = start.index
     rows = ValidationRows(batches)
     shard = receive_shard(iter(rows), config.input_shape, config.label_size, feed="memory")
     validation = rows.arrays(config.input_shape, config.label_size)
     data_ready = time.time()
-    process = _process(config, chunk, task_start)
-    model = process.model
+    process = _process(config, chunk, start.time)
     member = {"host": socket.gethostname(), "pid": os.getpid(), "ready_s": process.ready_s,
               "executor": process.executor}
     if process.heartbeat is None:
@@ -103,47 +102,54 @@ def _train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Iter
                                              name="trainer-heartbeat")
         process.heartbeat.start()
     record: dict[str, Any] = {
-        "worker": chunk, "chunk": chunk, "attempt": 0, "epoch": config.epoch, "spark_attempt": ctx.attemptNumber(),
-        "member": f"{member['host']}:{member['pid']}", "first_in_process": process.chunks == 0,
-        "ready_s": process.ready_s,
-        "rows": shard.rows, "task_start": task_start, "data_ready": data_ready, "model_built": time.time(),
-        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(), **devices, **shard.info(),
+        "worker": chunk, "chunk": chunk, "attempt": 0, "epoch": config.epoch,
+        "spark_attempt": start.ctx.attemptNumber(), "member": f"{member['host']}:{member['pid']}",
+        "first_in_process": process.chunks == 0, "ready_s": process.ready_s,
+        "rows": shard.rows, "task_start": start.time, "data_ready": data_ready, "model_built": time.time(),
+        "commits": 0, "comm_s": 0.0, "epochs": [], "executor_pid": os.getpid(), **start.devices, **shard.info(),
         "exchange_s": {"state": 0.0, "payload": 0.0, "round_trip": 0.0, "load": 0.0},
     }
     process.chunks += 1
     client = connect_ps([(config.ps_host, config.ps_ports[0])], config.secret, chunk, config.attempt,
                         config.io_timeout, reply_codec=getattr(config.algorithm, "reply_codec", None))
     with client:
-        center, meta = _hello(client, config.epoch, member)
-        load_state(model, list(center), with_optimizer=config.algorithm.exchanges_optimizer_state, strict=False)
-        skipped = int(meta.get("committed_batches", 0))
-        order = np.random.default_rng([config.seed, config.epoch, chunk]).permutation(shard.rows)
-        order = order[skipped * config.batch_size:]
-        chunk_batches = math.ceil(shard.rows / config.batch_size)
-        callback = make_sync_callback(client, config.algorithm, chunk, record, None,
-                                      validation if len(validation[0]) else None, config.validation_batch_size,
-                                      overlap=config.overlap, epoch_batches=chunk_batches * config.chunks,
-                                      workers=config.num_workers, count_batches=True)
-        if process.cadence is not None:
-            callback.cadence = process.cadence  # the window the process sized on its earlier chunks
-        callback.begin(model, int(meta.get("version", 0)))
-        callback.step = config.epoch * chunk_batches + skipped  # the chunk's steps over the fit (progress)
-        callback.start_epoch(config.epoch)
-        train_start = time.time()
-        if len(order):
-            feed = shard.feed(seed=None)
-            model.fit(**feed.fit_kwargs(config.batch_size, order=order), epochs=config.epoch + 1,
-                      initial_epoch=config.epoch, verbose=0, callbacks=[callback])
-            if callback.cadence.window is not None and callback.since and not callback.stopped:
-                callback.exchange(callback.logs)  # the batches after the last window, before EPOCH_DONE
-        callback.finish_epoch()
-        callback.finish()
-        process.cadence = callback.cadence
-        record.update(train_s=time.time() - train_start, end=time.time(), steps=callback.step,
-                      skipped_batches=skipped, trained_rows=len(order), stopped=callback.stopped,
-                      bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
+        _one_pass(config, client, process, chunk, shard, validation, member, record)
+        record.update(bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
     shard.close()
     yield result_batch(chunk, record)
+
+
+def _one_pass(config: ChunkConfig, client, process: _Process, chunk: int, shard, validation, member: dict[str, Any],
+              record: dict[str, Any]) -> None:
+    """HELLO, then one pass over the chunk's batches its earlier attempts did not commit (the module docstring)."""
+    model = process.model
+    center, meta = _hello(client, config.epoch, member)
+    load_state(model, list(center), with_optimizer=config.algorithm.exchanges_optimizer_state, strict=False)
+    skipped = int(meta.get("committed_batches", 0))
+    order = np.random.default_rng([config.seed, config.epoch, chunk]).permutation(shard.rows)
+    order = order[skipped * config.batch_size:]
+    chunk_batches = math.ceil(shard.rows / config.batch_size)
+    callback = make_sync_callback(client, config.algorithm, chunk, record, None,
+                                  validation if len(validation[0]) else None, config.validation_batch_size,
+                                  overlap=config.overlap, epoch_batches=chunk_batches * config.chunks,
+                                  workers=config.num_workers, count_batches=True)
+    if process.cadence is not None:
+        callback.cadence = process.cadence  # the window the process sized on its earlier chunks
+    callback.begin(model, int(meta.get("version", 0)))
+    callback.step = config.epoch * chunk_batches + skipped  # the chunk's steps over the fit (progress)
+    callback.start_epoch(config.epoch)
+    train_start = time.time()
+    if len(order):
+        feed = shard.feed(seed=None)
+        model.fit(**feed.fit_kwargs(config.batch_size, order=order), epochs=config.epoch + 1,
+                  initial_epoch=config.epoch, verbose=0, callbacks=[callback])
+        if callback.cadence.window is not None and callback.since and not callback.stopped:
+            callback.exchange(callback.logs)  # the batches after the last window, before EPOCH_DONE
+    callback.finish_epoch()
+    callback.finish()
+    process.cadence = callback.cadence
+    record.update(train_s=time.time() - train_start, end=time.time(), steps=callback.step, skipped_batches=skipped,
+                  trained_rows=len(order), stopped=callback.stopped)
 
 
 def _process(config: ChunkConfig, chunk: int, task_start: float) -> _Process:
