@@ -7,8 +7,11 @@ joins it, one of the first two killed while it trains leaves it at once, the
 other paused while it trains (hung) is dropped by the fit's heartbeat and its
 executor released to Spark, and the fit ends with every row of every epoch
 committed exactly once, as the server counted it per chunk, each process
-keeping the model it built for its next chunks; it runs under each backend
-(``-m backend``). The rest needs no Spark: the options, the membership's
+keeping the model it built for its next chunks. Under each backend
+(``-m backend``), an elastic fit on the session's cluster trains every row
+once, each process keeping its model (the kill, pause and join are the same
+Spark code whatever the backend: they run under TensorFlow only, to keep the
+backend streams short). The rest needs no Spark: the options, the membership's
 bookkeeping, the server's chunk accounting and admission, the floor, the
 epochs' order at the callbacks.
 """
@@ -23,7 +26,9 @@ from pathlib import Path
 
 import pytest
 
+from conftest import digits_model
 from ps_fakes import client, ones, server, wait_for
+from trainer import Trainer
 from trainer.errors import ClusterCapacityError, OptionError
 from trainer.fit.kinds import CHUNKS_PER_WORKER
 from trainer.fit.epoch_callbacks import EpochCallbacks
@@ -139,10 +144,9 @@ def test_the_server_counts_each_chunk_admits_up_to_the_maximum_and_fences_a_repl
 
 
 @pytest.mark.spark
-@pytest.mark.backend
 @pytest.mark.timeout(600)
 def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_every_row_once(tmp_path):
-    import keras  # the driver's backend is this run's (KERAS_BACKEND): each backend's stream runs this test
+    import keras  # the driver's backend is this run's (KERAS_BACKEND)
 
     out = tmp_path / "elastic.json"
     run = subprocess.run([sys.executable, str(DRIVER), str(out)], capture_output=True, text=True, timeout=540,
@@ -202,6 +206,25 @@ def test_epochs_reach_the_callbacks_in_order_when_a_later_one_ends_first():
     assert seen == []
     callbacks.on_epoch_done(1, 0)
     assert seen == [0, 1]
+
+
+@pytest.mark.spark
+@pytest.mark.backend
+@pytest.mark.timeout(300)
+def test_an_elastic_fit_trains_every_row_once_under_this_backend_each_process_keeping_its_model(digits):
+    import keras
+
+    train, _ = digits
+    fitted = Trainer(digits_model(0.005), num_workers=(1, 2), epochs=2, batch_size=32, verbose=False).fit(train)
+    records = fitted.history.workers
+    assert {w["backend"] for w in records} == {keras.backend.backend()}
+    assert any(not w["first_in_process"] for w in records)  # a process's next chunk trains the model it built
+    for epoch in (0, 1):
+        mine = [w for w in records if w["epoch"] == epoch]
+        assert len(mine) == 2 * CHUNKS_PER_WORKER and sum(w["rows"] for w in mine) == 1500
+        assert every_row_once({w["chunk"]: w["rows"] for w in mine},
+                              {w["chunk"]: w["committed_batches"] for w in mine}, 32) == []
+    assert fitted.history.epochs[-1]["loss"] < fitted.history.epochs[0]["loss"]
 
 
 def every_row_once(chunk_rows: dict[int, int], committed: dict[int, int], batch_size: int) -> list[str]:
