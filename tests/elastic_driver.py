@@ -80,7 +80,8 @@ def main(out: str) -> int:
             while True:
                 for index in indexes:
                     if training(index) or time.monotonic() > deadline:
-                        act(index)
+                        disturbed.setdefault("killed" if "killed" not in disturbed else "paused", time.time())
+                        act(index)  # the time is taken first: the fit may notice before act returns
                         return index
                 time.sleep(0.02)
 
@@ -97,9 +98,7 @@ def main(out: str) -> int:
                     time.monotonic() < deadline):  # its process joined (the test says if it never did)
                 time.sleep(0.02)
             killed = when_training((0, 1), cluster.kill_worker)  # a lost machine
-            disturbed["killed"] = time.time()
             hung = when_training((1 - killed,), cluster.pause_worker)  # a hung machine (docker pause)
-            disturbed["paused"] = time.time()
             time.sleep(SILENT_S + 3)  # it wakes once the fit dropped it and Spark re-ran its chunk
             cluster.pause_worker(hung, paused=False)
             disturbed["woken"] = time.time()
