@@ -42,6 +42,7 @@ from pathlib import Path
 
 from trainer import LocalCluster, Trainer
 from trainer.data.prep import scale_pixels
+from trainer.internals import wait_for_slots
 from trainer_jobs.support.cli import add_verbose_arg, positive_int, start_logging
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.models import build_cnn
@@ -109,13 +110,6 @@ def disturbed_fit(cluster: LocalCluster, train, mode: str, args) -> tuple:
     return fitted, at.get("time")
 
 
-def executors(spark, count: int, timeout: float = 120.0) -> None:
-    """Wait until the application has `count` executors (besides the driver)."""
-    deadline = time.monotonic() + timeout
-    while len(spark.sparkContext.statusTracker().getExecutorInfos()) - 1 < count and time.monotonic() < deadline:
-        time.sleep(0.5)
-
-
 def warm_up(train) -> None:
     """An untimed elastic fit of one epoch: every executor's Python worker imports Keras and builds the model, so
     that a fit after a worker was added back does not time a cold start (a new executor's JVM and imports take
@@ -170,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
                     cluster.add_worker()  # back to 3 for the next fit
                     warm_up(train)
                 elif mode.endswith("paused"):
-                    executors(spark, 3)  # the woken worker's executor replaced
+                    wait_for_slots(spark, 3, 120)  # the woken worker's executor replaced
                     warm_up(train)
     paths = write_results(rows, Path(args.out), "elastic", metadata={"job": "bench_elastic", **vars(args)})
     for folder in {Path(args.out), *([Path(args.publish)] if args.publish else [])}:

@@ -75,13 +75,13 @@ def main(out: str) -> int:
         def training(index: int) -> bool:  # its process's task holds a connection beside its heartbeat's
             return _connections_below(cluster._worker_daemons[index].proc.pid, port) >= 2
 
-        def when_training(indexes, act) -> int:  # act on the first of `indexes` caught training (in 10 s)
+        def when_training(indexes, act, what: str) -> int:  # act on the first of `indexes` caught training (10 s)
             deadline = time.monotonic() + 10
             while True:
                 for index in indexes:
                     if training(index) or time.monotonic() > deadline:
-                        disturbed.setdefault("killed" if "killed" not in disturbed else "paused", time.time())
-                        act(index)  # the time is taken first: the fit may notice before act returns
+                        disturbed[what] = time.time()  # before the act: the fit may notice before act returns
+                        act(index)
                         return index
                 time.sleep(0.02)
 
@@ -97,8 +97,8 @@ def main(out: str) -> int:
             while not _connections_below(cluster._worker_daemons[2].proc.pid, port) and (
                     time.monotonic() < deadline):  # its process joined (the test says if it never did)
                 time.sleep(0.02)
-            killed = when_training((0, 1), cluster.kill_worker)  # a lost machine
-            hung = when_training((1 - killed,), cluster.pause_worker)  # a hung machine (docker pause)
+            killed = when_training((0, 1), cluster.kill_worker, "killed")  # a lost machine
+            hung = when_training((1 - killed,), cluster.pause_worker, "paused")  # a hung machine (docker pause)
             time.sleep(SILENT_S + 3)  # it wakes once the fit dropped it and Spark re-ran its chunk
             cluster.pause_worker(hung, paused=False)
             disturbed["woken"] = time.time()

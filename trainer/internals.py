@@ -44,6 +44,9 @@ SEAM = {
         "trainer.runtime.collective.collective_task": ["reserve_port", "start_process", "wait_process"],
         "trainer.runtime.shipping": ["ModelSource"],
     },
+    "`make bench-elastic` waits for a replaced executor's slot as a fit waits for its slots (B)": {
+        "trainer.spark.launch": ["wait_for_slots"],
+    },
     "the parameter server and its wire measured alone: `make bench-ps`, `bench_security` (B)": {
         "trainer.ps": ["ParameterServer", "PSClient", "ShardedParameterServer", "ShardedPSClient"],
         "trainer.transport.frame_auth": ["DEFAULT_MAC", "MAC_ALGORITHMS", "Channel", "OneTimePoly1305"],
