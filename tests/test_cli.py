@@ -68,6 +68,7 @@ def test_every_bundled_job_and_benchmark_is_listed_and_importable():
      "--workers: `num_workers` must be a positive integer. Received: num_workers=0"),
     (["--model", "json:dumps", "--data", ".", "--algorithm", "nope"], "Unknown algorithm 'nope'"),
     (["--model", "json:dumps", "--data", ".", "--resume"], "--resume needs --checkpoint-dir"),
+    (["--model", "json:dumps", "--data", ".", "--conf", "executor.memory"], "--conf 'executor.memory': expected"),
 ])
 def test_train_model_rejects_bad_input_before_any_cluster_work(args, message, capsys):
     try:
@@ -77,6 +78,13 @@ def test_train_model_rejects_bad_input_before_any_cluster_work(args, message, ca
         return
     assert code == 2
     assert message in capsys.readouterr().err
+
+
+def test_train_model_passes_each_conf_to_the_session():
+    from trainer.cli.train import spark_conf
+
+    assert spark_conf(["spark.dynamicAllocation.enabled=false", "spark.executor.memory = 2g"]) == {
+        "spark.dynamicAllocation.enabled": "false", "spark.executor.memory": "2g"}
 
 
 def test_model_spec_from_a_file_ships_by_value(tmp_path):

@@ -48,6 +48,18 @@ def tracking(tmp_path_factory):
     os.environ.update(environment)
 
 
+def test_a_fit_names_the_run_it_starts_after_its_algorithm_and_leaves_an_active_run_s_name(tracking):
+    from trainer.tracking import RunLogger
+
+    mlflow.set_experiment("trainer-fit")
+    with RunLogger(run_name="trainer x2") as started:
+        started.rename("trainer localsgd x2")  # what drive_fit does once the algorithm is chosen
+    assert tracking.get_run(started.run_id).info.run_name == "trainer localsgd x2"
+    with mlflow.start_run(run_name="mine") as active, RunLogger(run_name="trainer x2") as joined:
+        joined.rename("trainer localsgd x2")
+    assert joined.run_id == active.info.run_id and tracking.get_run(active.info.run_id).info.run_name == "mine"
+
+
 @pytest.mark.spark
 @pytest.mark.timeout(400)
 def test_a_fit_logs_params_epoch_metrics_and_the_model(digits, tracking):

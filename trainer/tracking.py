@@ -94,6 +94,13 @@ class RunLogger:
         else:
             self.mlflow.end_run(status=status)
 
+    def rename(self, run_name: str) -> None:
+        """Name the run `run_name` when this logger started it (a fit names its run after the algorithm it
+        chose); an active run of the caller's keeps its own name."""
+        if self._started:
+            self.client.set_tag(self.run_id, "mlflow.runName", run_name)
+            self.run_name = run_name
+
     def log_params(self, params: dict[str, Any]) -> None:
         from mlflow.entities import Param  # deferred: an optional extra
 

@@ -2,7 +2,8 @@
 
     spark-keras-trainer train model --model mypkg.models:build --data train.parquet --workers 2 --epochs 4
     spark-keras-trainer train model --model ./models.py:build --data s3a://bucket/train/ \\
-        --master spark://host:7077 --validation s3a://bucket/val/ --save fitted/
+        --master spark://host:7077 --validation s3a://bucket/val/ --save fitted/ \\
+        --conf spark.dynamicAllocation.enabled=false
 
 ``--model`` names a function that returns a compiled Keras model (``MODULE:FUNCTION``
 of an importable module, or ``FILE.py:FUNCTION``; the file is shipped to the executors
@@ -67,6 +68,9 @@ def add_model_parser(actions) -> None:
                             "algorithm's)")
     model.add_argument("--master", default=None,
                        help="Spark master URL (spark://..., yarn, k8s://...); default: an embedded cluster")
+    model.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                       help="a Spark setting for the session, as spark-submit's --conf (repeat it), e.g. "
+                            "spark.dynamicAllocation.enabled=false")
     model.add_argument("--save", default=None, help="directory to write the fitted model to (FittedModel.save)")
     model.add_argument("--checkpoint-dir", default=None, help="save the parameter server's state here")
     model.add_argument("--resume", action="store_true", help="continue from --checkpoint-dir")
@@ -107,6 +111,18 @@ def load_model_spec(spec: str) -> Any:
     return builder
 
 
+def spark_conf(pairs: list[str]) -> dict[str, str]:
+    """The --conf KEY=VALUE pairs as a dict; raises ValueError on one that is not ``spark.KEY=VALUE``."""
+    conf = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key.strip().startswith("spark."):
+            raise ValueError(f"--conf {pair!r}: expected KEY=VALUE with a Spark key, e.g. "
+                             "spark.dynamicAllocation.enabled=false")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
 def _check_args(args: argparse.Namespace) -> tuple[Any, Any]:
     """(model, algorithm) after checking every flag; raises ValueError saying what to fix."""
     from trainer.algorithms import get_algorithm  # deferred: with the Trainer, only when a fit runs
@@ -120,6 +136,7 @@ def _check_args(args: argparse.Namespace) -> tuple[Any, Any]:
         path = getattr(args, flag)
         if path is not None and not _SCHEME.match(path) and not Path(path).exists():
             raise ValueError(f"--{flag} {path!r} does not exist. Expected a Parquet file or folder, or a URI.")
+    spark_conf(args.conf)
     if args.resume and not args.checkpoint_dir:
         raise ValueError("--resume needs --checkpoint-dir: the folder the interrupted run saved to.")
     name = args.algorithm.lower()
@@ -149,11 +166,12 @@ def train_model(args: argparse.Namespace) -> int:
     if args.master:
         from trainer.spark.session import spark_session  # deferred: pyspark starts the JVM
 
-        return _fit(spark_session(args.master, "spark-keras-trainer train"), model, algorithm, features, args)
+        return _fit(spark_session(args.master, "spark-keras-trainer train", **spark_conf(args.conf)), model,
+                    algorithm, features, args)
     from trainer.spark.local_cluster import LocalCluster  # deferred, as above
 
     with LocalCluster(workers=args.workers) as cluster:
-        spark = cluster.session("spark-keras-trainer train")
+        spark = cluster.session("spark-keras-trainer train", **spark_conf(args.conf))
         try:
             return _fit(spark, model, algorithm, features, args)
         finally:

@@ -64,6 +64,7 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     plan = plan_fit(trainer, kind, df, resume_from, validation)
     logged = []  # MLflow's epoch logger, after the user's callbacks
     if run is not None:
+        run.rename(f"trainer {algorithm.name} x{trainer.num_workers}")  # before the fit, the choice is provisional
         run.log_params(fit_params(trainer, algorithm, plan.model, plan.spec.num_rows, plan.validation_rows))
         logged.append(epoch_logger(run))
     callbacks = check_callbacks(callbacks, plan.model, plan.validation_rows > 0) + logged

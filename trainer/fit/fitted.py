@@ -282,8 +282,8 @@ class FittedModel:
         keras_file = out.suffix == KERAS_SUFFIX
         if keras_file and out.is_dir():
             raise IsADirectoryError(
-                f"fitted.save writes ONE file for a path ending in {KERAS_SUFFIX}, but it is an existing directory "
-                f"(older versions saved every path as a directory). Received: path={str(out)!r}. Fix: remove that "
+                f"fitted.save writes ONE file for a path ending in {KERAS_SUFFIX}, but it is an existing directory. "
+                f"Received: path={str(out)!r}. Fix: remove that "
                 f"directory, or save to another {KERAS_SUFFIX} path; a path without the suffix is saved as a directory."
             )
         if not keras_file and out.is_file():

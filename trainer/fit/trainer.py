@@ -216,7 +216,7 @@ class Trainer(OptionAttributes):
         """
         if not self.mlflow:
             return drive_fit(self, df, resume_from, validation, callbacks, None)
-        with RunLogger(run_name=f"trainer {self.algorithm.name} x{self.num_workers}") as run:
+        with RunLogger(run_name=f"trainer x{self.num_workers}") as run:  # renamed after the fit's choice
             return drive_fit(self, df, resume_from, validation, callbacks, run)
 
 
