@@ -522,8 +522,7 @@ def test_the_demo_s_mnist_job_is_quiet_and_reports_every_run(tmp_path):
     log level, on fewer images and with a reachable target: cluster up, progress, the result table and where
     the files went, not one line of Spark, TensorFlow or py4j chatter; and every row the MNIST job reports (the
     plain Keras baseline, 1 and 2 workers, the side-by-side comparison, time to target). The job on a standalone
-    master (--master), its large-task check at TRAINER_LOG=info and its tables without a baseline or a reached
-    target: `test_a_job_runs_on_the_keras_backend_it_is_given`."""
+    master (--master) under another backend, at TRAINER_LOG=info: the forecasting job's test."""
     out = tmp_path / "demo"
     result = run_job("mnist", ["--workers", "1,2", "--limit", "1000", "--epochs", "1", "--max-epochs", "2",
                                "--target-accuracy", "0.5", "--fixed-epochs"], out, log_level=None)
@@ -569,35 +568,20 @@ def test_the_demo_s_mnist_job_is_quiet_and_reports_every_run(tmp_path):
 
 @pytest.mark.spark
 @pytest.mark.timeout(TEST_TIMEOUT_S)
-@pytest.mark.parametrize("backend", ["torch"])
-def test_a_job_runs_on_the_keras_backend_it_is_given(drivers_cluster, tmp_path, backend):
-    """--backend: the job's flag sets the driver's Keras backend, which every task of the job uses. The job is
-    a process of its own, so this TensorFlow session runs it under another backend (that every task uses the
-    driver's backend, under each backend: tests/test_backends.py). Also the MNIST job on a standalone master
-    (--master: an external cluster, whose timing the job trusts), at TRAINER_LOG=info with no large task, and
-    with neither a baseline nor a reached target, whose columns its tables leave out rather than show empty."""
-    pytest.importorskip(backend)
-    out = tmp_path / "mnist"
-    result = run_job("mnist", ["--master", drivers_cluster.master_url, "--backend", backend, "--workers", "1",
-                               "--epochs", "1", "--limit", "600", "--no-baseline"], out)
-    assert result["metadata"]["keras_backend"] == backend
-    assert result["metadata"]["master"] == drivers_cluster.master_url
-    assert [r["workers"] for r in result["rows"]] == [1] and result["rows"][0]["updates"] > 0
-    assert result["rows"][0]["timing_valid"] is True  # an external master: the job cannot tell, so it trusts it
-    text = (tmp_path / "mnist.log").read_text(errors="replace")
-    for table in (_table_after(text, "| mode |"), _table_after((out / "mnist.md").read_text(), "| model |")):
-        assert len(table) == 3 and not _empty_columns(table), "\n".join(table)
-
-
-@pytest.mark.spark
-@pytest.mark.timeout(TEST_TIMEOUT_S)
-def test_forecast_job_on_a_standalone_master(drivers_cluster, forecast_job, tmp_path):
+def test_forecast_job_on_a_standalone_master_under_the_backend_it_is_given(drivers_cluster, forecast_job, tmp_path):
+    """A job on a standalone master (--master: an external cluster, whose timing the job trusts), at
+    TRAINER_LOG=info with no large task (`run_job`), under the Keras backend its --backend flag gives the driver,
+    which every task of the job uses: the job is a process of its own, so this TensorFlow session runs it under
+    torch (that every task uses the driver's backend, under each backend: tests/test_backends.py). Its tables
+    leave out the columns no row fills (tests/test_report.py); the MNIST job's rows: the demo's test."""
+    pytest.importorskip("torch")
     out, checkpoints = tmp_path / "forecast", tmp_path / "checkpoints"
-    result = run_job("forecast", ["--master", drivers_cluster.master_url, "--workers", "1,2", "--limit", "600",
-                                  "--epochs", "1", "--max-epochs", "2", "--models", "gru",
+    result = run_job("forecast", ["--master", drivers_cluster.master_url, "--backend", "torch", "--workers", "1,2",
+                                  "--limit", "600", "--epochs", "1", "--max-epochs", "2", "--models", "gru",
                                   "--checkpoint-dir", str(checkpoints)], out)
     meta, rows = result["metadata"], result["rows"]
     assert meta["job"] == "forecast" and meta["hourly_rows"] == 600
+    assert meta["keras_backend"] == "torch" and meta["master"] == drivers_cluster.master_url
     assert meta["data_files"] and all(f.endswith(".parquet") for f in meta["data_files"])
     assert meta["training_windows"] == 600 - 24 - 120 and meta["test_windows"] == 120
     for model in ("gru",):  # one model: the LSTM takes the same path (its layers: test_forecast_models_match_the_seed)
