@@ -136,6 +136,7 @@ def test_the_server_counts_each_chunk_admits_up_to_the_maximum_and_fences_a_repl
                     first.commit(ones(), {"epoch": 0, "batches": 1})  # the old task can no longer commit
                 rerun.commit(ones(), {"epoch": 0, "batches": 2})
         assert ps.committed_batches(0, 0) == 5 and ps.committed_batches(1, 0) == 0
+        assert ps.claimed_chunks(0) == 1 and ps.claimed_chunks(1) == 0  # the re-run took the same chunk again
         assert wait_for(lambda: heard == ["hello", "hello", "bye", "bye"])  # the waiting HELLO is not a member
         with client(ps, 1) as beating:  # a heartbeat is answered at once, with no center
             assert beating.hello({"heartbeat": True, "member": two}) == ([], {})

@@ -30,6 +30,7 @@ ready):
 from __future__ import annotations
 
 import collections
+import itertools
 import logging
 import time
 from typing import Any, Callable
@@ -50,7 +51,10 @@ class MemberTracking:
                       admit: Callable[[dict[str, Any]], float] | None) -> None:
         self._on_member, self._admit_member = on_member, admit
         self._worker_batches: collections.Counter[tuple[int, int]] = collections.Counter()  # (epoch, worker)
-        self._claims: dict[tuple[int, int], Any] = {}  # (epoch, worker) -> the connection of its newest HELLO
+        # (epoch, worker) -> the token of its newest HELLO (a number, not the connection: ended ones are not kept)
+        self._claims: dict[tuple[int, int], int] = {}
+        self._claimed: collections.Counter[int] = collections.Counter()  # epoch -> chunks claimed
+        self._claim_tokens = itertools.count(1)
 
     def committed_batches(self, epoch: int, worker: int) -> int:
         """The batches of `epoch` that `worker`'s applied commits counted (COMMIT meta ``"batches"``)."""
@@ -60,7 +64,7 @@ class MemberTracking:
     def claimed_chunks(self, epoch: int) -> int:
         """How many chunks of `epoch` a task has taken (said HELLO for)."""
         with self._lock:
-            return sum(1 for claimed, _ in self._claims if claimed == epoch)
+            return self._claimed[epoch]
 
     def _count_batches_locked(self, epoch: int, worker: int, batches: int) -> None:
         self._worker_batches[(epoch, worker)] += batches
@@ -79,7 +83,7 @@ class MemberTracking:
         if conn.claim is None:
             return False
         with self._lock:
-            replaced = self._claims.get(conn.claim) is not conn
+            replaced = self._claims.get(conn.claim) != conn.claim_token
         if replaced:
             self._note("replaced_request", worker=conn.worker, epoch=conn.claim[0], request=request)
             self._reply_error(conn, f"replaced: a newer task of worker {conn.worker} in epoch {conn.claim[0]} took "
@@ -114,8 +118,10 @@ class MemberTracking:
         if epoch is None:
             return {}
         with self._lock:
-            conn.claim = (epoch, conn.worker)
-            self._claims[conn.claim] = conn
+            conn.claim, conn.claim_token = (epoch, conn.worker), next(self._claim_tokens)
+            if conn.claim not in self._claims:
+                self._claimed[epoch] += 1
+            self._claims[conn.claim] = conn.claim_token
             return {"committed_batches": self._worker_batches[conn.claim]}
 
     def _member_said_hello(self, conn: Any, member: dict[str, Any] | None) -> None:

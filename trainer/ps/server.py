@@ -93,6 +93,7 @@ class _Conn(Connection):
         self.held: list[np.ndarray] | None = None
         self.member: dict[str, Any] | None = None  # who its worker is, as its HELLO said (elastic fits)
         self.claim: tuple[int, int] | None = None  # (epoch, worker) its HELLO took, if it named an epoch
+        self.claim_token = 0  # which HELLO of that chunk and epoch it was (trainer.ps.members)
         self.heartbeat = False  # a member's heartbeat connection (trainer.ps.members)
 
 
