@@ -148,6 +148,21 @@ def test_executor_env_defaults_cap_thread_pools():
 
 
 @pytest.mark.timeout(30)
+def test_the_executors_get_the_backend_keras_would_start_here(monkeypatch, tmp_path):
+    """KERAS_BACKEND, else Keras's config file, else TensorFlow: what `import keras` in the driver starts."""
+    monkeypatch.delenv("KERAS_BACKEND", raising=False)
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    assert executor_env_defaults(1)["KERAS_BACKEND"] == "tensorflow"  # no file
+    (tmp_path / "keras.json").write_text('{"backend": "jax", "floatx": "float32"}')
+    assert executor_env_defaults(1)["KERAS_BACKEND"] == "jax"
+    monkeypatch.setenv("KERAS_BACKEND", "torch")
+    assert executor_env_defaults(1)["KERAS_BACKEND"] == "torch"
+    monkeypatch.delenv("KERAS_BACKEND")
+    (tmp_path / "keras.json").write_text("not json")
+    assert executor_env_defaults(1)["KERAS_BACKEND"] == "tensorflow"
+
+
+@pytest.mark.timeout(30)
 def test_session_defaults_depend_on_the_master():
     standalone = _default_conf("spark://h:7077", "app", 2)
     assert standalone["spark.executor.cores"] == "2"

@@ -16,9 +16,28 @@ through ``trainer.verbosity.configure_logging``. A value the user set wins.
 
 from __future__ import annotations
 
+import json
 import os
 
 from trainer import verbosity
+
+#: The backend Keras starts when neither KERAS_BACKEND nor its config file names one.
+KERAS_DEFAULT_BACKEND = "tensorflow"
+
+
+def keras_backend() -> str:
+    """The Keras backend this process's Keras starts, read as Keras reads it without importing Keras:
+    ``KERAS_BACKEND``, else the ``backend`` of ``$KERAS_HOME/keras.json`` (``~/.keras/keras.json``), else
+    Keras's default. The executors are given it, so they run the driver's backend."""
+    if os.environ.get("KERAS_BACKEND"):
+        return os.environ["KERAS_BACKEND"]
+    home = os.environ.get("KERAS_HOME") or os.path.join(os.path.expanduser("~"), ".keras")
+    try:
+        with open(os.path.join(home, "keras.json")) as f:
+            backend = json.load(f).get("backend")
+    except (OSError, ValueError, AttributeError):
+        backend = None
+    return backend if isinstance(backend, str) and backend else KERAS_DEFAULT_BACKEND
 
 
 def gpu_memory_env() -> dict[str, str]:

@@ -280,7 +280,6 @@ class LocalCluster:
                 "PYSPARK_PYTHON": sys.executable,
                 "SPARK_LOCAL_IP": self.host,
                 "TF_CPP_MIN_LOG_LEVEL": "2",
-                "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
             }
         )
         env.setdefault("SPARK_DAEMON_MEMORY", "512m")

@@ -25,7 +25,7 @@ from typing import Any
 
 from trainer import verbosity
 from trainer.errors import MasterUnreachableError
-from trainer.process_env import prepare_process
+from trainer.process_env import keras_backend, prepare_process
 from trainer.spark.connect import remote_session
 
 log = logging.getLogger("trainer.spark")
@@ -47,7 +47,7 @@ def executor_env_defaults(cores: int) -> dict[str, str]:
     return {
         **verbosity.quiet_env(),
         verbosity.ENV: os.environ.get(verbosity.ENV, "warning"),
-        "KERAS_BACKEND": os.environ.get("KERAS_BACKEND", "tensorflow"),
+        "KERAS_BACKEND": keras_backend(),
         "OMP_NUM_THREADS": n,
         "TF_NUM_INTRAOP_THREADS": n,
         "TF_NUM_INTEROP_THREADS": n,
