@@ -5,7 +5,8 @@ here, against a `LocalCluster` of 2 workers with Spark's dynamic allocation on (
 writes what happened as JSON. A worker daemon is added once the fit trains (its executor started by tasks waiting
 while the fit waits at its first epoch's end); once its process joined, one of the first two is killed while it
 trains (with its executor and Python workers, as a lost machine), then the other one paused while it trains (a hung
-machine, woken 8 s later). The fit waits for the join at its first epoch's end and for the rest at its third's, so
+machine, woken 8 s later), then the added one decommissioned while it trains (SIGPWR: a machine drained before the
+cluster manager takes it, Spark's graceful leave). The fit waits for the join at its first epoch's end and for the rest at its third's, so
 that it cannot end before them (the epoch after a waiting one may run meanwhile, not the one after that).
 
     python tests/elastic_driver.py OUT.json
@@ -102,6 +103,7 @@ def main(out: str) -> int:
             time.sleep(SILENT_S + 3)  # it wakes once the fit dropped it and Spark re-ran its chunk
             cluster.pause_worker(hung, paused=False)
             disturbed["woken"] = time.time()
+            when_training((2,), cluster.decommission_worker, "decommissioned")  # a graceful leave
             gates["disturbed"].set()
 
         def on_update(record) -> None:

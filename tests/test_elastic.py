@@ -95,6 +95,19 @@ def test_membership_counts_joins_and_leaves_and_caps_the_workers_training():
     assert capped.admit(a) == 0 and [e["event"] for e in capped.timeline()] == ["joined", "left"]
 
 
+def test_a_decommissioned_executor_s_process_leaves_at_once_finishes_its_task_and_does_not_come_back():
+    members = Membership(1)
+    drained, other = {"host": "h", "pid": 1, "executor": "3"}, {"host": "h", "pid": 2, "executor": "4"}
+    members.heard({"event": "hello", "time": 1.0, "member": drained})
+    (left,) = members.retire({"3", "9"}, now=2.0)
+    assert left["event"] == "left" and left["executor"] == "3" and "graceful" in left["why"]
+    assert members.admit(other) > 0  # its running task still trains: it holds its place until its end
+    members.heard({"event": "beat", "time": 3.0, "member": drained})  # it beats on, but is no member again
+    assert not members.members and members.retire({"3"}) == []
+    members.heard({"event": "bye", "time": 4.0, "member": drained})
+    assert members.admit(other) == 0 and [e["event"] for e in members.timeline()] == ["joined", "left"]
+
+
 def test_the_fit_stops_once_the_slots_stay_under_the_minimum_longer_than_the_timeout():
     slots = [0]
     events: list[dict] = []
@@ -155,7 +168,7 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
     assert run.returncode == 0 and out.is_file(), run.stdout[-3000:] + run.stderr[-3000:]
     history = json.loads(out.read_text())
     disturbed = history["disturbed"]
-    assert set(disturbed) == {"added", "killed", "paused", "woken"}
+    assert set(disturbed) == {"added", "killed", "paused", "woken", "decommissioned"}
     joined = [e for e in history["membership"] if e["event"] == "joined"]
     left = [e for e in history["membership"] if e["event"] == "left"]
     assert len(joined) >= 3 and all(e["ready_s"] > 0 for e in joined)  # two first executors, the added one
@@ -165,6 +178,15 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
     hung = [e for e in left if "no heartbeat" in e["why"]]  # dropped by the fit's heartbeat, released to Spark
     assert len(hung) == 1 and 0 <= hung[0]["time"] - disturbed["paused"] < SILENT_S + 3, left
     assert hung[0]["executor_released"] is True
+    (drained,) = [e for e in left if "decommissioned" in e["why"]]  # told by Spark, not by a lost connection
+    assert 0 <= drained["time"] - disturbed["decommissioned"] < 5, left
+    # graceful: the chunk it was training when drained ended there, committed, and was not run again
+    last = [w for w in history["workers"] if w["member"] == drained["worker"]]
+    assert last and max(w["task_start"] for w in last) < disturbed["decommissioned"]
+    running = max(last, key=lambda w: w["task_start"])
+    rerun = [w for w in history["workers"] if (w["epoch"], w["chunk"]) == (running["epoch"], running["chunk"])
+             and w["task_start"] > running["task_start"]]
+    assert not rerun and running["spark_attempt"] == 0, rerun
     assert max(e["workers_after"] for e in history["membership"]) == 3
     assert {w["backend"] for w in history["workers"]} == {keras.backend.backend()}
     assert any(not w["first_in_process"] for w in history["workers"])  # a process's next chunk trains its model

@@ -102,7 +102,7 @@ class StageController:
                     policy: ElasticPolicy, description: str, fatal: Callable[[], BaseException | None],
                     profile: Any = None, on_started: Callable[[], None] | None = None,
                     stopped: Callable[[], bool] = lambda: False, events: list[dict] | None = None,
-                    watch: Callable[[], Any] = lambda: None,
+                    watch: Callable[[], Any] = lambda: None, retire: Callable[[set[str]], Any] = lambda e: None,
                     begun: Callable[[int], bool] = lambda epoch: False) -> StageResult:
         """Start `server` and run an elastic fit's jobs, one per epoch (inside `closing`, which stops it);
         `make_task(epoch)` returns the function each chunk task of that epoch runs."""
@@ -112,5 +112,5 @@ class StageController:
         start = time.time()
         jobs = run_epoch_jobs(frame, chunks, epochs, make_task, RESULT_DDL, policy=policy, description=description,
                               profile=profile, stopped=stopped, fatal=fatal, events=events, watch=watch,
-                              begun=begun)
+                              retire=retire, begun=begun)
         return StageResult(read_records(jobs.rows), start, time.time())

@@ -20,7 +20,12 @@ once). `Membership` hears what the server hears, in order:
   elsewhere. A process that hangs (a paused container) keeps its sockets:
   `check` makes it leave after `SILENT_S` seconds without a heartbeat, and
   it joins again if it wakes (its task's requests are refused if Spark re-ran
-  its chunk meanwhile, ``trainer.ps.members``).
+  its chunk meanwhile, ``trainer.ps.members``);
+* **retired**: the cluster manager decommissions the process's executor (Spark's
+  graceful leave: a node drained, a spot instance's notice, SIGPWR): `retire`
+  makes it leave at once, its running chunk finishes and commits (nothing is
+  re-run) and it counts against the maximum until that task's BYE; no new
+  chunk comes to it and its heartbeats no longer make it a member.
 
 Each join and leave becomes an event of ``fitted.history.membership``
 (time, epoch, the server's version as the step, workers before and after,
@@ -59,6 +64,7 @@ class Membership:
         self.members: dict[str, dict[str, Any]] = {}  # name -> {"ready_s", "executor", "beat"}
         self.training: dict[str, int] = {}  # name -> open connections (a task of the process is training)
         self.gone: dict[str, float] = {}  # name -> when it left (it may come back: a hung process that wakes)
+        self.retired: set[str] = set()  # processes on decommissioned executors: they do not come back
         self.events: list[dict[str, Any]] = []
 
     def admit(self, member: dict[str, Any]) -> float:
@@ -75,7 +81,10 @@ class Membership:
         name, kind, now = member_id(member), event["event"], event["time"]
         with self._lock:
             change = None
-            if kind in ("hello", "beat"):
+            if name in self.retired:  # its last task's end frees its place; nothing else of it counts
+                if kind == "lost" or (kind == "bye" and not event.get("heartbeat")):
+                    self.training[name] = max(0, self.training.get(name, 0) - 1) if kind == "bye" else 0
+            elif kind in ("hello", "beat"):
                 if name not in self.members:
                     again = name in self.gone
                     ready = member.get("ready_s")
@@ -106,9 +115,25 @@ class Membership:
             self._changed(change)
         return changes
 
-    def _leave_locked(self, name: str, event: dict[str, Any], why: str) -> dict[str, Any]:
+    def retire(self, executors: set[str], now: float | None = None) -> list[dict[str, Any]]:
+        """Members on the decommissioned `executors` leave for good, their running tasks left to finish (the
+        module docstring); returns their leaves."""
+        now = time.time() if now is None else now
+        with self._lock:
+            names = [name for name, info in self.members.items() if info.get("executor") in executors]
+            self.retired.update(names)
+            changes = [self._leave_locked(name, {"time": now}, "its executor was decommissioned (a graceful leave: "
+                                          "its running chunk finishes, no new one comes)", keep_training=True)
+                       for name in names]
+        for change in changes:
+            self._changed(change)
+        return changes
+
+    def _leave_locked(self, name: str, event: dict[str, Any], why: str,
+                      keep_training: bool = False) -> dict[str, Any]:
         info = self.members.pop(name)
-        self.training.pop(name, None)
+        if not keep_training:
+            self.training.pop(name, None)
         self.gone[name] = event["time"]
         change = self._change_locked("left", name, event, len(self.members) + 1, why)
         if info.get("executor") is not None:

@@ -112,19 +112,21 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                    stopped: Callable[[], bool] = lambda: False,
                    fatal: Callable[[], BaseException | None] = lambda: None,
                    events: list[dict] | None = None, watch: Callable[[], Any] = lambda: None,
+                   retire: Callable[[set[str]], Any] = lambda executors: None,
                    begun: Callable[[int], bool] = lambda epoch: False, poll_s: float = 0.5) -> EpochJobs:
     """Run one job per epoch of `epochs` over `frame` cut into `chunks` partitions (the module docstring);
     ``stopped()`` after an epoch ends the loop (a callback stopped the fit); ``begun(epoch)`` says every chunk
     of `epoch` has started, so the next epoch's job may start beside it; ``watch()`` runs every `poll_s` seconds
     while a job runs (the members' heartbeats) and returns the members that went silent, each a dict whose
     ``"executor"`` (when known) is released (`release_executor`; ``"executor_released"`` says whether Spark took
-    it)."""
+    it); ``retire(executors)`` hears the executors being decommissioned (`decommissioned_executors`)."""
     from pyspark import StorageLevel
 
     spark = frame.sparkSession
     events = [] if events is None else events
     floor = Floor(lambda: available_slots(spark, profile), policy, events)
     released: set[str] = set()
+    retired: set[str] = set()
     tag = f"trainer-elastic-{uuid.uuid4().hex[:12]}"
 
     def on_wait() -> None:
@@ -133,6 +135,10 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
             if executor is not None and executor not in released:
                 released.add(executor)
                 silent["executor_released"] = release_executor(spark, executor, silent["why"])
+        leaving = decommissioned_executors(spark) - retired
+        if leaving:
+            retired.update(leaving)
+            retire(leaving)
         floor.check()
 
     cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK)
@@ -220,6 +226,21 @@ def release_executor(spark, executor: str, why: str) -> bool:
         return False
     log.info("Executor %s released: %s", executor, why)
     return True
+
+
+def decommissioned_executors(spark) -> set[str]:
+    """The executors Spark is decommissioning (a graceful leave: they finish their running tasks and take no new
+    ones); empty on Spark Connect or where Spark cannot tell."""
+    if is_connect(spark):
+        return set()
+    try:
+        sc = spark.sparkContext._jsc.sc()
+        scheduler, ids = sc.taskScheduler(), sc.getExecutorIds()
+        return {ids.apply(i) for i in range(ids.size())
+                if scheduler.getExecutorDecommissionState(ids.apply(i)).isDefined()}
+    except Exception as exc:  # a Spark whose internals moved: a decommissioned executor then leaves when it exits
+        log.debug("Could not read the executors' decommission state (%s)", exc)
+        return set()
 
 
 LOCALITY_WAIT = "spark.locality.wait"

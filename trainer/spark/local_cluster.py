@@ -82,6 +82,8 @@ logger.hadoop.level = error
 # The daemons' settings, as Java options rather than a spark-defaults.conf: several clusters may run on one
 # machine, so no fixed-port REST server, and a port that is taken is an error (not a silent move to port+1).
 _DAEMON_PROPERTIES = "-Dspark.master.rest.enabled=false -Dspark.port.maxRetries=0"
+#: A worker daemon decommissions itself on SIGPWR (`LocalCluster.decommission_worker`).
+_WORKER_PROPERTIES = "-Dspark.decommission.enabled=true"
 # SPARK_CONF_DIR of the daemons (and so of the executors the workers launch): a path under the cluster's
 # directory that is never created. Spark puts the conf directory first on a JVM's class path; an absent one
 # keeps a Spark configuration of the machine (SPARK_HOME/conf) out of our daemons, and lets their JVMs map a
@@ -397,13 +399,13 @@ class LocalCluster:
         work_dir = self._root / "work" / f"worker-{i}"
         work_dir.mkdir(parents=True, exist_ok=True)
         env = self._env
-        opts = worker_resource_opts(self.worker_resources, i, self._root / "resources")
+        opts = f"{_WORKER_PROPERTIES} {worker_resource_opts(self.worker_resources, i, self._root / 'resources')}"
         worker_env = dict(env, SPARK_WORKER_OPTS=f"{env.get('SPARK_WORKER_OPTS', '')} {opts}".strip())
         self._worker_daemons.append(self._launch(
             f"worker-{i}", [_WORKER_CLASS, "--host", self.host, "--cores", str(self.cores_per_worker),
                             "--memory", f"{self.worker_memory_mb}m", "--work-dir", str(work_dir),
                             "--webui-port", "0", f"spark://{self.host}:{self._master_port}"],
-            self._spark_home, worker_env if opts else env))
+            self._spark_home, worker_env))
 
     def add_worker(self) -> int:
         """Start one more worker daemon (as a machine joining the cluster); returns its index once it is ALIVE."""
@@ -428,6 +430,15 @@ class LocalCluster:
         with self._lock:
             index = self._first_alive() if index is None else index
             kill_tree(self._worker_daemons[index].proc.pid, signal.SIGSTOP if paused else signal.SIGCONT)
+            return index
+
+    def decommission_worker(self, index: int | None = None) -> int:
+        """Decommission worker daemon `index` (None: the first one alive) as a cluster manager does before it takes
+        a machine away (SIGPWR, Spark's graceful leave): its executors finish their running tasks and take no new
+        ones; returns its index. The daemon stays up, DECOMMISSIONED at the master."""
+        with self._lock:
+            index = self._first_alive() if index is None else index
+            os.kill(self._worker_daemons[index].proc.pid, signal.SIGPWR)
             return index
 
     def _first_alive(self) -> int:
@@ -494,6 +505,7 @@ class LocalCluster:
             "spark.cores.max": str(self.workers * self.cores_per_worker),
             "spark.driver.host": self.host,
             "spark.driver.bindAddress": self.host,
+            "spark.decommission.enabled": "true",  # executors leave gracefully when `decommission_worker` asks
             **conf,
         }
 
