@@ -66,7 +66,7 @@ SHELL       := /usr/bin/env bash -o pipefail
 .SHELLFLAGS := -ec
 .DEFAULT_GOAL := help
 
-.PHONY: help venv demo test test-quick test-unit test-spark test-lab test-matrix matrix-venv bench bench-quality bench-select bench-out-of-core bench-elastic bench-ps bench-gpu worker-add worker-kill worker-pause clean lock lock-mlflow-server dist
+.PHONY: help venv demo test test-quick test-unit test-spark test-lab test-matrix matrix-venv bench bench-quality bench-select bench-out-of-core bench-elastic bench-ps bench-gpu worker-add worker-kill worker-pause worker-decommission clean lock lock-mlflow-server dist
 
 help: ## show this help: the variables, then the targets by section
 	@awk '/^##@ Variables/ {printf "%s\n", substr($$0, 5)} /^#> / {name = $$2; $$1 = $$2 = ""; sub(/^ +/, ""); printf "  %-16s %s\n", name, $$0}' $(MAKEFILE_LIST)
@@ -334,12 +334,21 @@ worker-kill: ## kill the newest worker container, as a lost machine (docker kill
 	if [ -z "$$id" ]; then echo "worker-kill: no worker container runs"; exit 1; fi; \
 	$(DOCKER) kill $$id >/dev/null && echo "lab: killed worker container $$id"
 
+# The lab's worker containers in one state, newest first (docker ps: Compose v1's ps has no --status).
+LAB_WORKERS_IN = $(DOCKER) ps -q --filter label=com.docker.compose.project=$(LAB_PROJECT) \
+	--filter label=com.docker.compose.service=worker --filter status=$(1)
+
 worker-pause: ## pause the newest worker container, as a hung machine (docker pause; PAUSED=0 wakes the paused ones)
-	@if [ "$(PAUSED)" = "0" ]; then ids=$$($(LAB_COMPOSE) ps -q --status paused worker); \
+	@if [ "$(PAUSED)" = "0" ]; then ids=$$($(call LAB_WORKERS_IN,paused)); \
 	  if [ -n "$$ids" ]; then $(DOCKER) unpause $$ids >/dev/null; fi; echo "lab: woke $$(echo $$ids | wc -w) worker(s)"; \
-	else id=$$($(LAB_COMPOSE) ps -q --status running worker | tail -n 1); \
+	else id=$$($(call LAB_WORKERS_IN,running) | head -n 1); \
 	  if [ -z "$$id" ]; then echo "worker-pause: no worker container runs"; exit 1; fi; \
 	  $(DOCKER) pause $$id >/dev/null && echo "lab: paused worker container $$id (make worker-pause PAUSED=0 wakes it)"; fi
+
+worker-decommission: ## decommission the newest running worker container, as a drained node (SIGPWR: its executors finish their tasks, take no new ones)
+	@id=$$($(call LAB_WORKERS_IN,running) | head -n 1); \
+	if [ -z "$$id" ]; then echo "worker-decommission: no worker container runs"; exit 1; fi; \
+	$(DOCKER) kill --signal=PWR $$id >/dev/null && echo "lab: decommissioning worker container $$id"
 
 down: ## stop the lab: no containers or networks left (PURGE=1 also deletes the data/checkpoints/results/mlflow volumes)
 	$(LAB_COMPOSE) --profile tools down --remove-orphans $(if $(PURGE),--volumes)

@@ -108,6 +108,10 @@ write_spark_defaults() {
         [ -n "$SPARK_DRIVER_BIND_ADDRESS" ] && echo "spark.driver.bindAddress $SPARK_DRIVER_BIND_ADDRESS"
         [ -n "$SPARK_DRIVER_PORT" ] && echo "spark.driver.port $SPARK_DRIVER_PORT"
         [ -n "$SPARK_BLOCKMANAGER_PORT" ] && echo "spark.driver.blockManager.port $SPARK_BLOCKMANAGER_PORT"
+        # A worker sent SIGPWR (make worker-decommission) leaves gracefully: its executors finish their running
+        # tasks, take no new ones and hand their cached blocks to the others.
+        echo "spark.decommission.enabled true"
+        echo "spark.storage.decommission.enabled true"
         # SPARK_CONF: extra `key=value` pairs separated by spaces or newlines
         # (values cannot contain spaces), e.g. the GPU settings of compose/gpu.yaml.
         local pair
