@@ -123,8 +123,9 @@ def spark_conf(pairs: list[str]) -> dict[str, str]:
     return conf
 
 
-def _check_args(args: argparse.Namespace) -> tuple[Any, Any]:
-    """(model, algorithm) after checking every flag; raises ValueError saying what to fix."""
+def _check_args(args: argparse.Namespace) -> tuple[Any, Any, dict[str, str]]:
+    """(model, algorithm, the session's Spark settings) after checking every flag; raises ValueError saying what
+    to fix."""
     from trainer.algorithms import get_algorithm  # deferred: with the Trainer, only when a fit runs
 
     for flag, option in (("workers", "num_workers"), ("epochs", "epochs"), ("batch_size", "batch_size")):
@@ -136,7 +137,7 @@ def _check_args(args: argparse.Namespace) -> tuple[Any, Any]:
         path = getattr(args, flag)
         if path is not None and not _SCHEME.match(path) and not Path(path).exists():
             raise ValueError(f"--{flag} {path!r} does not exist. Expected a Parquet file or folder, or a URI.")
-    spark_conf(args.conf)
+    conf = spark_conf(args.conf)
     if args.resume and not args.checkpoint_dir:
         raise ValueError("--resume needs --checkpoint-dir: the folder the interrupted run saved to.")
     name = args.algorithm.lower()
@@ -148,7 +149,7 @@ def _check_args(args: argparse.Namespace) -> tuple[Any, Any]:
         algorithm = get_algorithm(name, every=args.window or "epoch")
     else:
         algorithm = get_algorithm(name, **({} if args.window is None else {"window": args.window}))
-    return load_model_spec(args.model), algorithm
+    return load_model_spec(args.model), algorithm, conf
 
 
 def train_model(args: argparse.Namespace) -> int:
@@ -156,7 +157,7 @@ def train_model(args: argparse.Namespace) -> int:
     configure_logging(args.verbose)
     import_keras_quietly()
     try:
-        model, algorithm = _check_args(args)
+        model, algorithm, conf = _check_args(args)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -166,12 +167,12 @@ def train_model(args: argparse.Namespace) -> int:
     if args.master:
         from trainer.spark.session import spark_session  # deferred: pyspark starts the JVM
 
-        return _fit(spark_session(args.master, "spark-keras-trainer train", **spark_conf(args.conf)), model,
+        return _fit(spark_session(args.master, "spark-keras-trainer train", **conf), model,
                     algorithm, features, args)
     from trainer.spark.local_cluster import LocalCluster  # deferred, as above
 
     with LocalCluster(workers=args.workers) as cluster:
-        spark = cluster.session("spark-keras-trainer train", **spark_conf(args.conf))
+        spark = cluster.session("spark-keras-trainer train", **conf)
         try:
             return _fit(spark, model, algorithm, features, args)
         finally:

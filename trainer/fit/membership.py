@@ -132,9 +132,11 @@ class Membership:
     def _leave_locked(self, name: str, event: dict[str, Any], why: str,
                       keep_training: bool = False) -> dict[str, Any]:
         info = self.members.pop(name)
-        if not keep_training:
+        if keep_training:  # a retired process: it never comes back, so it is not kept among the gone
+            pass
+        else:
             self.training.pop(name, None)
-        self.gone[name] = event["time"]
+            self.gone[name] = event["time"]
         change = self._change_locked("left", name, event, len(self.members) + 1, why)
         if info.get("executor") is not None:
             change["executor"] = info["executor"]
