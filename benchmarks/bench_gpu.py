@@ -34,7 +34,7 @@ over plain Keras's (``per_worker``) and all workers' together
 (``together``), the center's test accuracy, the last automatic window (local
 SGD: its period), and an exchange's parts in ms (weights to the host, the payload, the round trip,
 the reply loaded), measured after the steps queued by asynchronous dispatch
-have run (``trainer.runtime.backends``).
+have run (``trainer.backends``).
 
     python benchmarks/bench_gpu.py --backend jax,torch --out results/bench_gpu
 """

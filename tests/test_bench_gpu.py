@@ -31,7 +31,7 @@ _BLOCKER = textwrap.dedent("""
 
 WORKER_MODULES = ["trainer.runtime.ps_worker.worker_task",
                   "trainer.runtime.ps_worker.exchange", "trainer.runtime.feeding.feed",
-                  "trainer.runtime.feeding.shard", "trainer.runtime.backends", "trainer.algorithms.cadence",
+                  "trainer.runtime.feeding.shard", "trainer.backends", "trainer.algorithms.cadence",
                   "trainer.runtime.process", "trainer.ps", "trainer.algorithms", "trainer.fit.progress",
                   "trainer_benchmarks.bench_gpu", "trainer_jobs.support.plain_keras",
                   "trainer_benchmarks.support.worker_loop"]

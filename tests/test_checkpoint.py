@@ -17,7 +17,7 @@ from trainer.fit.checkpoints import (
     FILE_NAME, Checkpoint, CheckpointError, Checkpointer, checkpoint_files, has_checkpoint, load_checkpoint,
     read_checkpoint, save_checkpoint,
 )
-from trainer.selection.search_checkpoints import CheckpointStore
+from trainer.selection.engine.search_checkpoints import CheckpointStore
 
 
 def _checkpoint(version: int = 7) -> Checkpoint:

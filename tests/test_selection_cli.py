@@ -70,4 +70,4 @@ def test_searches_are_compared_at_hyperband_s_budget_of_epochs():
     assert sum(c.epochs for c in searches["random"].configs()) == 28
     assert len(searches["halving"].configs()) == 15  # 15 + 7 + 3 x 2 = 28 epochs
     assert searches["tpe"].max_total_epochs == searches["asha"].max_total_epochs == 28
-    assert searches["tpe-asha"].pruner == "asha" and len(searches["grid"].configs()) == 2
+    assert searches["tpe-asha"].pruner.name == "asha" and len(searches["grid"].configs()) == 2

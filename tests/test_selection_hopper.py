@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trainer.transport.wire import AuthenticationError, new_secret
-from trainer.selection.hopper import HopperClient, HopperError, HopperRejected, HopperServer
+from trainer.selection.engine.hopper import HopperClient, HopperError, HopperRejected, HopperServer
 
 
 class RecordingHandler:

@@ -24,13 +24,13 @@ from trainer.selection import (  # noqa: E402
     ASHA, Hyperband, ModelSelector, RandomSearch, SelectionCallback, TPESearch, choice, loguniform, quniform, randint,
     when,
 )
-from trainer.selection.model_based import AskTellSearch, startup_trials  # noqa: E402
-from trainer.selection.search_run import make_search_run  # noqa: E402
-from trainer.selection.hopper import HopperClient, HopperServer  # noqa: E402
-from trainer.selection.scheduler import MopScheduler  # noqa: E402
+from trainer.selection.search.model_based import AskTellSearch, startup_trials  # noqa: E402
+from trainer.selection.engine.search_run import make_search_run  # noqa: E402
+from trainer.selection.engine.hopper import HopperClient, HopperServer  # noqa: E402
+from trainer.selection.engine.placement import MopScheduler  # noqa: E402
 from trainer.selection.search import SearchError  # noqa: E402
-from trainer.selection.search_checkpoints import CheckpointStore  # noqa: E402
-from trainer.selection.space import SearchSpaceError, decode, encode, grid, sample, suggest  # noqa: E402
+from trainer.selection.engine.search_checkpoints import CheckpointStore  # noqa: E402
+from trainer.selection.search.space import SearchSpaceError, decode, encode, grid, sample, suggest  # noqa: E402
 from trainer.transport.wire import new_secret  # noqa: E402
 
 SPACE = {"lr": loguniform(1e-4, 1e-1), "arch": choice(["a", "b"]), "units": when("arch", "b", randint(8, 64))}

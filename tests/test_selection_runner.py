@@ -28,9 +28,9 @@ from trainer.selection import (
     CheckpointError, GridSearch, ModelSelector, SelectionCallback, SelectionError, SuccessiveHalving,
     TaskParallelScheduler, choice,
 )
-from trainer.selection.search_checkpoints import CheckpointStore
-from trainer.selection.hopper import HopperClient, HopperServer
-from trainer.selection.search_run import make_search_run
+from trainer.selection.engine.search_checkpoints import CheckpointStore
+from trainer.selection.engine.hopper import HopperClient, HopperServer
+from trainer.selection.engine.search_run import make_search_run
 from trainer.selection.search_task import canonical_order
 
 REPO = Path(__file__).resolve().parents[1]

@@ -11,8 +11,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from trainer.selection.baseline import TaskParallelScheduler
-from trainer.selection.scheduler import (
+from trainer.selection.engine.task_parallel import TaskParallelScheduler
+from trainer.selection.engine.placement import (
     Assignment,
     EpochDone,
     MopScheduler,

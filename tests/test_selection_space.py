@@ -20,7 +20,7 @@ from trainer.selection.search import (
     SearchError,
     SuccessiveHalving,
 )
-from trainer.selection.space import (
+from trainer.selection.search.space import (
     SearchSpaceError,
     choice,
     grid,

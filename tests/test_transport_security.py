@@ -18,7 +18,7 @@ import pytest
 
 from relay import Relay
 from trainer.ps import ParameterServer, PSClient, RemoteError
-from trainer.selection.hopper import HopperClient, HopperServer
+from trainer.selection.engine.hopper import HopperClient, HopperServer
 from trainer.transport import tls as tls_module
 from trainer.transport.handshake import Credentials, proof, session_keys, transcript
 from trainer.transport.frame_auth import DEFAULT_MAC, MAC_ALGORITHMS, TRAILER, Channel

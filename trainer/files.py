@@ -2,7 +2,7 @@
 
 `atomic_write_bytes` / `atomic_write_json` write every checkpoint file of the
 project (the trainer's, `trainer.fit.checkpoints`, and the model selection's,
-`trainer.selection.search_checkpoints`) and the selection's results: a
+`trainer.selection.engine.search_checkpoints`) and the selection's results: a
 temporary file in the same directory, flushed and fsync'ed, renamed over the
 old one, then the directory fsync'ed, so a crash at any moment leaves either
 the old or the new file, never a torn one. With ``keep=K`` the K - 1 previous

@@ -30,7 +30,7 @@ SEAM = {
         "trainer.tracking": ["RunLogger"],
     },
     "the selection jobs' comparison of strategies, drawn as a selection draws one run's Gantt chart (J)": {
-        "trainer.selection.plots": ["plot_gantt_comparison"],
+        "trainer.selection.report.plots": ["plot_gantt_comparison"],
     },
     "the plain-Keras baseline measured as a worker runs: held to a task's cores, fed by the worker's own input "
     "feed; the selection jobs' warm-up set up as a barrier task is (J, B)": {

@@ -16,18 +16,18 @@ import importlib.metadata
 import re
 from typing import Any
 
+from trainer import backends
 from trainer.errors import UnsupportedVersionError
 
-#: distribution -> (oldest version, what needs it). TensorFlow is optional: checked when installed.
+#: distribution -> (oldest version, what needs it). A backend's floor is its room's (``trainer.backends``): the
+#: backends are optional, each checked when installed.
 FLOORS: dict[str, tuple[str, str]] = {
     "pyspark": ("3.5.0", "every fit and model selection runs one mapInArrow(..., barrier=True) stage, "
                          "which Spark 3.5.0 introduced"),
     "keras": ("3.0.5", "the oldest Keras 3 the tested matrix runs"),
     "numpy": ("1.26.0", "the oldest NumPy the tested matrix runs"),
-    "tensorflow": ("2.16.1", "the oldest TensorFlow that runs Keras 3 (2.15 and older bring Keras 2)"),
+    **{name: backend.floor for name, backend in backends.BACKENDS.items() if backend.floor},
 }
-#: distributions that provide the `tensorflow` module.
-_TENSORFLOW_DISTS = ("tensorflow", "tensorflow-cpu", "tensorflow-intel", "tf-nightly")
 
 
 def parse(version: str) -> tuple[int, ...]:
@@ -39,7 +39,7 @@ def parse(version: str) -> tuple[int, ...]:
 
 
 def _installed(name: str) -> str | None:
-    dists = _TENSORFLOW_DISTS if name == "tensorflow" else (name,)
+    dists = backends.BACKENDS[name].distributions if name in backends.BACKENDS else (name,)
     for dist in dists:
         try:
             return importlib.metadata.version(dist)

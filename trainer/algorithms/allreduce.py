@@ -24,7 +24,8 @@ server as the other algorithms, but with one client only: task 0 commits the
 model's full state (weights and optimizer variables) at every epoch end and
 reports the epoch's logs. The endpoint's algorithm (``ReportedState``,
 ``trainer.algorithms.reported``) keeps that state as the center: it is what
-checkpoints save, what the driver's callbacks see and where a retried stage resumes from. Nothing crosses the driver per step.
+checkpoints save, what the driver's callbacks see and where a retried stage resumes from. Nothing crosses the
+driver per step.
 
 ``period`` sets the cadence over the group. ``1`` (the default) is the
 per-step gradient all-reduce above. A larger ``period``, or ``"auto"``, is
@@ -37,8 +38,8 @@ again; ``outer_momentum`` applies the averaged step with Nesterov momentum
 per epoch.
 
 It implements the collective contract (``trainer.algorithms.base.CollectiveAlgorithm``), so the trainer runs the
-collective kind of fit (``trainer.fit.kinds``) instead of the parameter-server one; `check_backend` names the Keras
-backends that have a collective path here: all three of Keras 3's.
+collective kind of fit (``trainer.fit.kinds``) instead of the parameter-server one; `check_backend` asks the
+backends' rooms (``trainer.backends``) which have a collective path here: all three of Keras 3's.
 """
 
 from __future__ import annotations
@@ -49,10 +50,8 @@ from typing import ClassVar
 
 from trainer.algorithms.base import AlgorithmConfigError, CollectiveAlgorithm
 from trainer.algorithms.cadence import MAX_PERIOD, PeriodCadence
+from trainer.backends import collective_names
 
-#: Keras backends with a collective path: every one ``trainer.runtime.backends.KERAS_BACKENDS`` registers (named
-#: again here because the algorithms import nothing of the package; tests/test_backends.py keeps the two equal).
-COLLECTIVE_BACKENDS = ("jax", "tensorflow", "torch")
 #: How the compiled learning rate follows the global batch of N workers (the module docstring).
 LR_SCALING = {"linear": float, "sqrt": math.sqrt, "none": lambda workers: 1.0}
 #: How the averaged weights travel: as float32, or as bfloat16 with the rounding kept for the next average.
@@ -111,11 +110,11 @@ class AllReduce(CollectiveAlgorithm):
 
     def check_backend(self, backend: str) -> None:
         """Raise AlgorithmConfigError unless Keras's `backend` has a collective path here."""
-        if backend in COLLECTIVE_BACKENDS:
+        if backend in collective_names():
             return
         raise AlgorithmConfigError(
             f"AllReduce trains on the Keras backend's own collective engine, which exists for "
-            f"{', '.join(COLLECTIVE_BACKENDS)}. Received: backend={backend!r}. Fix: set KERAS_BACKEND to one of "
+            f"{', '.join(collective_names())}. Received: backend={backend!r}. Fix: set KERAS_BACKEND to one of "
             "them before Keras starts (the tasks use the driver's backend), or pick a parameter-server algorithm "
             "(leave `algorithm` out: DOWNPOUR)."
         )

@@ -1,8 +1,9 @@
 """Set up a task's Python process before its Keras backend starts: cores, GPUs, memory, backend, logs.
 
-One place for what differs between backends:
+What differs between backends is asked of their rooms (``trainer.backends``):
 
-* **Cores.** TensorFlow and OpenMP (torch) read thread-count variables;
+* **Cores.** TensorFlow and OpenMP (torch) read thread-count variables
+  (``trainer.backends.thread_env``, every backend's, set in every task);
   XLA (JAX) ignores them, so every task is also pinned to as many cores as
   Spark gave it (`trainer.runtime.cores`). A reused Python worker that
   already started its backend keeps the thread pools of its first task,
@@ -27,14 +28,12 @@ import time
 from dataclasses import dataclass
 from typing import Any, Iterator, TypeVar
 
+from trainer.backends import thread_env
 from trainer.process_env import prepare_process
 from trainer.runtime.allocator import keep_freed_memory
 from trainer.runtime.cores import choose_cores, release_cores, sharing
 
 T = TypeVar("T")
-
-#: Thread-count variables of TensorFlow, OpenMP (torch, XLA's Eigen on some builds) and MKL.
-_THREAD_VARS = ("TF_NUM_INTRAOP_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env: dict[str, str],
@@ -46,9 +45,7 @@ def configure_process(cpus: int, gpus: list[str] | None, keras_backend: str, env
     os.environ.update(env)
     prepare_process()
     os.environ["KERAS_BACKEND"] = keras_backend
-    for var in _THREAD_VARS:
-        os.environ[var] = str(cpus)
-    os.environ["TF_NUM_INTEROP_THREADS"] = "1" if cpus <= 2 else "2"
+    os.environ.update(thread_env(cpus))
     if gpus is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     return choose_cores(cpus, index)

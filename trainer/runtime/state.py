@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trainer.runtime.backends import read_weights
+from trainer.backends import current
 
 
 def optimizer_of(model):
@@ -30,7 +30,7 @@ def model_state(model, with_optimizer: bool = True) -> list[np.ndarray]:
     """The weights followed (with `with_optimizer`) by the optimizer variables, as numpy arrays."""
     import keras  # deferred: TensorFlow starts only when a model is needed
 
-    weights = read_weights(model)
+    weights = current().read_weights(model)
     if with_optimizer:
         weights += [np.asarray(keras.ops.convert_to_numpy(v)) for v in optimizer_of(model).variables]
     return weights

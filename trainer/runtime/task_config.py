@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from trainer.runtime.backends import DEFAULT_BACKEND
+from trainer.backends import DEFAULT_NAME
 
 
 @dataclass(kw_only=True)
@@ -30,7 +30,7 @@ class TaskConfig:
     attempt: int = 0
     seed: int = 0
     io_timeout: float = 600.0
-    keras_backend: str = DEFAULT_BACKEND
+    keras_backend: str = DEFAULT_NAME
     env: dict[str, str] = field(default_factory=dict)
     validation_batch_size: int = 256
     feed: str = "auto"  # how the shard is held: trainer.runtime.feeding.shard

@@ -1,35 +1,36 @@
 """Model selection: search spaces, searches and model hopper parallelism on Spark.
 
     choice, uniform, loguniform, quniform, randint, when, sample,
-    grid                                                         -- trainer.selection.space
-    Search (what every search is), Metric, Config, GridSearch,
-    RandomSearch, SuccessiveHalving, Hyperband                   -- trainer.selection.search
-    TPESearch, ASHA (Optuna, the [search] extra)                 -- trainer.selection.model_based
-    MopScheduler, simulate                                       -- trainer.selection.scheduler
-    TaskParallelScheduler                                        -- trainer.selection.baseline
-    ModelSelector, STRATEGIES                                    -- trainer.selection.selector
-    SelectionResult, load_schedule                               -- trainer.selection.result
-    SelectionCallback                                            -- trainer.selection.callbacks
+    grid                                                         -- trainer.selection.search.space
+    Search (what every search is), Metric, Config                -- trainer.selection.search.protocol
+    GridSearch, RandomSearch (samplers)                          -- trainer.selection.search.samplers
+    SuccessiveHalving, Hyperband (pruners)                       -- trainer.selection.search.pruners
+    TPESearch, ASHA (Optuna, the [search] extra)                 -- trainer.selection.search.model_based
+    MopScheduler, simulate                                       -- trainer.selection.engine.placement
+    TaskParallelScheduler                                        -- trainer.selection.engine.task_parallel
+    STRATEGIES                                                   -- trainer.selection.engine.strategies
+    ModelSelector                                                -- trainer.selection.selector
+    SelectionResult, load_schedule                               -- trainer.selection.report.result
+    SelectionCallback                                            -- trainer.selection.report.callbacks
     SelectionError, CheckpointError                              -- trainer.errors
 
-The rooms: ``space``/``search``/``model_based`` say what to try; ``scheduler``/``baseline`` decide
-who trains what when (pure, events in, assignments out); ``selector`` plans a
-search and launches it; ``driver`` is the driver-side state the ``hopper`` server
-acts on; ``task`` runs on the executors; ``result``/``plots``/``checkpoint`` keep
-what came out. Keras is imported only when a search runs, Optuna only when a
-model-based search is made.
+The rooms: ``search/`` says what to try and whether a trial goes on (spaces, samplers, pruners, the
+model-based search); ``engine/`` runs a search (placement of models on workers, pure: events in, assignments
+out; the execution strategies; the driver-side run state; the hopper transport; checkpoints); ``report/`` keeps
+what came out (result, plots, callbacks). ``selector`` plans a search and launches it; ``search_task`` runs on
+the executors. Keras is imported only when a search runs, Optuna only when a model-based search is made.
 """
 
 from trainer.errors import CheckpointError, SelectionError
-from trainer.selection.baseline import TaskParallelScheduler
-from trainer.selection.callbacks import SelectionCallback
-from trainer.selection.model_based import ASHA, TPESearch
-from trainer.selection.result import SelectionResult, load_schedule
-from trainer.selection.scheduler import MopScheduler, simulate
+from trainer.selection.engine.placement import MopScheduler, simulate
+from trainer.selection.engine.task_parallel import TaskParallelScheduler
+from trainer.selection.report.callbacks import SelectionCallback
+from trainer.selection.report.result import SelectionResult, load_schedule
 from trainer.selection.search import (Config, GridSearch, Hyperband, Metric, RandomSearch, Search,
                                       SuccessiveHalving)
+from trainer.selection.search.model_based import ASHA, TPESearch
+from trainer.selection.search.space import choice, grid, loguniform, quniform, randint, sample, uniform, when
 from trainer.selection.selector import STRATEGIES, ModelSelector
-from trainer.selection.space import choice, grid, loguniform, quniform, randint, sample, uniform, when
 
 __all__ = [
     "ASHA",

@@ -4,7 +4,7 @@
 ONCE -- its own shard (model hopper: the Arrow batches of partition ``i``,
 training and validation rows told apart by a flag column) or a full copy
 (task-parallel and sequential baselines: a Spark broadcast) -- connects to the
-driver's :class:`~trainer.selection.hopper.HopperServer` and then loops:
+driver's :class:`~trainer.selection.engine.hopper.HopperServer` and then loops:
 
 1. ask for work; the driver answers with a configuration id, the epoch (and,
    for a configuration a model-based search added during the run, its point
@@ -47,15 +47,15 @@ import pyarrow as pa
 from pyspark import BarrierTaskContext
 
 from trainer.data.columns import VALIDATION_FLAG
-from trainer.runtime.backends import DEFAULT_BACKEND
+from trainer.backends import DEFAULT_NAME
 from trainer.runtime.feeding.arrow import split_shard
 from trainer.runtime.feeding.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
 from trainer.runtime.process import holding_cores, start_task
 from trainer.runtime.stage_result import result_batch
 from trainer.runtime.state import load_state, model_state, optimizer_of
-from trainer.selection.hopper import HopperClient
-from trainer.selection.space import decode
+from trainer.selection.engine.hopper import HopperClient
+from trainer.selection.search.space import decode
 
 __all__ = ["ConfigBuild", "TaskSpec", "ModelCache", "compiled_signature", "canonical_order", "selection_task",
            "SPLIT_COL"]
@@ -90,7 +90,7 @@ class TaskSpec:
     task_seed: int = 0
     eval_batch_size: int = 256
     io_timeout: float = 600.0
-    keras_backend: str = DEFAULT_BACKEND
+    keras_backend: str = DEFAULT_NAME
     env: dict[str, str] = field(default_factory=dict)
     space: Any = None  # a model-based search's space: decodes the points of configurations it adds later
 
@@ -254,8 +254,8 @@ def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     feeds: dict[tuple[int, ...], ShardFeed] = {}
     record: dict[str, Any] = {
         "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
-        "data_checksum": checksum, "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0, "train_s": 0.0,
-        "val_s": 0.0, "executor_pid": os.getpid(), **devices,
+        "data_checksum": checksum, "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0,
+        "train_s": 0.0, "val_s": 0.0, "executor_pid": os.getpid(), **devices,
     }
     with HopperClient(spec.host, spec.port, spec.secret, worker, spec.attempt, spec.io_timeout) as client:
         client.hello({"attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,

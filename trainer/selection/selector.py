@@ -18,8 +18,8 @@ Example::
 stage of `num_workers` long-lived tasks (``trainer.selection.search_task``)
 through the controller every fit uses (``trainer.controller``: addresses,
 TLS, secret, slots, retries, closing); the driver's
-``trainer.selection.search_run.SearchRun`` serves them through a
-``HopperServer``, and ``trainer.selection.result.build_result`` makes the
+``trainer.selection.engine.search_run.SearchRun`` serves them through a
+``HopperServer``, and ``trainer.selection.report.result.build_result`` makes the
 result. How model hopper parallelism, its validation, checkpoints, replay and
 the baselines work: ``docs/model-selection.md``.
 """
@@ -42,12 +42,13 @@ from trainer.options import OptionAttributes, SelectionOptions
 from trainer.runtime.feeding.arrow import arrow_to_numpy
 from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
-from trainer.selection.callbacks import MlflowSelectionCallback, SelectionCallback
-from trainer.selection.search_checkpoints import CheckpointStore
-from trainer.selection.search_run import derive_seed, make_search_run
-from trainer.selection.hopper import HopperServer
-from trainer.selection.result import SelectionResult, build_result
-from trainer.selection.search import Config, Search
+from trainer.selection.report.callbacks import MlflowSelectionCallback, SelectionCallback
+from trainer.selection.engine.search_checkpoints import CheckpointStore
+from trainer.selection.engine.search_run import derive_seed, make_search_run
+from trainer.selection.engine.hopper import HopperServer
+from trainer.selection.report.result import SelectionResult, build_result
+from trainer.selection.engine.strategies import STRATEGIES, strategy_of
+from trainer.selection.search import SEARCHES, Config, Search
 from trainer.selection.search_task import ConfigBuild, TaskSpec, canonical_order, selection_task
 from trainer.spark.connect import share_with_tasks
 from trainer.spark.launch import RetryPolicy
@@ -57,8 +58,6 @@ from trainer.tracking import RunLogger, SearchLogger
 log = logging.getLogger("trainer.selection")
 
 __all__ = ["STRATEGIES", "ModelSelector"]
-
-STRATEGIES = ("mop", "task_parallel", "sequential")
 
 
 class ModelSelector(OptionAttributes):
@@ -78,7 +77,8 @@ class ModelSelector(OptionAttributes):
             RandomSearch, SuccessiveHalving, Hyperband, or the model-based
             TPESearch and ASHA, which add configurations as trials end). Its
             metric selects.
-        strategy: ``"mop"`` (default), ``"task_parallel"`` or ``"sequential"``.
+        strategy: ``"mop"`` (default), ``"task_parallel"`` or ``"sequential"``
+            (``trainer.selection.engine.strategies``: what differs between them).
         num_workers: Integer. Barrier tasks, one per data shard (``sequential``: 1).
         features_col: String or list of strings. Array/Vector column or numeric columns.
         label_col: String. The label column.
@@ -116,22 +116,18 @@ class ModelSelector(OptionAttributes):
                 f"model_fn must be a function params -> compiled keras.Model. Received {type(model_fn).__name__}. "
                 "Fix: def model_fn(params): ...; return model."
             )
-        if not all(hasattr(search, a) for a in ("configs", "budget", "report", "metric")):
+        if not isinstance(search, Search):
             raise SelectionError(
-                f"search must be a trainer.selection Search (GridSearch, RandomSearch, SuccessiveHalving, "
-                f"Hyperband, TPESearch, ASHA). Received {type(search).__name__}."
+                f"search must be a trainer.selection Search ({', '.join(SEARCHES)}). "
+                f"Received {type(search).__name__}. Fix: e.g. GridSearch({{'units': choice([32, 64])}})."
             )
-        if strategy not in STRATEGIES:
-            raise SelectionError(f"Unknown strategy {strategy!r}. Expected one of: {', '.join(STRATEGIES)}.")
+        #: How the models are placed on the workers (``trainer.selection.engine.strategies``).
+        self.execution = strategy_of(strategy)
         #: The checked options (``trainer.options.SelectionOptions``), also readable as attributes.
         self.options = SelectionOptions.of("ModelSelector", options)
-        if strategy == "sequential" and self.options.num_workers != 1:
-            raise SelectionError(
-                f"strategy='sequential' trains on one worker. Received num_workers={self.options.num_workers}. "
-                "Fix: pass num_workers=1, or strategy='task_parallel' for several workers."
-            )
-        concurrent = getattr(search, "max_concurrent", None)
-        if concurrent is not None and strategy != "sequential" and concurrent < self.options.num_workers:
+        self.execution.check_workers(self.options.num_workers)
+        concurrent = search.max_concurrent
+        if concurrent is not None and self.execution.parallel and concurrent < self.options.num_workers:
             log.warning("model selection: %s trains at most %d trials at once but num_workers=%d: some workers "
                         "will idle (pass max_concurrent >= num_workers)", type(search).__name__, concurrent,
                         self.options.num_workers)
@@ -233,7 +229,7 @@ class ModelSelector(OptionAttributes):
         first = built[configs[0].id]
         ship_by_value(self.model_fn, *(self.custom_objects or {}).values())
         frame, spec = prepare_frame(df, self.features_col, self.label_col, first,
-                                    min_rows=n if self.strategy == "mop" else 1, check_values=self.check_data)
+                                    min_rows=self.execution.min_rows(n), check_values=self.check_data)
         input_shapes = {cid: resolve_input_shape(model_io(m)[0], spec.feature_size) for cid, m in built.items()}
         vframe, vrows = validation_frame(validation, self.features_col, self.label_col, first, spec,
                                          check_values=self.check_data)
@@ -262,7 +258,7 @@ class ModelSelector(OptionAttributes):
                 secret=server.credentials, attempt=attempt, feature_size=spec.feature_size,
                 label_size=spec.label_size, full_copy=broadcast, task_seed=derive_seed(self.seed, "task"),
                 eval_batch_size=self.eval_batch_size, io_timeout=self.io_timeout,
-                keras_backend=keras.backend.backend(), space=getattr(self.search, "space", None),
+                keras_backend=keras.backend.backend(), space=self.search.space,
             ))
 
         def started() -> None:
@@ -296,7 +292,7 @@ class ModelSelector(OptionAttributes):
                 "Fix: create a new search and ModelSelector (pass resume=True with the same checkpoint_dir "
                 "to continue a search)."
             )
-        if replay is not None and self.strategy != "mop":
+        if replay is not None and not self.execution.replays:
             raise SelectionError(f"replay= needs strategy='mop'. Received strategy={self.strategy!r}.")
         if resume and self.checkpoint_dir is None:
             raise SelectionError("resume=True needs checkpoint_dir. Fix: pass the directory of the interrupted search.")
@@ -320,7 +316,7 @@ class ModelSelector(OptionAttributes):
         data from a Spark broadcast (in the task closure on Spark Connect,
         ``trainer.spark.connect.share_with_tasks``); the stage's frame only has one row per task.
         """
-        if self.strategy != "mop":
+        if not self.execution.hops:
             arrays = _collect_numpy(frame, spec) + (_collect_numpy(vframe, spec) if vframe is not None
                                                     else arrow_to_numpy(iter(()), (spec.feature_size,),
                                                                         spec.label_size))

@@ -23,9 +23,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from trainer import verbosity
+from trainer import backends, verbosity
 from trainer.errors import MasterUnreachableError
-from trainer.process_env import keras_backend, prepare_process
+from trainer.process_env import prepare_process
 from trainer.spark.connect import remote_session
 
 log = logging.getLogger("trainer.spark")
@@ -38,19 +38,16 @@ def executor_env_defaults(cores: int) -> dict[str, str]:
     """Environment variables every executor (and its Python workers) should get.
 
     ``cores`` is the number of task slots per executor: the native thread pools
-    (OpenMP, TensorFlow intra/inter-op) are capped at it so that N executors on
-    N cores do not each start a pool as large as the machine.
+    (each backend's, ``trainer.backends.executor_env``: OpenMP, TensorFlow intra/inter-op) are capped at it so
+    that N executors on N cores do not each start a pool as large as the machine.
     """
     if int(cores) < 1:
         raise ValueError(f"cores must be >= 1, got {cores!r}; pass the number of cores per executor")
-    n = str(int(cores))
     return {
         **verbosity.quiet_env(),
         verbosity.ENV: os.environ.get(verbosity.ENV, "warning"),
-        "KERAS_BACKEND": keras_backend(),
-        "OMP_NUM_THREADS": n,
-        "TF_NUM_INTRAOP_THREADS": n,
-        "TF_NUM_INTEROP_THREADS": n,
+        "KERAS_BACKEND": backends.configured_name(),
+        **backends.executor_env(int(cores)),
     }
 
 

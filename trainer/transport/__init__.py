@@ -9,7 +9,7 @@
     tls        -- optional TLS with a throw-away certificate per run, pinned by its fingerprint
     endpoint   -- AuthenticatedServer (admission, one thread per connection)
     client     -- AuthenticatedClient (connect, retry while busy, request/reply)
-                  The parameter server (trainer.ps) and the model hopper (trainer.selection.hopper) extend both.
+                  The parameter server (trainer.ps) and the model hopper (trainer.selection.engine.hopper) extend both.
 
 It knows nothing about what the frames mean.
 """

@@ -12,7 +12,7 @@ close. Replies are received into a `~trainer.transport.wire.RecvPool`:
 a buffer is reused once nothing of an earlier reply in it is alive, so a
 client allocates (and zero-fills) no buffer per reply. The parameter
 server's client (``trainer.ps.ps_client``) and the model hopper's
-(``trainer.selection.hopper``) extend it.
+(``trainer.selection.engine.hopper``) extend it.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Wire format of the authenticated endpoints: framing, array codec, limits and auth.
 
 Used by the parameter server (:mod:`trainer.ps`) and the model hopper
-(:mod:`trainer.selection.hopper`); it knows nothing about what the frames mean.
+(:mod:`trainer.selection.engine.hopper`); it knows nothing about what the frames mean.
 
 Every message is one *frame*::
 

@@ -35,7 +35,7 @@ import numpy as np
 
 from trainer.algorithms.cadence import choose_period
 from trainer.algorithms.compression import BFloat16, compress_with_feedback
-from trainer.runtime.backends import read_weights, wait_for_steps
+from trainer.backends import current
 
 if TYPE_CHECKING:
     from trainer.algorithms.cadence import PeriodCadence
@@ -103,8 +103,8 @@ class FlatWeights:
         self.trained = np.repeat([id(v) in trained for v in self.variables], self.sizes).astype(bool)
 
     def read(self) -> np.ndarray:
-        """The float weights in one float32 vector (the backend's one host copy per dtype: `read_weights`)."""
-        weights = read_weights(self.model)
+        """The float weights in one float32 vector (one host copy per dtype: the backend room's `read_weights`)."""
+        weights = current().read_weights(self.model)
         return np.concatenate([np.asarray(weights[i], dtype=np.float32).reshape(-1) for i in self.floats]) \
             if self.floats else np.zeros(0, np.float32)
 
@@ -152,7 +152,7 @@ def periodic_averaging(group, cadence: PeriodCadence, record: dict):
                 self._average()
 
         def _average(self) -> None:
-            wait_for_steps(self.model)  # the steps queued on the device (JAX) are the steps' time, not the average's
+            current().wait_for_steps(self.model)  # queued steps (JAX) are the steps' time, not the average's
             done = time.perf_counter()
             self.flat.write(self.averager.average(self.flat.read(), group.all_reduce_host))
             end = time.perf_counter()

@@ -2,7 +2,8 @@
 
 What the collective loop (`trainer.runtime.collective.loop`) needs of a
 backend is a `Group`, with the same shape for every backend and one module
-each (Keras's habit: ``backend/<name>/trainer.py``):
+each (Keras's habit: ``backend/<name>/trainer.py``), which the backend's room
+names (``trainer.backends``, its ``group_module``):
 
 * ``jax_group``: JAX's distributed runtime as ONE Keras ``DataParallel``
   distribution (gloo between CPUs, NCCL between GPUs), the step inside
@@ -46,7 +47,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.runtime.backends import keras_backend
+from trainer.backends import backend_for
 
 
 class Group:
@@ -157,8 +158,7 @@ def join_group(job) -> Group:
     one GPU: one on several keeps its backend's group, whose engine spans them under JAX)."""
     if job.num_processes == 1 and len(job.gpus or []) <= 1:
         return Alone.join(job)
-    module = keras_backend(job.keras_backend).group_module
-    return importlib.import_module(f"trainer.runtime.collective.{module}").BackendGroup.join(job)
+    return importlib.import_module(backend_for(job.keras_backend).group_module).BackendGroup.join(job)
 
 
 def gpu_identities(gpus: list[str] | None) -> list[str]:

@@ -60,8 +60,8 @@ from typing import Any
 import numpy as np
 
 from trainer.algorithms.cadence import PeriodCadence
+from trainer.backends import DEFAULT_NAME, current
 from trainer.ps.shard_client import connect_ps
-from trainer.runtime.backends import DEFAULT_BACKEND, current_backend
 from trainer.runtime.collective.averaging import periodic_averaging
 from trainer.runtime.collective.group import Group, join_group
 from trainer.runtime.collective.rates import ScaledRate
@@ -90,7 +90,7 @@ class CollectiveJob:
     attempt: int = 0
     seed: int = 0
     io_timeout: float = 600.0
-    keras_backend: str = DEFAULT_BACKEND
+    keras_backend: str = DEFAULT_NAME
     cpus: int = 1
     gpus: list[str] | None = None
     shared_gpu: bool = False  # another process of the group trains on one of these GPUs (group.shares_gpu)
@@ -149,7 +149,7 @@ class _Shard:
         import keras
 
         order = epoch_order(self.rows, self.seed, epoch)
-        if current_backend().feeds_tf_data:
+        if current().feeds_tf_data:
             if self._feed is None:
                 self._feed = ShardFeed(np.asarray(self.x), np.asarray(self.y))
             return self._feed.fit_kwargs(self.batch_size, order)

@@ -13,7 +13,8 @@ of a core each; fed by this one they kept 98-99 %.
 `ShardFeed` holds the shard as tensors once (not once per ``fit`` call) and
 gives ``fit`` a dataset that gathers each batch by index on the calling
 thread: no parallel map, no prefetch, a private thread pool of one, autotune
-off. Other Keras backends get the numpy arrays unchanged.
+off. The pipeline is the TensorFlow backend's room's (``trainer.backends.tensorflow``); a backend whose room
+does not feed ``tf.data`` gets the numpy arrays unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.runtime.backends import current_backend
+from trainer.backends import current
 
 
 class ShardFeed:
@@ -35,18 +36,12 @@ class ShardFeed:
     """
 
     def __init__(self, x: np.ndarray, y: np.ndarray, seed: int | None = None) -> None:
-        import keras  # deferred: TensorFlow starts only when a model is needed
-
         if len(x) != len(y):
             raise ValueError(f"x has {len(x)} rows and y has {len(y)}; they must match.")
         self.x, self.y, self.seed = x, y, seed
-        self._tensors = None
+        self._backend = current()
+        self._tensors = self._backend.host_tensors(x, y) if self._backend.feeds_tf_data else None
         self._shuffled: dict[int, Any] = {}  # batch size -> dataset; it reshuffles itself every pass
-        if current_backend().feeds_tf_data:
-            import tensorflow as tf  # deferred, as keras
-
-            with tf.device("/CPU:0"):  # tf.data runs on the host; on a GPU machine keep the shard there too
-                self._tensors = (tf.constant(x), tf.constant(y))
 
     def fit_kwargs(self, batch_size: int, order: np.ndarray | None = None) -> dict[str, Any]:
         """Inputs for ``model.fit`` in minibatches of `batch_size` rows (the last one may be
@@ -57,20 +52,7 @@ class ShardFeed:
             return {"x": self.x[order], "y": self.y[order], "batch_size": batch_size, "shuffle": False}
         if order is None and batch_size in self._shuffled:
             return {"x": self._shuffled[batch_size], "shuffle": False}
-        import tensorflow as tf  # deferred, as keras
-
-        xt, yt = self._tensors
-        if order is None:
-            rows = len(self.x)
-            indices = tf.data.Dataset.range(rows).shuffle(rows, seed=self.seed, reshuffle_each_iteration=True)
-        else:
-            indices = tf.data.Dataset.from_tensor_slices(np.asarray(order, dtype=np.int64))
-        dataset = indices.batch(int(batch_size)).map(lambda i: (tf.gather(xt, i), tf.gather(yt, i)))
-        options = tf.data.Options()
-        options.threading.private_threadpool_size = 1
-        options.threading.max_intra_op_parallelism = 1
-        options.autotune.enabled = False
-        dataset = dataset.with_options(options)
+        dataset = self._backend.index_dataset(self._tensors, len(self.x), batch_size, order, self.seed)
         if order is None:
             self._shuffled[batch_size] = dataset
         # shuffle=False: the dataset shuffles itself; fit's default True only draws a warning.

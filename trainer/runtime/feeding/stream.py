@@ -21,8 +21,9 @@ The order is not the in-memory feed's (that one is drawn by TensorFlow).
 With TensorFlow the buffers enter a ``tf.data`` pipeline with the in-memory
 feed's single-thread settings (no parallel map, no prefetch, a private
 thread pool of one, autotune off); each buffer is one element, cut into
-minibatches by ``tf.data``. Other Keras backends get a Python generator of
-minibatches.
+minibatches by ``tf.data`` (the TensorFlow backend's room,
+``trainer.backends.tensorflow``). A backend whose room does not feed
+``tf.data`` gets a Python generator of minibatches.
 """
 
 from __future__ import annotations
@@ -32,8 +33,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from trainer.runtime.backends import current_backend
-
+from trainer.backends import current
 from trainer.runtime.feeding.spill import Spill
 
 BUFFER_BYTES = 16 << 20  # the shuffle buffer: about 16 MB of samples
@@ -123,26 +123,12 @@ class StreamFeed:
 
     def fit_kwargs(self, batch_size: int) -> dict[str, Any]:
         """Inputs for ``model.fit`` in minibatches of `batch_size` rows: a new pass each time."""
-        import keras  # deferred: TensorFlow starts only when a model is needed
-
-        if not current_backend().feeds_tf_data:
+        backend = current()
+        if not backend.feeds_tf_data:
             return {"x": self.batches(batch_size)}
         if batch_size not in self._datasets:
-            self._datasets[batch_size] = self._dataset(int(batch_size))
+            size = int(batch_size)
+            self._datasets[batch_size] = backend.stack_dataset(
+                lambda: self._stacks(size), self.spill.input_shape, self.spill.label_size, self.batches_per_pass(size))
         # shuffle=False: the dataset shuffles itself; fit's default True only draws a warning.
         return {"x": self._datasets[batch_size], "shuffle": False}
-
-    def _dataset(self, batch_size: int):
-        import tensorflow as tf  # deferred, as keras
-
-        x_spec = tf.TensorSpec((None, None, *self.spill.input_shape), tf.float32)
-        y_spec = tf.TensorSpec((None, None, *((self.spill.label_size,) if self.spill.label_size else ())), tf.float32)
-        # Each buffer goes in as a stack of minibatches, so that tf.data only slices it.
-        buffers = tf.data.Dataset.from_generator(lambda: self._stacks(batch_size), output_signature=(x_spec, y_spec))
-        dataset = buffers.flat_map(lambda x, y: tf.data.Dataset.from_tensor_slices((x, y)))
-        dataset = dataset.apply(tf.data.experimental.assert_cardinality(self.batches_per_pass(batch_size)))
-        options = tf.data.Options()
-        options.threading.private_threadpool_size = 1
-        options.threading.max_intra_op_parallelism = 1
-        options.autotune.enabled = False
-        return dataset.with_options(options)

@@ -10,7 +10,7 @@ task loop (``trainer.runtime.ps_worker.worker_task``) and ``make bench-gpu``
 the algorithm's window, counted by a `trainer.algorithms.cadence.WindowCadence` (a fixed
 number of batches, once per epoch, or ``"auto"``: sized from the measured
 step and exchange times). Each exchange first waits for the steps a backend
-with asynchronous dispatch still has queued (``trainer.runtime.backends``),
+with asynchronous dispatch still has queued (``trainer.backends``),
 so that its clock measures the exchange alone: the time is booked in the
 task's record as ``comm_s`` and its parts (``exchange_s``: state, payload,
 round trip, load), and the training time between exchanges sizes an
@@ -29,9 +29,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 
 from trainer.algorithms import ParameterServerAlgorithm
-from trainer.algorithms.delta import fold_late, overlappable
-from trainer.runtime.backends import wait_for_steps
 from trainer.algorithms.cadence import WindowCadence
+from trainer.algorithms.delta import fold_late, overlappable
+from trainer.backends import current
 from trainer.runtime.inference import validation_logs
 from trainer.runtime.state import load_state, model_state
 
@@ -150,7 +150,7 @@ class WorkerExchange:
     def exchange(self, logs) -> None:
         """One commit and its reply, timed in parts (the module docstring)."""
         model = self.model  # under JAX this puts the state of the running fit back into the variables
-        wait_for_steps(model)  # queued steps are training, not communication (trainer.runtime.backends)
+        current().wait_for_steps(model)  # queued steps are training, not communication (trainer.backends)
         started = time.perf_counter()
         train_s, trained = started - self.clock, self.timed
         weights = model_state(model, self.with_optimizer)

@@ -1,8 +1,9 @@
-"""Model-selection searches: which configurations to train, and for how long.
+"""What every search is: the metric and its direction, configurations, decisions, and the `Search` protocol.
 
-Every search turns a search space (see :mod:`trainer.selection.space`) into a
-list of :class:`Config` and then follows training epoch by epoch. The runner
-drives all of them through one interface:
+A search answers two questions (Optuna's sampler and pruner, Ray Tune's searcher and scheduler): *what to
+try next* (:mod:`trainer.selection.search.samplers`: grid, random, TPE) and *whether a trial goes on*
+(:mod:`trainer.selection.search.pruners`: none, successive halving, Hyperband, ASHA). The searches compose one
+of each (the table in ``trainer.selection.search``); the runner drives all of them through one interface:
 
 ``configs()``
     every configuration, in a fixed order, with ids ``c000``, ``c001``...
@@ -11,7 +12,7 @@ drives all of them through one interface:
     (:class:`GridSearch`, :class:`RandomSearch`) grant ``config.epochs`` at
     once; adaptive ones (:class:`SuccessiveHalving`, :class:`Hyperband`) grant
     one rung at a time. Use it as the model's epoch count in the
-    :class:`~trainer.selection.scheduler.MopScheduler`.
+    :class:`~trainer.selection.engine.placement.MopScheduler`.
 ``report(config_id, epoch, value)`` -> :class:`Decision`
     the validation metric after ``epoch`` (0-based, like Keras callbacks).
     Reports of one configuration must come in epoch order. The decision lists
@@ -23,41 +24,31 @@ drives all of them through one interface:
 ``best()`` / ``leaderboard()``
     the winner and the ranking, by each configuration's last reported value.
 
+The optional abilities are declared on :class:`Search`, with defaults, never probed: ``space`` (the space the
+tasks decode added configurations with; None), ``max_concurrent`` (trials training at once; None: no bound),
+``adds_configs`` (False; True for a search that asks for configurations during the run and keeps a log of its
+decisions), and ``state()`` / ``restore(log)`` / ``follow(log)`` / ``point(config_id)`` for that log (resume,
+replay) and those configurations (None, or a :class:`SearchError` naming the search).
+
 Metric direction is explicit (:class:`Metric`): accuracy-like metrics are
 maximised, losses and errors minimised, and a name that says neither is an
 error rather than a guess (Cerebro ranked accuracy with ``argmin`` and so
 returned the worst model).
-
-Adaptive searches are *synchronous* successive halving: every configuration
-of a bracket trains to the rung, waits until the whole rung has reported,
-then the best ``1/eta`` (at least one) go on and the rest stop. Under model
-hopper parallelism all models advance together anyway, so waiting costs
-little, and the outcome does not depend on timing.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
-from trainer.selection.space import SearchSpaceError, grid, sample
+from trainer.selection.search.space import SearchSpaceError, sample
 
-__all__ = [
-    "SearchError",
-    "Metric",
-    "Config",
-    "Decision",
-    "Search",
-    "GridSearch",
-    "RandomSearch",
-    "SuccessiveHalving",
-    "Hyperband",
-]
-
+__all__ = ["SearchError", "Metric", "Config", "Decision", "Search", "check_rungs", "positive_int", "make_configs",
+           "sample_points"]
 
 class SearchError(ValueError):
     """A search was configured or driven in a way it cannot work with."""
@@ -199,8 +190,8 @@ class Decision:
 
 def check_rungs(owner: str, min_epochs: Any, max_epochs: Any, eta: Any) -> tuple[int, int, int]:
     """``(min_epochs, max_epochs, eta)`` of a halving search, checked: positive, eta >= 2, min <= max."""
-    low, high = _positive_int(owner, "min_epochs", min_epochs), _positive_int(owner, "max_epochs", max_epochs)
-    rate = _positive_int(owner, "eta", eta)
+    low, high = positive_int(owner, "min_epochs", min_epochs), positive_int(owner, "max_epochs", max_epochs)
+    rate = positive_int(owner, "eta", eta)
     if rate < 2:
         raise SearchError(f"{owner}: `eta` must be >= 2 (keep 1/eta at each rung). Received eta={eta}.")
     if low > high:
@@ -211,7 +202,7 @@ def check_rungs(owner: str, min_epochs: Any, max_epochs: Any, eta: Any) -> tuple
     return low, high, rate
 
 
-def _positive_int(owner: str, name: str, value: Any) -> int:
+def positive_int(owner: str, name: str, value: Any) -> int:
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
         raise SearchError(
             f"{owner}: `{name}` must be a positive int. Received {name}={value!r}. "
@@ -220,15 +211,15 @@ def _positive_int(owner: str, name: str, value: Any) -> int:
     return int(value)
 
 
-def _make_configs(points: list[dict[str, Any]], epochs: int, batch_size: int, owner: str,
+def make_configs(points: list[dict[str, Any]], epochs: int, batch_size: int, owner: str,
                   epochs_from_params: bool = True) -> list[Config]:  # fmt: skip
     width = max(3, len(str(len(points) - 1)))
     out = []
     for i, params in enumerate(points):
-        bs = _positive_int(owner, "batch_size", params.get("batch_size", batch_size))
+        bs = positive_int(owner, "batch_size", params.get("batch_size", batch_size))
         ep = epochs
         if epochs_from_params and "epochs" in params:
-            ep = _positive_int(owner, "epochs", params["epochs"])
+            ep = positive_int(owner, "epochs", params["epochs"])
         out.append(Config(f"c{i:0{width}d}", dict(params), bs, ep))
     return out
 
@@ -237,7 +228,20 @@ def _make_configs(points: list[dict[str, Any]], epochs: int, batch_size: int, ow
 # Searches
 # ---------------------------------------------------------------------------
 class Search:
-    """Bookkeeping shared by every search; see the module docstring."""
+    """Bookkeeping shared by every search, and its optional abilities declared with their defaults.
+
+    A search made of a sampler and a pruner (the module docstring) subclasses this; what it can do beyond the
+    interface it says here, by overriding an attribute or a method, and the runner reads it without probing.
+    """
+
+    #: The search space the tasks decode the points of configurations added during a run with; None when every
+    #: configuration is known from the start (a model-based search's ``space``).
+    space: Mapping[str, Any] | None = None
+    #: The most trials that train at once, or None when the search does not bound them.
+    max_concurrent: int | None = None
+    #: True when the search asks for configurations during the run (``Decision.added``) and keeps a log of its
+    #: decisions: :meth:`state`, :meth:`restore`, :meth:`follow` and :meth:`point` then work.
+    adds_configs: bool = False
 
     def __init__(self, configs: list[Config], metric: Metric | str) -> None:
         self.metric = Metric.of(metric)
@@ -310,6 +314,32 @@ class Search:
         self._record(config_id, epoch, value)
         return Decision()
 
+    # -- optional abilities (declared: the defaults of a search that knows every configuration at the start) --
+    def state(self) -> dict[str, Any] | None:
+        """The search's decisions as a JSON-able log (resume re-tells it), or None: this search decides from the
+        reports alone, which resume re-reports and replay re-issues."""
+        return None
+
+    def restore(self, log: Mapping[str, Any]) -> None:
+        """Re-tell ``log`` (a :meth:`state`) into this fresh search (resume); only a search with ``adds_configs``."""
+        raise self._lacks("restore(log)")
+
+    def follow(self, log: Mapping[str, Any]) -> None:
+        """Take the decisions of ``log`` (a :meth:`state`) for the reports it recorded (replay); only a search
+        with ``adds_configs``."""
+        raise self._lacks("follow(log)")
+
+    def point(self, config_id: str) -> dict[str, Any]:
+        """The plain values the tasks decode ``config_id``'s parameters from (with :attr:`space`); only a search
+        with ``adds_configs``."""
+        raise self._lacks("point(config_id)")
+
+    def _lacks(self, what: str) -> SearchError:
+        return SearchError(
+            f"{type(self).__name__} knows every configuration from the start and keeps no log of decisions, so it "
+            f"has no {what}. Fix: call it only when search.adds_configs is True (TPESearch, ASHA)."
+        )
+
     # -- helpers -----------------------------------------------------------
     def _check_id(self, config_id: str) -> None:
         if config_id not in self._configs:
@@ -350,36 +380,9 @@ class Search:
         self._history[config_id].append(float(value))
 
 
-class GridSearch(Search):
-    """Every point of a grid space (choices and constants), each trained ``epochs``.
-
-    ``batch_size`` and ``epochs`` given in the space override the defaults here.
-    """
-
-    def __init__(self, space: Mapping[str, Any], epochs: int = 1, batch_size: int = 32,
-                 metric: Metric | str = "val_loss") -> None:  # fmt: skip
-        epochs = _positive_int("GridSearch", "epochs", epochs)
-        points = grid(space)
-        super().__init__(_make_configs(points, epochs, batch_size, "GridSearch"), metric)
 
 
-class RandomSearch(Search):
-    """``n`` configurations sampled from ``space`` with ``seed``, each trained ``epochs``.
-
-    Configuration ``i`` is the ``i``-th :func:`~trainer.selection.space.sample`
-    from ``numpy.random.default_rng(seed)``, so the same seed gives the same
-    configurations, and every parameter draws from its own stream.
-    """
-
-    def __init__(self, space: Mapping[str, Any], n: int, seed: int, epochs: int = 1,
-                 batch_size: int = 32, metric: Metric | str = "val_loss") -> None:  # fmt: skip
-        n = _positive_int("RandomSearch", "n", n)
-        epochs = _positive_int("RandomSearch", "epochs", epochs)
-        points = _sample_points(space, n, seed, "RandomSearch")
-        super().__init__(_make_configs(points, epochs, batch_size, "RandomSearch"), metric)
-
-
-def _sample_points(space: Mapping[str, Any], n: int, seed: Any, owner: str) -> list[dict]:
+def sample_points(space: Mapping[str, Any], n: int, seed: Any, owner: str) -> list[dict]:
     if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
         raise SearchError(
             f"{owner}: `seed` must be a non-negative int. Received seed={seed!r}. "
@@ -391,125 +394,3 @@ def _sample_points(space: Mapping[str, Any], n: int, seed: Any, owner: str) -> l
     except SearchSpaceError as exc:
         raise SearchError(f"{owner}: {exc}") from exc
 
-
-def _rungs(min_epochs: int, max_epochs: int, eta: int) -> list[int]:
-    rungs, r = [], min_epochs
-    while r < max_epochs:
-        rungs.append(r)
-        r *= eta
-    rungs.append(max_epochs)
-    return rungs
-
-
-class SuccessiveHalving(Search):
-    """Synchronous successive halving over a fixed set of configurations.
-
-    Rungs are at ``min_epochs * eta**k`` epochs (below ``max_epochs``) and at
-    ``max_epochs``. Every configuration first gets a budget of the first rung;
-    once all configurations still running have reported the rung's epoch, the
-    best ``max(1, n // eta)`` of them (by that epoch's value) are promoted to
-    the next rung and the others are stopped.
-
-    ``configs`` is a list of :class:`Config` or a search (anything with
-    ``configs()``, e.g. a :class:`RandomSearch`); each configuration's
-    ``epochs`` becomes ``max_epochs``.
-    """
-
-    def __init__(self, configs: Sequence[Config] | Search, min_epochs: int = 1,
-                 max_epochs: int | None = None, eta: int = 3,
-                 metric: Metric | str = "val_loss") -> None:  # fmt: skip
-        owner = "SuccessiveHalving"
-        if max_epochs is None:
-            raise SearchError(
-                f"{owner}: `max_epochs` is required: the most epochs the best configurations "
-                "train. Fix: pass e.g. max_epochs=9."
-            )
-        self.min_epochs, self.max_epochs, self.eta = check_rungs(owner, min_epochs, max_epochs, eta)
-        if hasattr(configs, "configs"):
-            configs = configs.configs()
-        configs = list(configs)
-        if not configs or not all(isinstance(c, Config) for c in configs):
-            raise SearchError(
-                f"{owner}: expected a non-empty list of Config or a search with configs(). "
-                f"Received {configs!r:.200}."
-            )
-        super().__init__([replace(c, epochs=self.max_epochs) for c in configs], metric)
-        self.rungs: list[int] = _rungs(self.min_epochs, self.max_epochs, self.eta)
-        self._rung = 0  # index into self.rungs of the current budget
-
-    @property
-    def rung(self) -> int:
-        """Index into :attr:`rungs` of the rung being trained to."""
-        return self._rung
-
-    def budget(self, config_id: str) -> int:
-        self._check_id(config_id)
-        if config_id in self._stopped:
-            return len(self._history[config_id])
-        return self.rungs[self._rung]
-
-    def report(self, config_id: str, epoch: int, value: float) -> Decision:
-        self._record(config_id, epoch, value)
-        target = self.rungs[self._rung]
-        alive = [cid for cid in self._configs if cid not in self._stopped]
-        if self._rung == len(self.rungs) - 1:
-            return Decision()  # final rung: configurations just complete
-        if any(len(self._history[cid]) < target for cid in alive):
-            return Decision()  # rung not complete yet: wait for the others
-        keep = max(1, len(alive) // self.eta)
-        ranked = self.metric.ranked({cid: self._history[cid][target - 1] for cid in alive})
-        stopped = tuple(sorted(ranked[keep:], key=list(self._configs).index))
-        self._stopped.update(stopped)
-        self._rung += 1
-        promoted = {cid: self.rungs[self._rung] for cid in self._configs if cid in ranked[:keep]}
-        return Decision(stopped=stopped, budgets=promoted)
-
-
-class Hyperband(Search):
-    """Hyperband: several successive-halving brackets over random configurations.
-
-    With ``R = max_epochs / min_epochs`` and ``s_max = floor(log_eta R)``,
-    bracket ``s`` (``s_max`` down to 0) samples ``ceil((s_max + 1) * eta**s / (s + 1))``
-    configurations and starts them at ``max_epochs / eta**s`` epochs (rounded,
-    at least ``min_epochs``). All brackets run at once, which keeps every worker
-    of the model hopper busy. Configurations are sampled from ``space`` with
-    ``seed`` in bracket order (ids ``c000``... across brackets), as in
-    :class:`RandomSearch`.
-    """
-
-    def __init__(self, space: Mapping[str, Any], max_epochs: int, eta: int = 3, seed: int = 0,
-                 min_epochs: int = 1, batch_size: int = 32,
-                 metric: Metric | str = "val_loss") -> None:  # fmt: skip
-        owner = "Hyperband"
-        min_epochs, max_epochs, eta = check_rungs(owner, min_epochs, max_epochs, eta)
-        ratio = max_epochs / min_epochs
-        s_max = int(math.floor(math.log(ratio) / math.log(eta) + 1e-9))
-        plan = []  # (n configs, first rung) per bracket
-        for s in range(s_max, -1, -1):
-            n = math.ceil((s_max + 1) * eta**s / (s + 1))
-            r = max(min_epochs, round(max_epochs / eta**s))
-            plan.append((n, r))
-        points = _sample_points(space, sum(n for n, _ in plan), seed, owner)
-        configs = _make_configs(points, max_epochs, batch_size, owner, epochs_from_params=False)
-        super().__init__(configs, metric)
-        self.eta, self.max_epochs, self.min_epochs = eta, max_epochs, min_epochs
-        self.brackets: list[SuccessiveHalving] = []
-        self._bracket_of: dict[str, SuccessiveHalving] = {}
-        start = 0
-        for n, r in plan:
-            bracket = SuccessiveHalving(configs[start:start + n], r, max_epochs, eta, self.metric)
-            self.brackets.append(bracket)
-            for c in configs[start:start + n]:
-                self._bracket_of[c.id] = bracket
-            start += n
-
-    def budget(self, config_id: str) -> int:
-        self._check_id(config_id)
-        return self._bracket_of[config_id].budget(config_id)
-
-    def report(self, config_id: str, epoch: int, value: float) -> Decision:
-        self._check_id(config_id)
-        decision = self._bracket_of[config_id].report(config_id, epoch, value)
-        self._history[config_id].append(float(value))
-        self._stopped.update(decision.stopped)
-        return decision

@@ -4,7 +4,8 @@ The driver runs one :class:`HopperServer` per search. Every worker task opens
 one connection, authenticates both ways with the search's random secret
 (:mod:`trainer.transport.handshake`; TLS too when asked) and then talks in
 request/reply frames of the same wire format (JSON meta + raw arrays of an
-allow-listed dtype, a MAC on every frame; nothing is ever unpickled). The existing message types are reused with these meanings:
+allow-listed dtype, a MAC on every frame; nothing is ever unpickled). The existing message types are
+reused with these meanings:
 
 ``HELLO``  task -> driver
     meta ``{"worker", "attempt", "rows", "val_rows", "data_bytes", ...}``: the

@@ -1,12 +1,12 @@
 """The driver side of a search: the state the hopper server's threads act on, and checkpoints.
 
-`SearchRun` is the :class:`~trainer.selection.hopper.HopperHandler` of a run:
+`SearchRun` is the :class:`~trainer.selection.engine.hopper.HopperHandler` of a run:
 tasks ask it for work (``next_work``), hand results back (``result``), and it
 feeds the scheduler's events, weights the per-shard metrics into epoch
 metrics, reports them to the search (which may stop or promote models), calls
-the :class:`~trainer.selection.callbacks.SelectionCallback` hooks and
+the :class:`~trainer.selection.report.callbacks.SelectionCallback` hooks and
 checkpoints every completed epoch. `make_search_run` restores checkpoints (resume)
-and builds the scheduler of the strategy. See ``docs/model-selection.md``.
+and builds the scheduler of the strategy (``trainer.selection.engine.strategies``). See ``docs/model-selection.md``.
 """
 
 from __future__ import annotations
@@ -23,12 +23,12 @@ import numpy as np
 
 from trainer.data.validation import weighted_mean
 from trainer.errors import SelectionError
-from trainer.selection.baseline import TaskParallelScheduler
-from trainer.selection.callbacks import SelectionCallback
-from trainer.selection.search_checkpoints import CheckpointStore
-from trainer.selection.hopper import HopperRejected
-from trainer.selection.result import load_schedule, load_search_log
-from trainer.selection.scheduler import EpochDone, MopScheduler, ScheduledTask
+from trainer.selection.report.callbacks import SelectionCallback
+from trainer.selection.engine.search_checkpoints import CheckpointStore
+from trainer.selection.engine.hopper import HopperRejected
+from trainer.selection.report.result import load_schedule, load_search_log
+from trainer.selection.engine.placement import EpochDone, ScheduledTask
+from trainer.selection.engine.strategies import strategy_of
 from trainer.selection.search import Config, Decision, Search
 
 log = logging.getLogger("trainer.selection")
@@ -291,8 +291,9 @@ class SearchRun:
     def progress(self) -> dict[str, Any]:
         progress = {"schedule": [list(s) for s in self.sched.schedule], "units": list(self.units),
                     "epochs": {cid: len(h) for cid, h in self.history.items()}}
-        if hasattr(self.search, "state"):  # a model-based search: its trials and decisions (resume re-tells them)
-            progress["search"] = self.search.state()
+        search_log = self.search.state()
+        if search_log is not None:  # a model-based search: its trials and decisions (resume re-tells them)
+            progress["search"] = search_log
         return progress
 
     def flush_checkpoints(self, force: bool = False) -> None:
@@ -379,11 +380,11 @@ def make_search_run(selector: Any, search: Search, layouts: dict[str, list], sta
     payloads: dict[str, dict[str, Any]] = {}
     previous_schedule: list | None = None
     opened = store is not None and store.open(description, resume)
-    if opened and hasattr(search, "restore"):
+    if opened and search.adds_configs:
         log_ = store.load_progress().get("search")
         if log_:
             search.restore(log_)  # the study's trials and decisions, in their order
-    elif replay is not None and hasattr(search, "follow"):
+    elif replay is not None and search.adds_configs:
         log_ = load_search_log(replay)
         if log_:
             search.follow(log_)
@@ -415,13 +416,10 @@ def make_search_run(selector: Any, search: Search, layouts: dict[str, list], sta
         log.info("model selection: resuming from %s with %d completed epochs", store.root, sum(resumed.values()))
     ids = admit_new()
     budgets = {cid: max(1, search.budget(cid)) for cid in ids}
-    if selector.strategy == "mop":
-        scheduler: Any = MopScheduler(ids, selector.num_workers, budgets, seed=selector.seed)
-        recording = load_schedule(replay) if replay is not None else previous_schedule
-        if recording:
-            scheduler.replay(recording, late_models=hasattr(search, "follow"))
-    else:
-        scheduler = TaskParallelScheduler(ids, selector.num_workers, budgets, seed=selector.seed)
+    strategy = strategy_of(selector.strategy)
+    recording = (load_schedule(replay) if replay is not None else previous_schedule) if strategy.replays else None
+    scheduler = strategy.scheduler(ids, selector.num_workers, budgets, selector.seed, recording=recording,
+                                   late_models=search.adds_configs)
     return SearchRun(selector=selector, search=search, scheduler=scheduler, layouts=layouts, states=states,
                      history=history, resumed=resumed, callbacks=callbacks, store=store, seed=selector.seed,
                      admit=admit, payloads=payloads)

@@ -28,7 +28,7 @@ bounds and step are all integers, and the option object itself for
 :func:`choice`. A :func:`when` parameter is left out of a configuration whose
 parent parameter has another value.
 
-Model-based searches (``trainer.selection.model_based``) draw through Optuna
+Model-based searches (``trainer.selection.search.model_based``) draw through Optuna
 instead: :func:`suggest` maps each parameter onto an Optuna distribution on a
 trial (define-by-run, so a :func:`when` parameter is only suggested when its
 parent allows it) and returns the point Optuna stores, plain values only;

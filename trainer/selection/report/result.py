@@ -24,8 +24,8 @@ from trainer.errors import SelectionError
 from trainer.files import atomic_write_json
 from trainer.fit.fitted import FittedModel, TrainingHistory
 from trainer.runtime.state import load_state
-from trainer.selection.plots import plot_config_curve, plot_gantt, plot_learning_curves
-from trainer.selection.scheduler import ScheduledTask
+from trainer.selection.report.plots import plot_config_curve, plot_gantt, plot_learning_curves
+from trainer.selection.engine.placement import ScheduledTask
 from trainer.selection.search import Config, Metric
 
 __all__ = ["SelectionResult", "build_result", "epoch_logs", "load_schedule", "load_search_log"]
@@ -268,7 +268,7 @@ def build_result(selector, run, configs: list[Config], spec: DataSpec, input_sha
         data_bytes=int(sum(r.get("data_bytes", 0) for r in tasks)),
         bytes_moved=bytes_moved,
         interrupted=not run.finished, resumed_epochs=dict(run.resumed),
-        search_log=selector.search.state() if hasattr(selector.search, "state") else None, _factory=factory,
+        search_log=selector.search.state(), _factory=factory,
     )
 
 

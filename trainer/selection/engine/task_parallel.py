@@ -8,12 +8,12 @@ epochs left (in the order it took them), otherwise takes the next model no
 worker has started yet (in id order). With ``W = 1`` this is plain sequential
 training, configurations one after the other.
 
-Like :class:`~trainer.selection.scheduler.MopScheduler` it is an
-:class:`~trainer.selection.scheduler.EpochScheduler` (``start``, ``complete``,
+Like :class:`~trainer.selection.engine.placement.MopScheduler` it is an
+:class:`~trainer.selection.engine.placement.EpochScheduler` (``start``, ``complete``,
 ``drop``, ``extend``, ``done``, ``running``, ``schedule``, ``epochs_done``,
 ``on_epoch_done``), so that the Spark runner drives both the same way; here a
 unit of work is a whole epoch and an
-:class:`~trainer.selection.scheduler.EpochDone` follows every unit. Pure: no
+:class:`~trainer.selection.engine.placement.EpochDone` follows every unit. Pure: no
 I/O, no clock, no randomness.
 """
 
@@ -21,14 +21,14 @@ from __future__ import annotations
 
 from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from trainer.selection.scheduler import Assignment, EpochDone, EpochScheduler, ScheduleError
+from trainer.selection.engine.placement import Assignment, EpochDone, EpochScheduler, ScheduleError
 
 __all__ = ["TaskParallelScheduler"]
 
 
 class TaskParallelScheduler(EpochScheduler):
     """Whole configurations on whole copies of the data; see the module docstring and
-    :class:`~trainer.selection.scheduler.EpochScheduler` (the arguments and the events).
+    :class:`~trainer.selection.engine.placement.EpochScheduler` (the arguments and the events).
     ``seed`` is accepted for interface parity with ``MopScheduler``: the policy is
     deterministic without it."""
 

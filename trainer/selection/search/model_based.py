@@ -4,7 +4,8 @@
 (Optuna's ``TPESampler``); :class:`ASHA` is asynchronous successive halving as
 Li et al. give it ("A System for Massively Parallel Hyperparameter Tuning",
 MLSys 2020, Algorithm 2). ``TPESearch(..., pruner="asha")`` and
-``ASHA(..., sampler="tpe")`` are the same search: TPE suggestions, ASHA's rungs.
+``ASHA(..., sampler="tpe")`` are the same search: TPE suggestions, ASHA's rungs (a sampler of
+:mod:`~trainer.selection.search.samplers` and a pruner of :mod:`~trainer.selection.search.pruners`, composed).
 
 Both drive an in-memory Optuna study with ask-and-tell and answer the selector
 at every hop through the :class:`~trainer.selection.search.Search` interface:
@@ -33,8 +34,8 @@ at every hop through the :class:`~trainer.selection.search.Search` interface:
   and a promotion only if its next rung does. Trials still waiting when the
   search ends count as stopped early.
 
-The search space is the selector's (:mod:`trainer.selection.space`), mapped
-onto Optuna's distributions by :func:`~trainer.selection.space.suggest`.
+The search space is the selector's (:mod:`trainer.selection.search.space`), mapped
+onto Optuna's distributions by :func:`~trainer.selection.search.space.suggest`.
 
 State, resume and replay: everything the search decided is kept as a JSON log
 (:meth:`AskTellSearch.state`: each trial's id and point in ask order, then
@@ -70,15 +71,18 @@ import math
 import numbers
 from typing import Any, Mapping
 
-from trainer.selection.search import (
-    Config, Decision, Metric, Search, SearchError, _positive_int, _rungs, _sample_points, check_rungs,
-)
-from trainer.selection.space import SearchSpaceError, decode, encode, suggest
+from trainer.selection.search.protocol import (Config, Decision, Metric, Search, SearchError, check_rungs,
+                                               positive_int, sample_points)
+from trainer.selection.search.pruners import PRUNERS as _PRUNERS
+from trainer.selection.search.pruners import Rungs, pruner_of
+from trainer.selection.search.samplers import SAMPLERS as _SAMPLERS
+from trainer.selection.search.samplers import optuna_module, sampler_of
+from trainer.selection.search.space import SearchSpaceError, decode, encode, suggest
 
 __all__ = ["AskTellSearch", "TPESearch", "ASHA", "SAMPLERS", "PRUNERS", "startup_trials", "trial_seed"]
 
-SAMPLERS = ("tpe", "random")
-PRUNERS = (None, "asha")
+SAMPLERS = tuple(_SAMPLERS)  # the names `sampler=` takes
+PRUNERS = tuple(_PRUNERS)  # the names `pruner=` takes
 LOG_VERSION = 2
 
 
@@ -100,24 +104,13 @@ def startup_trials(n_trials: int | None, max_total_epochs: int | None, max_epoch
     return min(5, max(2, min(trials) // 3))
 
 
-def _optuna():
-    try:
-        import optuna
-    except ImportError as exc:
-        raise SearchError(
-            "TPESearch and ASHA need Optuna, which is not installed. "
-            "Fix: pip install '.[search]' in the checkout (or the wheel with [search], or pip install 'optuna>=4,<6')."
-        ) from exc
-    # Optuna logs every told trial at INFO on its own handler; the trainer is quiet by default.
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    return optuna
-
-
 class AskTellSearch(Search):
     """An Optuna study driven by ask-and-tell, trial by trial; see the module docstring.
 
     Use :class:`TPESearch` or :class:`ASHA`; the arguments are theirs.
     """
+
+    adds_configs = True  # asks for configurations as places free, and logs its decisions (state, restore, follow)
 
     def __init__(self, space: Mapping[str, Any], max_epochs: int, *, n_trials: int | None = None,
                  max_total_epochs: int | None = None, max_concurrent: int = 4, seed: int = 0,
@@ -126,28 +119,26 @@ class AskTellSearch(Search):
                  owner: str = "AskTellSearch") -> None:  # fmt: skip
         self.owner = owner
         self.min_epochs, self.max_epochs, self.eta = check_rungs(owner, min_epochs, max_epochs, eta)
-        self.max_concurrent = _positive_int(owner, "max_concurrent", max_concurrent)
-        self.batch_size = _positive_int(owner, "batch_size", batch_size)
+        self.max_concurrent = positive_int(owner, "max_concurrent", max_concurrent)
+        self.batch_size = positive_int(owner, "batch_size", batch_size)
         if n_trials is None and max_total_epochs is None:
             raise SearchError(
                 f"{owner}: give a budget: `n_trials` (configurations), `max_total_epochs` (epochs over all of "
                 "them) or both. Received neither. Fix: e.g. n_trials=20, or max_total_epochs=60."
             )
-        self.n_trials = None if n_trials is None else _positive_int(owner, "n_trials", n_trials)
+        self.n_trials = None if n_trials is None else positive_int(owner, "n_trials", n_trials)
         self.max_total_epochs = (None if max_total_epochs is None
-                                 else _positive_int(owner, "max_total_epochs", max_total_epochs))
+                                 else positive_int(owner, "max_total_epochs", max_total_epochs))
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
             raise SearchError(f"{owner}: `seed` must be a non-negative int. Received seed={seed!r}. Fix: seed=0.")
         self.seed = int(seed)
         self.n_startup_trials = (startup_trials(self.n_trials, self.max_total_epochs, self.max_epochs)
                                  if n_startup_trials is None
-                                 else _positive_int(owner, "n_startup_trials", n_startup_trials))
-        if sampler not in SAMPLERS:
-            raise SearchError(f"{owner}: unknown sampler {sampler!r}. Expected one of {SAMPLERS}.")
-        if pruner not in PRUNERS:
-            raise SearchError(f"{owner}: unknown pruner {pruner!r}. Expected None or 'asha'.")
-        self.sampler, self.pruner = sampler, pruner
-        self.rungs = _rungs(self.min_epochs, self.max_epochs, self.eta) if pruner else [self.max_epochs]
+                                 else positive_int(owner, "n_startup_trials", n_startup_trials))
+        #: What to try next (:mod:`trainer.selection.search.samplers`) and whether a trial goes on at a rung
+        #: (:mod:`trainer.selection.search.pruners`): the two questions, composed.
+        self.sampler, self.pruner = sampler_of(sampler, owner), pruner_of(pruner, owner)
+        self.rungs = self.pruner.ladder(self.min_epochs, self.max_epochs, self.eta)
         if not isinstance(space, Mapping):
             raise SearchError(f"{owner}: `space` must be a dict of parameter name -> Param or constant. "
                               f"Received {type(space).__name__}.")
@@ -156,7 +147,7 @@ class AskTellSearch(Search):
         self._study = self._new_study()
         self._running: dict[str, Any] = {}  # config id -> its Optuna trial while it trains (None once resumed)
         self._numbers: dict[str, int] = {}  # config id -> the number of the Optuna trial it was asked as
-        self._at_rung: dict[int, dict[str, float]] = {r: {} for r in self.rungs[:-1]}  # rung -> {config: value}
+        self._ladder = Rungs(self.rungs, self.eta, self.metric)  # the values at each rung (asynchronous)
         self._paused: dict[str, int] = {}  # config id -> the rung it waits at, in the order they paused
         self._points: dict[str, dict[str, Any]] = {}
         self._granted: dict[str, int] = {}
@@ -176,7 +167,7 @@ class AskTellSearch(Search):
 
     # -- the study -----------------------------------------------------------------
     def _new_study(self):
-        optuna = _optuna()
+        optuna = optuna_module()
         direction = "maximize" if self.metric.mode == "max" else "minimize"
         # ASHA's promotions are decided here (_decide), not by an Optuna pruner: see the module docstring.
         return optuna.create_study(direction=direction, sampler=self._sampler(0), pruner=optuna.pruners.NopPruner())
@@ -185,7 +176,7 @@ class AskTellSearch(Search):
         """Random configuration ``number``: the one :class:`~trainer.selection.search.RandomSearch` and
         :class:`~trainer.selection.search.Hyperband` of the same seed and space draw at that position, so that
         searches compared at one seed start from the same draws (common random numbers)."""
-        return encode(self.space, _sample_points(self.space, number + 1, self.seed, self.owner)[-1])
+        return encode(self.space, sample_points(self.space, number + 1, self.seed, self.owner)[-1])
 
     @property
     def random_trials(self) -> int:
@@ -195,17 +186,13 @@ class AskTellSearch(Search):
         return self.max_concurrent + self.n_startup_trials - 1
 
     def _drawn_at_random(self, number: int) -> bool:
-        return self.sampler == "random" or number < self.random_trials
+        return self.sampler.draws_at_random(number, self.random_trials)
 
     def _sampler(self, number: int):
         """The sampler of configuration ``number`` (0-based), seeded for it alone (:func:`trial_seed`): what it
         suggests depends on the seed, the number and the study's trials at that moment, not on how many draws
         the trials before it took. The first :attr:`random_trials` are random whatever the timing."""
-        optuna = _optuna()
-        seed = trial_seed(self.seed, number)
-        if not self._drawn_at_random(number):
-            return optuna.samplers.TPESampler(seed=seed, n_startup_trials=1)
-        return optuna.samplers.RandomSampler(seed=seed)
+        return self.sampler.make(trial_seed(self.seed, number), number, self.random_trials)
 
     @property
     def study(self):
@@ -231,7 +218,7 @@ class AskTellSearch(Search):
         except SearchSpaceError as exc:
             raise SearchError(f"{self.owner}: {exc}") from exc
         cid = cid or f"c{len(self._configs):0{self._width}d}"
-        batch = _positive_int(self.owner, "batch_size", params.get("batch_size", self.batch_size))
+        batch = positive_int(self.owner, "batch_size", params.get("batch_size", self.batch_size))
         config = Config(cid, params, batch, self.max_epochs)
         self._configs[cid] = config
         self._history[cid] = []
@@ -257,13 +244,8 @@ class AskTellSearch(Search):
                 break
         return Decision(stopped=stopped, budgets=budgets, added=tuple(added), paused=paused)
 
-    def _promotable(self, cid: str, rung: int) -> bool:
-        """Among the best ``len // eta`` of the values reported at ``rung`` so far (none while fewer than eta)."""
-        values = self._at_rung[rung]
-        return cid in self.metric.ranked(values)[:len(values) // self.eta]
-
     def _next_rung(self, cid: str) -> int:
-        return next(r for r in self.rungs if r > len(self._history[cid]))
+        return self._ladder.next(len(self._history[cid]))
 
     def _fits(self, cid: str) -> bool:
         extra = self._next_rung(cid) - self._granted[cid]
@@ -276,9 +258,9 @@ class AskTellSearch(Search):
 
     def _next_promotion(self) -> str | None:
         for rung in reversed(self.rungs[:-1]):
-            waiting = {cid: self._at_rung[rung][cid] for cid, at in self._paused.items() if at == rung}
+            waiting = {cid: self._ladder.values[rung][cid] for cid, at in self._paused.items() if at == rung}
             for cid in self.metric.ranked(waiting):
-                if self._promotable(cid, rung) and self._fits(cid):
+                if self.pruner.goes_on(self._ladder, cid, rung) and self._fits(cid):
                     return cid
         return None
 
@@ -306,7 +288,7 @@ class AskTellSearch(Search):
         """Tell the study how the trial of ``cid`` ended. A trial resumed after a pause was told when it paused
         (an Optuna trial cannot be resumed): its outcome goes in as a new, finished trial of the same point with
         every value it reported."""
-        optuna = _optuna()
+        optuna = optuna_module()
         state = {"fail": optuna.trial.TrialState.FAIL, "complete": optuna.trial.TrialState.COMPLETE,
                  "pruned": optuna.trial.TrialState.PRUNED}[outcome]
         trial = self._running.pop(cid)
@@ -325,7 +307,8 @@ class AskTellSearch(Search):
         return self._granted[config_id]
 
     def point(self, config_id: str) -> dict[str, Any]:
-        """The point Optuna stored for ``config_id`` (plain values; :func:`~trainer.selection.space.decode` it)."""
+        """The point Optuna stored for ``config_id`` (plain values: decode it with
+        :func:`~trainer.selection.search.space.decode`)."""
         self._check_id(config_id)
         return dict(self._points[config_id])
 
@@ -335,8 +318,8 @@ class AskTellSearch(Search):
         trial = self._running[config_id]
         if trial is not None and not math.isnan(value):
             trial.report(value, epoch + 1)
-        if epoch + 1 in self._at_rung and not math.isnan(value):
-            self._at_rung[epoch + 1][config_id] = value
+        if not math.isnan(value):
+            self._ladder.record(config_id, epoch + 1, value)
         scripted = self._script.pop((config_id, epoch), None)
         decision = self._decide(config_id, value) if scripted is None else self._follow_event(config_id, scripted)
         self._events.append([config_id, epoch, value, list(decision.stopped), dict(decision.budgets),
@@ -355,7 +338,7 @@ class AskTellSearch(Search):
             return Decision()
         # At a rung (ASHA): go on among the best 1/eta of the rung so far, if the budget takes the next rung;
         # otherwise wait there, and the place goes to a promotion or a new trial.
-        if self._promotable(cid, done) and self._fits(cid):
+        if self.pruner.goes_on(self._ladder, cid, done) and self._fits(cid):
             return Decision(budgets={cid: self._grant(cid, self._next_rung(cid))})
         self._pause(cid)
         return self._fill(paused=(cid,))
@@ -438,7 +421,7 @@ class TPESearch(AskTellSearch):
     ```
 
     Args:
-        space: the search space (:mod:`trainer.selection.space`: choice, uniform,
+        space: the search space (:mod:`trainer.selection.search.space`: choice, uniform,
             loguniform, quniform, randint, when, constants).
         max_epochs: Integer. The most epochs a configuration trains.
         n_trials: Integer or None. The most configurations.
