@@ -357,7 +357,8 @@ def test_tpe_with_asha_stops_a_trial_early_and_its_place_takes_a_new_one(digits,
 
     # Seed 7's first three (random start-up) suggestions are a useless, a good and a useless learning rate: whatever
     # the order of the reports, one useless trial is below its rung. Only the learning rate varies, so each task
-    # builds and traces one Keras model for all the trials (trainer.selection.search_task.compiled_signature).
+    # builds and traces one Keras model for all the trials
+    # (trainer.runtime.search_worker.search_task.compiled_signature).
     search = make()
     result = ModelSelector(_digits_mlp, search, num_workers=2, seed=0, verbose=False).fit(train, validation=val)
     board = result.leaderboard.set_index("config_id")

@@ -31,7 +31,7 @@ from trainer.selection import (
 from trainer.selection.engine.search_checkpoints import CheckpointStore
 from trainer.selection.engine.hopper import HopperClient, HopperServer
 from trainer.selection.engine.search_run import make_search_run
-from trainer.selection.search_task import canonical_order
+from trainer.runtime.search_worker.search_task import canonical_order
 
 REPO = Path(__file__).resolve().parents[1]
 

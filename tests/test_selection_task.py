@@ -6,7 +6,7 @@ import keras
 import numpy as np
 
 from trainer.runtime.state import model_state
-from trainer.selection.search_task import ModelCache, compiled_signature
+from trainer.runtime.search_worker.search_task import ModelCache, compiled_signature
 
 
 def build(units: int = 8, lr: float = 0.01, optimizer: str = "adam", dropout: float = 0.0, loss: str = "mse"):

@@ -17,8 +17,9 @@
 The rooms: ``search/`` says what to try and whether a trial goes on (spaces, samplers, pruners, the
 model-based search); ``engine/`` runs a search (placement of models on workers, pure: events in, assignments
 out; the execution strategies; the driver-side run state; the hopper transport; checkpoints); ``report/`` keeps
-what came out (result, plots, callbacks). ``selector`` plans a search and launches it; ``search_task`` runs on
-the executors. Keras is imported only when a search runs, Optuna only when a model-based search is made.
+what came out (result, plots, callbacks). ``selector`` plans a search and launches it; its task runs on
+the executors (``trainer.runtime.search_worker``). Keras is imported only when a search runs, Optuna only when
+a model-based search is made.
 """
 
 from trainer.errors import CheckpointError, SelectionError

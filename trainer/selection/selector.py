@@ -15,7 +15,7 @@ Example::
     result.save("results/selection")             # leaderboard.csv, schedule.json, gantt.png, curves
 
 `fit` plans (checks, model builds, the stage's data), then launches ONE barrier
-stage of `num_workers` long-lived tasks (``trainer.selection.search_task``)
+stage of `num_workers` long-lived tasks (``trainer.runtime.search_worker.search_task``)
 through the controller every fit uses (``trainer.controller``: addresses,
 TLS, secret, slots, retries, closing); the driver's
 ``trainer.selection.engine.search_run.SearchRun`` serves them through a
@@ -40,16 +40,17 @@ from trainer.data.validation import dealt_evenly, split_validation, tag_validati
 from trainer.errors import SelectionError
 from trainer.options import OptionAttributes, SelectionOptions
 from trainer.runtime.feeding.arrow import arrow_to_numpy
+from trainer.runtime.search_worker.search_task import ConfigBuild, TaskSpec, canonical_order, selection_task
 from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
 from trainer.selection.report.callbacks import MlflowSelectionCallback, SelectionCallback
 from trainer.selection.engine.search_checkpoints import CheckpointStore
 from trainer.selection.engine.search_run import derive_seed, make_search_run
-from trainer.selection.engine.hopper import HopperServer
+from trainer.selection.engine.hopper import HopperClient, HopperServer
 from trainer.selection.report.result import SelectionResult, build_result
 from trainer.selection.engine.strategies import STRATEGIES, strategy_of
 from trainer.selection.search import SEARCHES, Config, Search
-from trainer.selection.search_task import ConfigBuild, TaskSpec, canonical_order, selection_task
+from trainer.selection.search.space import decode
 from trainer.spark.connect import share_with_tasks
 from trainer.spark.launch import RetryPolicy
 from trainer.spark.resources import stage_profile
@@ -254,11 +255,12 @@ class ModelSelector(OptionAttributes):
         def make_task(attempt: int, workers: int):
             run.begin_attempt(attempt)
             return functools.partial(selection_task, TaskSpec(
-                model_fn=self.model_fn, configs=builds, host=controller.host, port=server.address[1],
-                secret=server.credentials, attempt=attempt, feature_size=spec.feature_size,
+                model_fn=self.model_fn, configs=builds,
+                connect=functools.partial(HopperClient, controller.host, server.address[1], server.credentials),
+                attempt=attempt, feature_size=spec.feature_size,
                 label_size=spec.label_size, full_copy=broadcast, task_seed=derive_seed(self.seed, "task"),
                 eval_batch_size=self.eval_batch_size, io_timeout=self.io_timeout,
-                keras_backend=keras.backend.backend(), space=self.search.space,
+                keras_backend=keras.backend.backend(), decode=functools.partial(decode, self.search.space),
             ))
 
         def started() -> None:

@@ -49,15 +49,14 @@ import pyarrow as pa
 
 from trainer.algorithms.allreduce import LR_SCALING
 from trainer.algorithms.cadence import PeriodCadence
-from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.collective.group import gpu_identities, shares_gpu
 from trainer.runtime.collective.loop import JOB_FILE, RECORD_FILE, STDERR_FILE, CollectiveJob
 from trainer.runtime.process import task_resources
-from trainer.runtime.feeding.shard import receive_shard, shard_budget
 from trainer.runtime.shipping import ModelSource, PickledSource
 from trainer.runtime.feeding.spill import spill_directory
 from trainer.runtime.stage_result import result_batch
 from trainer.runtime.task_config import TaskConfig
+from trainer.runtime.task_prologue import receive_rows
 
 #: A shard may be padded by at most this fraction of its rows (plus one batch) to match the largest one.
 MAX_PADDING = 0.10
@@ -163,11 +162,7 @@ def train_collective_partition(config: CollectiveConfig,
     ctx = BarrierTaskContext.get()
     worker = ctx.partitionId()
     cpus, gpus = task_resources(ctx)
-    rows = ValidationRows(batches)
-    shard = receive_shard(iter(rows), config.input_shape, config.label_size, feed=config.feed,
-                          budget=shard_budget(config.shard_budget, config.task_memory))
-    validation = rows.arrays(config.input_shape, config.label_size)
-    data_ready = time.time()
+    shard, validation, data_ready = receive_rows(config, batches)
     port = reserve_port()  # held until the process is done with the group
     mine = {"rows": shard.rows, "val_rows": len(validation[0]), "port": port.getsockname()[1],
             "gpus": gpu_identities(gpus)}

@@ -43,13 +43,12 @@ import pyarrow as pa
 
 from trainer.ps.members import HEARTBEAT_S
 from trainer.ps.shard_client import connect_ps
-from trainer.runtime.feeding.arrow import ValidationRows
-from trainer.runtime.feeding.shard import receive_shard
 from trainer.runtime.process import executor_id, holding_cores, start_task
 from trainer.runtime.ps_worker.exchange import make_sync_callback
 from trainer.runtime.ps_worker.worker_task import WorkerConfig
 from trainer.runtime.stage_result import result_batch
 from trainer.runtime.state import load_state
+from trainer.runtime.task_prologue import fresh_keras, receive_rows
 
 #: Seconds a task waits before asking again when the server says wait (the fit trains on its maximum).
 WAIT_S = 0.5
@@ -90,10 +89,7 @@ def _train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Iter
 
     start = start_task(TaskContext, config.keras_backend, config.env)
     chunk = start.index
-    rows = ValidationRows(batches)
-    shard = receive_shard(iter(rows), config.input_shape, config.label_size, feed="memory")
-    validation = rows.arrays(config.input_shape, config.label_size)
-    data_ready = time.time()
+    shard, validation, data_ready = receive_rows(config, batches, feed="memory")
     process = _process(config, chunk, start.time)
     member = {"host": socket.gethostname(), "pid": os.getpid(), "ready_s": process.ready_s,
               "executor": process.executor}
@@ -157,11 +153,8 @@ def _process(config: ChunkConfig, chunk: int, task_start: float) -> _Process:
     process = _PROCESSES.get(config.fit_id)
     if process is not None:
         return process
-    import keras  # after start_task: TensorFlow reads its settings when it starts
-
     _PROCESSES.clear()
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(config.seed + chunk)
+    fresh_keras(config.seed + chunk)
     model = config.model.build()
     if config.algorithm.exchanges_optimizer_state:
         model.optimizer.build(model.trainable_variables)

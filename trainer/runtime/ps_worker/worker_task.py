@@ -46,15 +46,14 @@ import pyarrow as pa
 
 from trainer.algorithms import ParameterServerAlgorithm
 from trainer.ps.shard_client import connect_ps
-from trainer.runtime.feeding.arrow import ValidationRows
 from trainer.runtime.memory import peak_rss_bytes, reset_peak_rss
-from trainer.runtime.process import holding_cores, start_task
-from trainer.runtime.feeding.shard import receive_shard, shard_budget
+from trainer.runtime.process import holding_cores
 from trainer.runtime.shipping import ModelSource
 from trainer.runtime.stage_result import result_batch
 from trainer.runtime.state import load_state
 from trainer.runtime.ps_worker.exchange import make_sync_callback
 from trainer.runtime.task_config import TaskConfig
+from trainer.runtime.task_prologue import fresh_keras, receive_rows, start_barrier_task
 
 
 
@@ -80,19 +79,10 @@ def train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> 
 
 
 def _train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    from pyspark import BarrierTaskContext  # the task's context: imported where a task runs
-
-    start = start_task(BarrierTaskContext, config.keras_backend, config.env)
+    start = start_barrier_task(config.keras_backend, config.env)
     task_start, ctx, worker, devices = start.time, start.ctx, start.index, start.devices
     reset_peak_rss()
-
-    # In memory, or streamed from a local spill file when the shard is large (trainer.runtime.feeding.shard);
-    # validation rows (if any) are kept aside in memory.
-    rows = ValidationRows(batches)
-    shard = receive_shard(iter(rows), config.input_shape, config.label_size, feed=config.feed,
-                          budget=shard_budget(config.shard_budget, config.task_memory))
-    validation = rows.arrays(config.input_shape, config.label_size)
-    data_ready = time.time()
+    shard, validation, data_ready = receive_rows(config, batches)
     sizes = [int(s) for s in ctx.allGather(str(shard.rows))]
     if min(sizes) == 0:
         raise RuntimeError(
@@ -101,10 +91,7 @@ def _train_partition(config: WorkerConfig, batches: Iterator[pa.RecordBatch]) ->
         )
     shard.pad_to(max(sizes), seed=config.seed + worker)
 
-    import keras  # after start_task: TensorFlow reads its settings when it starts
-
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(config.seed + 1000 * config.attempt + worker)
+    fresh_keras(config.seed + 1000 * config.attempt + worker)
     model = config.model.build()
     built = time.time()
     record: dict[str, Any] = {

@@ -4,7 +4,7 @@
 ONCE -- its own shard (model hopper: the Arrow batches of partition ``i``,
 training and validation rows told apart by a flag column) or a full copy
 (task-parallel and sequential baselines: a Spark broadcast) -- connects to the
-driver's :class:`~trainer.selection.engine.hopper.HopperServer` and then loops:
+driver's hopper server (``trainer.selection.engine.hopper``) and then loops:
 
 1. ask for work; the driver answers with a configuration id, the epoch (and,
    for a configuration a model-based search added during the run, its point
@@ -31,6 +31,18 @@ is avoided on purpose: it clears TensorFlow's caches (about 0.3 s per call).
 A model's state travels as the arrays of ``trainer.runtime.state.model_state``:
 ``model.get_weights()`` (all weights, trainable or not) then
 ``model.optimizer.variables`` (iteration count, learning rate, slots).
+
+Its place: a task runs inside a Spark task, so it lives in ``trainer.runtime``
+beside the fits' tasks and shares their prologue (``trainer.runtime.task_prologue``),
+and ``trainer.runtime`` may not import ``trainer.selection``. What it needs of
+model selection is therefore passed in by the selection driver
+(``trainer.selection.selector``) through its `TaskSpec`: ``connect``, a function
+``(worker, attempt, io_timeout)`` that opens the client of the hopper protocol
+(``functools.partial(HopperClient, host, port, credentials)``), and ``decode``,
+which turns a model-based search's point into a configuration
+(``functools.partial(space.decode, search.space)``). The hopper client is not
+moved here: it is one protocol with the server (its messages, its errors) and
+is built on ``trainer.transport``, which ``trainer.runtime`` does not import.
 """
 
 from __future__ import annotations
@@ -40,25 +52,22 @@ import os
 import time
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Protocol, Sequence
 
 import numpy as np
 import pyarrow as pa
-from pyspark import BarrierTaskContext
-
 from trainer.data.columns import VALIDATION_FLAG
 from trainer.backends import DEFAULT_NAME
 from trainer.runtime.feeding.arrow import split_shard
 from trainer.runtime.feeding.feed import ShardFeed
 from trainer.runtime.inference import validation_logs
-from trainer.runtime.process import holding_cores, start_task
+from trainer.runtime.process import holding_cores
 from trainer.runtime.stage_result import result_batch
 from trainer.runtime.state import load_state, model_state, optimizer_of
-from trainer.selection.engine.hopper import HopperClient
-from trainer.selection.search.space import decode
+from trainer.runtime.task_prologue import fresh_keras, start_barrier_task
 
-__all__ = ["ConfigBuild", "TaskSpec", "ModelCache", "compiled_signature", "canonical_order", "selection_task",
-           "SPLIT_COL"]
+__all__ = ["ConfigBuild", "HopperConnection", "TaskSpec", "ModelCache", "compiled_signature", "canonical_order",
+           "selection_task", "SPLIT_COL"]
 
 #: The boolean column that marks validation rows in the model-hopper frame (shared with the trainer).
 SPLIT_COL = VALIDATION_FLAG
@@ -74,15 +83,32 @@ class ConfigBuild:
     build_seed: int
 
 
+class HopperConnection(Protocol):
+    """What a task asks of its connection to the driver (``trainer.selection.engine.hopper.HopperClient``)."""
+
+    bytes_sent: int
+    bytes_received: int
+
+    def __enter__(self) -> HopperConnection: ...
+
+    def __exit__(self, *exc: Any) -> Any: ...
+
+    def hello(self, meta: dict[str, Any]) -> dict[str, Any]: ...
+
+    def next_work(self) -> tuple[dict[str, Any], list[np.ndarray]]: ...
+
+    def send_result(self, meta: dict[str, Any], arrays: Sequence[np.ndarray]) -> dict[str, Any]: ...
+
+
 @dataclass
 class TaskSpec:
     """Everything a selection task needs; travels in the Spark task closure."""
 
     model_fn: Callable[[dict[str, Any]], Any]
     configs: dict[str, ConfigBuild]
-    host: str
-    port: int
-    secret: Any = field(repr=False)  # the server's Credentials (secret, frame MAC, TLS fingerprint): never shown
+    # (worker, attempt, io_timeout) -> the connection to the driver's hopper server; it holds the server's
+    # Credentials (secret, frame MAC, TLS fingerprint): never shown
+    connect: Callable[[int, int, float], HopperConnection] = field(repr=False)
     attempt: int
     feature_size: int
     label_size: int | None
@@ -92,7 +118,8 @@ class TaskSpec:
     io_timeout: float = 600.0
     keras_backend: str = DEFAULT_NAME
     env: dict[str, str] = field(default_factory=dict)
-    space: Any = None  # a model-based search's space: decodes the points of configurations it adds later
+    # a model-based search's point -> the configuration's params, for configurations it adds during the run
+    decode: Callable[[dict[str, Any]], dict[str, Any]] | None = None
 
 
 # ----------------------------------------------------------------------------- models
@@ -231,7 +258,7 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
 
 
 def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
-    start = start_task(BarrierTaskContext, spec.keras_backend, spec.env)
+    start = start_barrier_task(spec.keras_backend, spec.env)
     task_start, worker, devices = start.time, start.index, start.devices
 
     if spec.full_copy is None:
@@ -245,10 +272,7 @@ def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
     checksum = _checksum(x, y, xv, yv)
     data_ready = time.time()
 
-    import keras  # after start_task: TensorFlow reads its settings when it starts
-
-    keras.backend.clear_session()
-    keras.utils.set_random_seed(spec.task_seed + worker)  # random layers (dropout) draw from here
+    keras = fresh_keras(spec.task_seed + worker)  # random layers (dropout) draw from here
     cache = ModelCache()
     late: dict[str, ConfigBuild] = {}
     feeds: dict[tuple[int, ...], ShardFeed] = {}
@@ -257,7 +281,7 @@ def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
         "data_checksum": checksum, "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0,
         "train_s": 0.0, "val_s": 0.0, "executor_pid": os.getpid(), **devices,
     }
-    with HopperClient(spec.host, spec.port, spec.secret, worker, spec.attempt, spec.io_timeout) as client:
+    with spec.connect(worker, spec.attempt, spec.io_timeout) as client:
         client.hello({"attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
                       "pid": os.getpid()})
         while True:
@@ -268,7 +292,7 @@ def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
             cfg = spec.configs.get(cid) or late.get(cid)
             if cfg is None:  # added by a model-based search during the run: the driver sent how to build it
                 payload = work["config"]
-                cfg = late[cid] = ConfigBuild(decode(spec.space, payload["point"]), int(payload["batch_size"]),
+                cfg = late[cid] = ConfigBuild(spec.decode(payload["point"]), int(payload["batch_size"]),
                                              tuple(payload["input_shape"]), int(payload["build_seed"]))
             if cid not in cache.models:
                 started = time.time()
