@@ -109,3 +109,15 @@ if __name__ == "__main__":
         sys.exit("usage: python tests/test_default_table.py --write   (writes docs/guide.md's table of the default)")
     GUIDE.write_text(with_table(GUIDE.read_text(encoding="utf-8"), (BEGIN, END), default_table()), encoding="utf-8")
     print(f"wrote the table of the default algorithm into {GUIDE.relative_to(ROOT)}")
+
+
+def test_hosts_count_machines_and_a_loopback_address_is_the_driver_s():
+    from trainer.spark.session import count_hosts
+
+    # a driver started by spark_session(url) on the embedded cluster's machine: its own address, workers on loopback
+    assert count_hosts("10.0.0.5", ["10.0.0.5", "127.0.0.1", "127.0.0.1"]) == 1
+    assert count_hosts("127.0.0.1", ["127.0.0.1", "10.0.0.7"]) == 1  # only local executors can reach such a driver
+    assert count_hosts("localhost", ["localhost"]) == 1
+    assert count_hosts("10.0.0.5", ["10.0.0.5", "10.0.0.6", "10.0.0.7"]) == 3  # the lab: a host per container
+    assert count_hosts("jupyter", ["jupyter", "172.18.0.4", "::1"]) == 2
+    assert count_hosts("10.0.0.5", []) == 1  # no executor yet: the driver's host

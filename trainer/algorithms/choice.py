@@ -18,8 +18,8 @@ picks, in this order:
 * **several workers on GPUs**, or **several CPU workers on more than one
   host** (distinct hosts among the block managers of the driver and of the
   executors, ``trainer.spark.session.fit_hosts``: the driver's host counts
-  even when it runs no executor, and in the Docker lab every container is a
-  host): `LocalSGD`: Keras's own steps in each worker, the replicas averaged
+  even when it runs no executor, a loopback address is the driver's machine,
+  and in the Docker lab every container is a host): `LocalSGD`: Keras's own steps in each worker, the replicas averaged
   over the all-reduce group every ``H`` steps, ``H`` sized inside the fit
   from the link and the step it measures in its first steps
   (``trainer.runtime.collective.averaging``), bfloat16 on the wire. Its bytes
@@ -150,7 +150,8 @@ DEFAULT_CASES: tuple[tuple[str, str, FitFacts], ...] = (
      "of every executor: the driver's host counts even when it runs no executor; in the Docker lab every container "
      "is a host (3 workers and the driver's Jupyter: 4)", FitFacts(workers=3, hosts=4)),
     ("several CPU workers on one host", "the driver and every executor on one host: `local[N]`, `local-cluster[...]`, "
-     "the embedded `LocalCluster`", FitFacts(workers=3, hosts=1)),
+     "the embedded `LocalCluster`, also from a driver of its own (a loopback address is the driver's machine)",
+     FitFacts(workers=3, hosts=1)),
     ("several CPU workers, hosts not known", "a Spark Connect session: its client cannot list the executors, so "
      "their hosts are not counted, however many the cluster has", FitFacts(workers=3, hosts=None)),
 )

@@ -14,6 +14,7 @@ passing the Spark property as a keyword, e.g.
 
 from __future__ import annotations
 
+import ipaddress
 import logging
 import os
 import socket
@@ -113,8 +114,9 @@ def registered_executors(spark: Any) -> int:
 
 
 def fit_hosts(spark: Any) -> int | None:
-    """Distinct hosts of the driver and the executors registered with it: 1 for a local master or an embedded
-    cluster; None for a Spark Connect session or a stopped one, whose executors the client cannot list."""
+    """Distinct hosts of the driver and the executors registered with it (`count_hosts`): 1 for a local master or
+    an embedded cluster; None for a Spark Connect session or a stopped one, whose executors the client cannot
+    list."""
     try:
         sc = spark.sparkContext if hasattr(spark, "sparkContext") else spark
         jsc = sc._jsc
@@ -126,7 +128,28 @@ def fit_hosts(spark: Any) -> int | None:
         return 1
     status = jsc.sc().getExecutorMemoryStatus()  # a Scala Map: "host:port" of every block manager -> memory
     keys = status.keys().toList()
-    return len({str(keys.apply(i)).rsplit(":", 1)[0] for i in range(keys.size())}) or None
+    return count_hosts(sc.getConf().get("spark.driver.host", ""),
+                       [str(keys.apply(i)).rsplit(":", 1)[0] for i in range(keys.size())])
+
+
+def count_hosts(driver: str, block_managers: list[str]) -> int | None:
+    """The machines among the driver's host and its block managers' hosts. A loopback address is the driver's
+    machine: an executor that advertises one is reachable by the driver only from that machine, and a driver
+    on one can be reached only by executors on its machine (so a driver started by ``spark_session(url)``
+    against an embedded cluster, whose workers bind to 127.0.0.1, is one host with them, not two)."""
+    if _is_loopback(driver):
+        return 1
+    hosts = {driver if _is_loopback(host) else host for host in block_managers}
+    return len(hosts | {driver} if driver else hosts) or None
+
+
+def _is_loopback(host: str) -> bool:
+    if host.lower() == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:  # a host name
+        return False
 
 
 def wait_for_executors(spark: Any, count: int, timeout: float = 120.0, interval: float = 0.25) -> int:
