@@ -5,10 +5,14 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import shutil
 import socket
 import subprocess
 import sys
+import tempfile
+import urllib.error
+import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -175,3 +179,56 @@ def write_timings(timings: dict) -> None:
     path.write_text(json.dumps(old, indent=2) + "\n")
 
 
+# --- HTTP and a headless browser, from the host -----------------------------
+
+
+def http_get(url: str, timeout: float = 10, headers: dict | None = None) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+
+
+def http_post_json(url: str, payload: dict, timeout: float = 10, headers: dict | None = None) -> tuple[int, str]:
+    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
+                                     headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            return resp.status, resp.read().decode("utf-8", "replace")
+    except urllib.error.HTTPError as err:
+        return err.code, err.read().decode("utf-8", "replace")
+
+
+def chromium(*args: str) -> subprocess.CompletedProcess:
+    """Headless chromium with a throw-away profile; the page gets 15 s of virtual time to render."""
+    binary = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
+    if binary is None:
+        require_tool("chromium", "run .ci/install-docker.sh (installs chromium)")
+    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
+        return run([
+            binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update", "--disable-sync",
+            "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,900",
+            "--virtual-time-budget=15000", *args,
+        ], timeout=180, check=False)
+
+
+def screenshot(url: str, dest: Path) -> subprocess.CompletedProcess:
+    return chromium(f"--screenshot={dest}", url)
+
+
+def visible_text(url: str) -> str:
+    """The text of the page's DOM once its scripts ran (chromium --dump-dom), without tags, scripts and styles."""
+    proc = chromium("--dump-dom", url)
+    html = re.sub(r"<(script|style)\b.*?</\1>", " ", proc.stdout, flags=re.S)
+    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
+
+
+def dominant_colour_share(png: Path) -> float:
+    """The share of the screenshot's pixels in its most common colour: near 1.0 for a blank page."""
+    from PIL import Image  # deferred: only the screenshot tests read images
+
+    with Image.open(png) as image:
+        colours = image.convert("RGB").getcolors(maxcolors=1 << 24)
+    return max(count for count, _ in colours) / sum(count for count, _ in colours)

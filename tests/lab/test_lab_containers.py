@@ -10,38 +10,16 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
-import tempfile
 import textwrap
 import time
-import urllib.error
-import urllib.request
-from pathlib import Path
 
 import pytest
 
-from .labtools import ARTIFACTS, LAB_HOSTNAME, LAB_PROJECT, LAB_WORKERS, REPO, require_tool, run
+from .labtools import (ARTIFACTS, LAB_HOSTNAME, LAB_PROJECT, LAB_WORKERS, REPO, dominant_colour_share, http_get,
+                       http_post_json, run, screenshot, visible_text)
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.timeout(2700)]
-
-
-def http_get(url: str, timeout: float = 10, headers: dict | None = None) -> tuple[int, str]:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=timeout) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode("utf-8", "replace")
-
-
-def http_post_json(url: str, payload: dict, timeout: float = 10, headers: dict | None = None) -> tuple[int, str]:
-    request = urllib.request.Request(url, data=json.dumps(payload).encode(), method="POST",
-                                     headers={"Content-Type": "application/json", **(headers or {})})
-    try:
-        with urllib.request.urlopen(request, timeout=timeout) as resp:
-            return resp.status, resp.read().decode("utf-8", "replace")
-    except urllib.error.HTTPError as err:
-        return err.code, err.read().decode("utf-8", "replace")
 
 
 def docker_run(image: str, *args: str, timeout: float = 120) -> subprocess.CompletedProcess:
@@ -278,6 +256,9 @@ def test_spark_settings_are_private_and_the_secret_stays_out_of_argv_env_logs_an
         assert secret not in text and token not in text, f"mlflow: a lab secret is in its {where}"
 
 
+#: What Spark's client logs when the master refuses its connection (here: the authentication fails).
+REFUSED = "Failed to connect to master"
+
 # The intruders' short-lived driver JVMs take the quick JIT tier, as the JVMs of `make test` do (TEST_JVM_OPTS).
 QUICK_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 
@@ -306,7 +287,9 @@ def test_an_application_without_the_spark_secret_cannot_register(lab):
 
     Without authentication, with a wrong secret, or with the right secret but no
     encryption the master refuses them; the right settings (the control) register
-    and run a job, so the refusals are due to the secret and not the set-up.
+    and run a job, so the refusals are due to the secret and not the set-up. A refused
+    client is stopped at its first refusal (`REFUSED`): Spark's client would try twice
+    more, 20 s apart, with the same settings, and then give up.
     """
     secret = lab.secret("SPARK_AUTH_SECRET")
     crypto = "spark.network.crypto.enabled=true spark.network.crypto.authEngineVersion=2 " \
@@ -320,32 +303,40 @@ def test_an_application_without_the_spark_secret_cannot_register(lab):
     }
     master = lab.container_id("master")
     (network,) = json.loads(run(["docker", "inspect", "-f", "{{json .NetworkSettings.Networks}}", master]).stdout)
-    procs, names = {}, {}
+    procs, names, logs = {}, {}, {}
+    ARTIFACTS.mkdir(exist_ok=True)
     try:
         for case, conf in cases.items():
             names[case] = f"{LAB_PROJECT}-intruder-{case}"
+            logs[case] = ARTIFACTS / f"lab-intruder-{case}.log"
             app = f"intruder-{case}"
-            procs[case] = subprocess.Popen(
-                ["docker", "run", "--rm", "--name", names[case], "--network", network, "--cap-drop", "ALL",
-                 "--security-opt", "no-new-privileges:true", "-e", f"APP={app}", "-e", f"CONF={conf}",
-                 "-e", f"SPARK_SUBMIT_OPTS={QUICK_JVM}",
-                 lab.image, "python", "-c", INTRUDER],
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
-        results = {case: (*p.communicate(timeout=400), p.returncode) for case, p in procs.items()}
+            with logs[case].open("w") as log:
+                procs[case] = subprocess.Popen(
+                    ["docker", "run", "--rm", "--name", names[case], "--network", network, "--cap-drop", "ALL",
+                     "--security-opt", "no-new-privileges:true", "-e", f"APP={app}", "-e", f"CONF={conf}",
+                     "-e", f"SPARK_SUBMIT_OPTS={QUICK_JVM}",
+                     lab.image, "python", "-c", INTRUDER],
+                    stdout=log, stderr=subprocess.STDOUT, text=True, cwd=REPO)
+        deadline = time.monotonic() + 400
+        while time.monotonic() < deadline and any(
+                p.poll() is None and (case == "control" or REFUSED not in logs[case].read_text(errors="replace"))
+                for case, p in procs.items()):
+            time.sleep(0.5)
     finally:
         for name in names.values():
             subprocess.run(["docker", "rm", "-f", name], capture_output=True)
-    (ARTIFACTS / "lab-intruders.log").write_text(
-        "".join(f"=== {c} rc={rc}\n{out}\n{err[-6000:]}\n" for c, (out, err, rc) in results.items()))
-    out, err, rc = results["control"]
-    assert rc == 0 and "count 4" in out, f"the control with the right settings must run a job:\n{out}\n{err[-3000:]}"
+        for p in procs.values():
+            p.wait(60)
+    results = {case: (logs[case].read_text(errors="replace"), p.returncode) for case, p in procs.items()}
+    out, rc = results["control"]
+    assert rc == 0 and "count 4" in out, f"the control with the right settings must run a job:\n{out[-4000:]}"
     _, body = http_get(f"{lab.ui_url}/json/")
     state = json.loads(body)
     registered = {a["name"] for a in state.get("activeapps", []) + state.get("completedapps", [])}
     assert "intruder-control" in registered, f"the master lists: {registered}"
     for case in ("no-auth", "wrong-secret", "no-encryption"):
-        out, err, rc = results[case]
-        assert rc != 0 and "count" not in out, f"{case}: the application ran:\n{out}\n{err[-3000:]}"
+        out, rc = results[case]
+        assert REFUSED in out and "count 4" not in out, f"{case}: not refused, or the application ran:\n{out[-4000:]}"
         assert f"intruder-{case}" not in registered, f"{case}: the master registered it: {registered}"
 
 
@@ -509,40 +500,6 @@ def test_make_submit_survives_docker_kill_of_a_worker_and_writes_results(lab):
     metrics = {m["key"]: m["value"] for m in logged["data"]["metrics"]}
     accuracy = [v for k, v in metrics.items() if k.endswith(f".{LAB_WORKERS}w.metric_value")]
     assert accuracy == [pytest.approx(row["metric_value"])], f"the run's metrics differ from the results: {metrics}"
-
-
-def chromium(*args: str) -> subprocess.CompletedProcess:
-    """Headless chromium with a throw-away profile; the page gets 15 s of virtual time to render."""
-    binary = shutil.which("chromium") or shutil.which("chromium-browser") or shutil.which("google-chrome")
-    if binary is None:
-        require_tool("chromium", "run .ci/install-docker.sh (installs chromium)")
-    with tempfile.TemporaryDirectory(prefix="chromium-") as profile:
-        return run([
-            binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-            "--disable-background-networking", "--disable-component-update", "--disable-sync",
-            "--disable-dev-shm-usage", f"--user-data-dir={profile}", "--window-size=1280,900",
-            "--virtual-time-budget=15000", *args,
-        ], timeout=180, check=False)
-
-
-def screenshot(url: str, dest: Path) -> subprocess.CompletedProcess:
-    return chromium(f"--screenshot={dest}", url)
-
-
-def visible_text(url: str) -> str:
-    """The text of the page's DOM once its scripts ran (chromium --dump-dom), without tags, scripts and styles."""
-    proc = chromium("--dump-dom", url)
-    html = re.sub(r"<(script|style)\b.*?</\1>", " ", proc.stdout, flags=re.S)
-    return " ".join(re.sub(r"<[^>]+>", " ", html).split())
-
-
-def dominant_colour_share(png: Path) -> float:
-    """The share of the screenshot's pixels in its most common colour: near 1.0 for a blank page."""
-    from PIL import Image  # deferred: only the screenshot tests read images
-
-    with Image.open(png) as image:
-        colours = image.convert("RGB").getcolors(maxcolors=1 << 24)
-    return max(count for count, _ in colours) / sum(count for count, _ in colours)
 
 
 @pytest.mark.parametrize(
