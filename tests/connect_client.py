@@ -45,7 +45,8 @@ def main(url: str, out_path: str) -> None:
     from trainer.errors import ClusterCapacityError, ConnectUnsupportedError
     from trainer.selection import GridSearch, ModelSelector, choice
     from trainer.spark.connect import MAX_INLINE_BYTES, is_connect, share_with_tasks
-    from trainer.spark.launch import driver_addresses, wait_for_slots
+    from trainer.spark.cluster_facts import FitCluster
+    from trainer.spark.launch import wait_for_slots
     from trainer.spark.session import spark_session
 
     out: dict = {}
@@ -57,7 +58,7 @@ def main(url: str, out_path: str) -> None:
     except Exception as exc:  # pyspark: JVM_ATTRIBUTE_NOT_SUPPORTED
         out["has_spark_context"] = False
         out["spark_context_error"] = type(exc).__name__
-    out["ps_host"] = driver_addresses(spark)[0]
+    out["ps_host"] = FitCluster(spark).addresses()[0]
 
     train, test = digits_frames(spark)
 

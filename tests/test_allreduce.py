@@ -36,6 +36,7 @@ from trainer.runtime.feeding.arrow import pad_shard
 from trainer.runtime.collective.group import gpu_identities, shares_gpu
 from trainer.runtime.collective.loop import epoch_order
 from trainer.runtime.collective.collective_task import equal_rows
+from trainer.spark.cluster_facts import FitCluster
 
 
 # --------------------------------------------------------------------------- the algorithm, pure
@@ -230,7 +231,8 @@ def _shards_of(trainer: Trainer, df, validation) -> list[tuple[np.ndarray, np.nd
 
     from trainer.data.columns import FEATURES, LABEL, VALIDATION_FLAG
 
-    frame = plan_fit(trainer, fit_kind(trainer, trainer.algorithm), df, None, validation).frame.repartition(
+    cluster = FitCluster(df.sparkSession, trainer.gpus_per_worker)
+    frame = plan_fit(trainer, fit_kind(trainer, trainer.algorithm), df, cluster, None, validation).frame.repartition(
         trainer.num_workers)
 
     def tag(batches):

@@ -16,7 +16,7 @@ import pytest
 from conftest import digits_model
 from trainer import ADAG, SyncAveraging, Trainer
 from trainer.fit.checkpoints import load_checkpoint
-from trainer.spark.task_memory import task_memory_bytes
+from trainer.spark.cluster_facts import task_memory_bytes
 
 BUDGET_MB = 0.05  # 50 KB: each worker's shard of the 1,500 digits is about 200 KB of Arrow data
 

@@ -4,11 +4,13 @@ A fit (``trainer.fit.driver``) and a search (``trainer.selection.selector``)
 each serve their tasks from a server in the driver and run ONE barrier stage
 of long-lived tasks. What is the same for both lives here, once:
 
-1. `StageController(spark, ...)`, before any cluster work: the TLS identity
-   (a missing tool fails here), the addresses executors reach the driver at
-   (``trainer.spark.launch.driver_addresses``) and a fresh secret; the caller
+1. `StageController.of(cluster, options)`, before any cluster work, on the
+   cluster the caller made once (``trainer.spark.cluster_facts.FitCluster``): the
+   TLS identity (a missing tool fails here), the addresses executors reach
+   the driver at (`FitCluster.addresses`) and a fresh secret; the caller
    builds its server with `server_endpoint()`.
-2. `run(...)`, inside `closing(server, ...)`: wait for the free task slots,
+2. `serve(server, stage, ...)`: `stage()` inside `closing(server, ...)`; a
+   fit's kind and a search each call `run(...)` there: wait for the free task slots,
    start the server, run the stage with retries (``run_stage_with_retries``,
    the result rows of ``trainer.runtime.stage_result``); an elastic fit's
    `run_elastic` starts the server and runs one job per epoch instead
@@ -32,7 +34,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 from trainer.runtime.stage_result import RESULT_DDL, read_records
 from trainer.spark.elastic_launch import ElasticPolicy, run_epoch_jobs
-from trainer.spark.launch import RetryPolicy, driver_addresses, run_stage_with_retries, wait_for_slots
+from trainer.spark.cluster_facts import FitCluster
+from trainer.spark.launch import RetryPolicy, run_stage_with_retries, wait_for_slots
 from trainer.transport.tls import TlsIdentity
 from trainer.transport.wire import new_secret
 
@@ -50,19 +53,26 @@ class StageController:
     """Addresses, identity and secret of one stage's server, then the stage itself (the module docstring).
 
     Args:
-        spark: the session the stage runs on.
+        cluster: the `FitCluster` the stage runs on.
         tls: Bool. Pinned TLS on the server's links (a TLS identity is made now).
-        ps_host, ps_bind_host, ps_port: where executors reach the driver's server (``driver_addresses``).
+        ps_host, ps_bind_host, ps_port: where executors reach the driver's server (`FitCluster.addresses`).
         endpoints: Integer. Consecutive ports the server listens on (a sharded parameter server's shards).
     """
 
-    def __init__(self, spark, *, tls: bool, ps_host: str | None, ps_bind_host: str | None, ps_port: int | None,
-                 endpoints: int = 1) -> None:
-        self.spark = spark
+    def __init__(self, cluster: FitCluster, *, tls: bool, ps_host: str | None, ps_bind_host: str | None,
+                 ps_port: int | None, endpoints: int = 1) -> None:
+        self.spark = cluster.session
         self.identity = TlsIdentity.generate() if tls else None
         #: The address executors use, the one the server binds, and its port (0: any free one).
-        self.host, self.bind, self.port = driver_addresses(spark, ps_host, ps_bind_host, ps_port, endpoints)
+        self.host, self.bind, self.port = cluster.addresses(ps_host, ps_bind_host, ps_port, endpoints)
         self.secret = new_secret()
+
+    @classmethod
+    def of(cls, cluster: FitCluster, options, endpoints: int = 1) -> StageController:
+        """The controller of a fit's or a search's stage on `cluster`, from their shared options (``tls``,
+        ``ps_host``, ``ps_bind_host``, ``ps_port``: ``trainer.options.SharedOptions``)."""
+        return cls(cluster, tls=options.tls, ps_host=options.ps_host, ps_bind_host=options.ps_bind_host,
+                   ps_port=options.ps_port, endpoints=endpoints)
 
     def server_endpoint(self) -> dict[str, Any]:
         """The keyword arguments every server of the stage takes: where it listens, its secret, its TLS."""
@@ -77,6 +87,12 @@ class StageController:
             for close in [*before_stop, server.stop, *closers][::-1]:  # an exit stack calls back last in, first out
                 stack.callback(close)
             yield
+
+    def serve(self, server, stage: Callable[[], StageResult], *, before_stop: Sequence[Callable[[], Any]] = (),
+              closers: Sequence[Callable[[], Any]] = ()) -> StageResult:
+        """`stage()` (which starts `server` and runs the stage: `run` or `run_elastic`) inside `closing`."""
+        with self.closing(server, before_stop=before_stop, closers=closers):
+            return stage()
 
     def run(self, frame, num_workers: int, make_task: Callable[[int, int], Callable], *, server,
             policy: RetryPolicy, description: str, slot_timeout: float,

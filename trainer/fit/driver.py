@@ -7,13 +7,15 @@ server hears from.
 
 1. The algorithm: the trainer's, or with none named the one chosen for this
    cluster (``trainer.algorithms.choice``); it gives the kind of fit, which
-   checks the Keras backend. The controller (``trainer.controller``) makes
-   the server's addresses, TLS identity and secret, then `plan_fit` checks
-   everything else before any cluster work (``trainer.fit.plan``).
+   checks the Keras backend. The cluster is read from the session once
+   (``trainer.spark.cluster_facts.FitCluster``: hosts, addresses, resource profile,
+   task memory) and handed on; the controller (``trainer.controller``) makes
+   the server's addresses, TLS identity and secret on it, then `plan_fit`
+   checks everything else before any cluster work (``trainer.fit.plan``).
 2. The driver builds the hooks every server update goes through (progress,
    the callbacks' epoch bookkeeping, the user's `on_update`, the
    checkpointer), the epoch-end hooks, and the kind's server.
-3. The controller runs the one barrier stage with retries and closes the
+3. The controller serves the one barrier stage with retries and closes the
    server, the progress bar, the callbacks and the checkpointer, whatever
    happens (a checkpoint that could not be written is recorded as an event,
    never raised: the trained model matters more than its last file).
@@ -43,8 +45,7 @@ from trainer.fit.progress import TrainingProgress
 from trainer.lr_schedules import planned_steps
 from trainer.ps.epoch_end import EpochEnds
 from trainer.ps.epochs import uniform_progress
-from trainer.spark.session import fit_hosts
-from trainer.spark.task_memory import task_memory_bytes
+from trainer.spark.cluster_facts import FitCluster
 from trainer.tracking import epoch_logger, fit_params
 
 log = logging.getLogger("trainer")
@@ -54,14 +55,13 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     """Train `trainer.model` on `df` (the module docstring); `run` is MLflow's or None."""
     import keras  # deferred: the backend starts only when a fit does
 
-    spark = df.sparkSession
-    algorithm, choice = _algorithm(trainer, spark)
+    cluster = FitCluster(df.sparkSession, trainer.gpus_per_worker)
+    algorithm, choice = _algorithm(trainer, cluster)
     kind = fit_kind(trainer, algorithm)
     backend = keras.backend.backend()
     kind.check(backend)
-    controller = StageController(spark, tls=trainer.tls, ps_host=trainer.ps_host, ps_bind_host=trainer.ps_bind_host,
-                                 ps_port=trainer.ps_port, endpoints=kind.endpoints)
-    plan = plan_fit(trainer, kind, df, resume_from, validation)
+    controller = StageController.of(cluster, trainer.options, kind.endpoints)
+    plan = plan_fit(trainer, kind, df, cluster, resume_from, validation)
     logged = []  # MLflow's epoch logger, after the user's callbacks
     if run is not None:
         run.rename(f"trainer {algorithm.name} x{trainer.num_workers}")  # before the fit, the choice is provisional
@@ -105,7 +105,7 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
         events.append({"time": time.time(), "event": "resumed", "from": str(resume_from),
                        "version": plan.version, "completed_epochs": plan.completed_epochs})
     shard_budget = None if trainer.shard_budget_mb is None else int(trainer.shard_budget_mb * 1024 * 1024)
-    task_memory = task_memory_bytes(spark)
+    task_memory = cluster.task_memory
 
     def launch(attempt: int, workers: int) -> TaskLaunch:
         server.start_attempt(attempt)  # leftover tasks of an older attempt are refused from now on
@@ -122,12 +122,12 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
             events.append({"time": time.time(), "event": "checkpoint_failed", "path": str(checkpoint_dir),
                            "error": problem})
 
-    with controller.closing(server, closers=(progress.close, epoch_callbacks.close, finish_checkpoints)):
-        stage = kind.run_stage(
-            controller, plan, server, launch, on_started=lambda: epoch_callbacks.start(server), on_retry=on_retry,
-            events=events, stopped=lambda: epoch_callbacks.stopped_epoch is not None,
-            fatal=lambda: server.failure and TrainingFailedError(
-                f"Training stopped: the parameter server {server.failure}"))
+    stage = controller.serve(server, lambda: kind.run_stage(
+        controller, plan, server, launch, on_started=lambda: epoch_callbacks.start(server), on_retry=on_retry,
+        events=events, stopped=lambda: epoch_callbacks.stopped_epoch is not None,
+        fatal=lambda: server.failure and TrainingFailedError(
+            f"Training stopped: the parameter server {server.failure}")),
+        closers=(progress.close, epoch_callbacks.close, finish_checkpoints))
     history = _history(trainer, algorithm, server, epoch_callbacks, stage, events)
     if kind.membership is not None:
         history.membership = kind.membership.timeline()
@@ -144,14 +144,14 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
     return fitted
 
 
-def _algorithm(trainer, spark) -> tuple:
+def _algorithm(trainer, cluster: FitCluster) -> tuple:
     """``(algorithm, choice)``: with no algorithm named, the algorithm for this fit's cluster
     (``trainer.algorithms.choice``: its hosts are known now; a warning where an option only the parameter server
     serves replaced local SGD), else the trainer's own (choice None)."""
     default = trainer.options.algorithm_choice
     if default is None:
         return trainer.algorithm, None
-    choice = choose_algorithm(trainer.options.facts(fit_hosts(spark)), warn=True)
+    choice = choose_algorithm(trainer.options.facts(cluster.hosts), warn=True)
     # the trainer's algorithm when the choice is the same (a compressed one included), else the one chosen
     return (trainer.algorithm if choice.algorithm == default.algorithm else choice.algorithm), choice
 

@@ -28,7 +28,7 @@ from trainer.fit.checkpoints import Checkpoint, load_checkpoint
 from trainer.ps.layout import shard_layout
 from trainer.runtime.shipping import ModelSource, pack_model, ship_by_value
 from trainer.runtime.state import optimizer_of
-from trainer.spark.resources import stage_profile
+from trainer.spark.cluster_facts import FitCluster
 
 log = logging.getLogger("trainer")
 
@@ -106,8 +106,9 @@ def resume_center(checkpoint: Checkpoint, model, with_optimizer: bool) -> list:
     return checkpoint.center if with_optimizer else saved
 
 
-def plan_fit(trainer, kind, df, resume_from, validation=None) -> FitPlan:
-    """Every check before cluster work (the module docstring): the `Trainer`, this fit's kind (its algorithm)."""
+def plan_fit(trainer, kind, df, cluster: FitCluster, resume_from, validation=None) -> FitPlan:
+    """Every check before cluster work (the module docstring): the `Trainer`, this fit's kind (its algorithm), the
+    cluster `df` is on (``trainer.spark.cluster_facts``)."""
     started = time.time()
     model, source = driver_model(trainer.model, trainer.custom_objects)
     warn_slow_choice(kind.algorithm, model)
@@ -124,7 +125,7 @@ def plan_fit(trainer, kind, df, resume_from, validation=None) -> FitPlan:
                                      check_values=trainer.check_data)
     if vframe is not None:
         frame = tag_validation(frame, vframe)
-    profile = stage_profile(df.sparkSession, trainer.gpus_per_worker)  # fails here when the cluster offers no GPUs
+    profile = cluster.profile  # fails here when the cluster offers no GPUs
     log.info("Training %s on %d rows with %d workers, %s, batch %d, %d epochs (checks took %.1f s)",
              model.name, spec.num_rows, trainer.num_workers, kind.algorithm.describe(), trainer.batch_size,
              trainer.epochs, time.time() - started)

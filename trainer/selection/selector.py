@@ -16,8 +16,10 @@ Example::
 
 `fit` plans (checks, model builds, the stage's data), then launches ONE barrier
 stage of `num_workers` long-lived tasks (``trainer.runtime.search_worker.search_task``)
-through the controller every fit uses (``trainer.controller``: addresses,
-TLS, secret, slots, retries, closing); the driver's
+on the cluster read once from the session (``trainer.spark.cluster_facts.FitCluster``:
+addresses, resource profile) through the controller every fit uses and its
+stage sequence (``trainer.controller``: TLS, secret, `serve`: slots, retries,
+closing); the driver's
 ``trainer.selection.engine.search_run.SearchRun`` serves them through a
 ``HopperServer``, and ``trainer.selection.report.result.build_result`` makes the
 result. How model hopper parallelism, its validation, checkpoints, replay and
@@ -51,9 +53,9 @@ from trainer.selection.report.result import SelectionResult, build_result
 from trainer.selection.engine.strategies import STRATEGIES, strategy_of
 from trainer.selection.search import SEARCHES, Config, Search
 from trainer.selection.search.space import decode
+from trainer.spark.cluster_facts import FitCluster
 from trainer.spark.connect import share_with_tasks
 from trainer.spark.launch import RetryPolicy
-from trainer.spark.resources import stage_profile
 from trainer.tracking import RunLogger, SearchLogger
 
 log = logging.getLogger("trainer.selection")
@@ -221,9 +223,9 @@ class ModelSelector(OptionAttributes):
         spark = df.sparkSession
         n = self.num_workers
         df, validation = self._split_validation(df, validation)
-        controller = StageController(spark, tls=self.tls, ps_host=self.ps_host, ps_bind_host=self.ps_bind_host,
-                                     ps_port=self.ps_port)  # a missing TLS tool fails here, before any cluster work
-        profile = stage_profile(spark, self.gpus_per_worker)  # fails here when the cluster offers no GPUs
+        cluster = FitCluster(spark, self.gpus_per_worker)
+        controller = StageController.of(cluster, self.options)  # a missing TLS tool fails here, before cluster work
+        profile = cluster.profile  # fails here when the cluster offers no GPUs
 
         # -- plan: models, data and checks, before any Spark job -------------------------
         built = {c.id: self._build(c) for c in configs}
@@ -268,9 +270,11 @@ class ModelSelector(OptionAttributes):
 
         # a failed save is logged by finish_checkpoints: it must not hide the search's own error
         closers = (run.finish_checkpoints, *((broadcast.destroy,) if broadcast is not None else ()))
-        stage = StageResult([], time.time(), time.time())  # a resumed search that had ended runs no stage
-        with controller.closing(server, before_stop=(run.close,), closers=closers):
+        no_stage = StageResult([], time.time(), time.time())  # a resumed search that had ended runs no stage
+
+        def search_stage() -> StageResult:
             run.start()
+            stage = no_stage
             if not run.finished:  # a resumed search that had ended runs nothing
                 stage = controller.run(
                     stage_frame, n, make_task, server=server,
@@ -279,6 +283,9 @@ class ModelSelector(OptionAttributes):
                     slot_timeout=self.slot_timeout, fatal=lambda: run.error, profile=profile, on_started=started)
             if run.error is not None:
                 raise run.error
+            return stage
+
+        stage = controller.serve(server, search_stage, before_stop=(run.close,), closers=closers)
 
         result = build_result(self, run, self.search.configs(), spec, input_shapes, stage.records,
                               server.bytes_sent + server.bytes_received, fit_start, stage.start, stage.end)

@@ -11,7 +11,6 @@
   (Spark does not retry a failed barrier result stage), waiting for the lost
   slots and continuing on fewer workers when the policy allows it. The trainer
   and model selection both launch through it.
-* `driver_addresses` says where executors reach a server in this driver.
 * `error_summary` turns a Py4J error with its Java and Python traces into the
   one line a user needs.
 
@@ -23,7 +22,6 @@ nothing about algorithms or Keras.
 from __future__ import annotations
 
 import logging
-import os
 import re
 import time
 import uuid
@@ -33,7 +31,7 @@ from typing import Any, Callable
 from pyspark.sql import DataFrame, SparkSession
 
 from trainer.errors import ClusterCapacityError, TrainingFailedError
-from trainer.spark.connect import client_address, is_connect, probe_slots
+from trainer.spark.connect import is_connect, probe_slots
 from trainer.spark.resources import GPU
 from trainer.versions import check_spark
 
@@ -311,24 +309,3 @@ def _slots_for_retry(spark: SparkSession, num_workers: int, policy: RetryPolicy,
             ) from None
         return slots
 
-
-def driver_addresses(spark: SparkSession, host: str | None = None, bind: str | None = None,
-                     port: int | None = None, endpoints: int = 1) -> tuple[str, str, int]:
-    """(address executors use to reach a server in this driver, address it listens on, port).
-
-    Defaults: ``$TRAINER_PS_HOST`` or ``spark.driver.host`` (on Spark Connect: this client's
-    address on the route to the server, see `trainer.spark.connect`); ``$TRAINER_PS_BIND``
-    or that host (never all interfaces unless asked); ``$TRAINER_PS_PORT`` or 0
-    (a free port). A server of several `endpoints` (a sharded parameter server) listens on
-    ``port, port + 1, ...`` (free ports when it is 0): open that range to the executors.
-    """
-    # On Spark Connect the driver is the server; the servers run in this client process.
-    default = client_address(spark) if is_connect(spark) else spark.conf.get("spark.driver.host", None)
-    host = host or os.environ.get("TRAINER_PS_HOST") or default or "127.0.0.1"
-    bind = bind or os.environ.get("TRAINER_PS_BIND") or host
-    port = port if port is not None else int(os.environ.get("TRAINER_PS_PORT", "0"))
-    if not 0 <= port <= 65536 - endpoints:
-        raise ValueError(f"the parameter server's port {port} cannot start a range of {endpoints} ports (ps_shards="
-                         f"{endpoints} listens on port, port + 1, ...). Fix: a port <= {65536 - endpoints}, or 0 "
-                         "for free ports.")
-    return host, bind, port

@@ -14,8 +14,8 @@ to hold them (``Trainer(feed=...)``):
 The budget: ``Trainer(shard_budget_mb=...)`` when given, else a quarter of
 the Python worker's memory limit (``spark.executor.pyspark.memory`` per
 task, when set), else a quarter of ``spark.executor.memory`` per task slot
-(worked out on the driver by ``trainer.spark.task_memory``), else `DEFAULT_BUDGET`. A
-quarter, because the in-memory path holds the shard up to four times at its
+(worked out on the driver by ``trainer.spark.cluster_facts.task_memory_bytes``),
+else `DEFAULT_BUDGET`. A quarter, because the in-memory path holds the shard up to four times at its
 peak (the Arrow batches, one numpy copy, the padded copy, TensorFlow's
 tensors); the streamed path holds a few buffers whatever the shard's size.
 
