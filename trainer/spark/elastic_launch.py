@@ -127,7 +127,6 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
     floor = Floor(lambda: available_slots(spark, profile), policy, events)
     released: set[str] = set()
     retired: set[str] = set()
-    asked = [0.0]  # when Spark was last asked for its decommissioning executors
     tag = f"trainer-elastic-{uuid.uuid4().hex[:12]}"
 
     def on_wait() -> None:
@@ -136,12 +135,10 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
             if executor is not None and executor not in released:
                 released.add(executor)
                 silent["executor_released"] = release_executor(spark, executor, silent["why"])
-        if time.monotonic() - asked[0] >= DECOMMISSION_POLL_S:
-            asked[0] = time.monotonic()
-            leaving = decommissioned_executors(spark) - retired
-            if leaving:
-                retired.update(leaving)
-                retire(leaving)
+        leaving = decommissioned_executors(spark) - retired
+        if leaving:
+            retired.update(leaving)
+            retire(leaving)
         floor.check()
 
     cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK)
@@ -229,11 +226,6 @@ def release_executor(spark, executor: str, why: str) -> bool:
         return False
     log.info("Executor %s released: %s", executor, why)
     return True
-
-
-#: How often a fit asks Spark which executors it decommissions: one py4j round trip per executor each time, and a
-#: decommissioned executor's running task finishes anyway, so a notice need not be heard within the 0.5 s poll.
-DECOMMISSION_POLL_S = 2.0
 
 
 def decommissioned_executors(spark) -> set[str]:
