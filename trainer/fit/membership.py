@@ -132,9 +132,7 @@ class Membership:
     def _leave_locked(self, name: str, event: dict[str, Any], why: str,
                       keep_training: bool = False) -> dict[str, Any]:
         info = self.members.pop(name)
-        if keep_training:  # a retired process: it never comes back, so it is not kept among the gone
-            pass
-        else:
+        if not keep_training:  # a retired process keeps its place until its task ends, and never comes back
             self.training.pop(name, None)
             self.gone[name] = event["time"]
         change = self._change_locked("left", name, event, len(self.members) + 1, why)
