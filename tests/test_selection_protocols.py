@@ -15,7 +15,7 @@ from trainer.selection import GridSearch, Hyperband, ModelSelector, RandomSearch
 from trainer.selection.engine.placement import MopScheduler
 from trainer.selection.engine.strategies import STRATEGIES, ModelHopper, Sequential, TaskParallel, strategy_of
 from trainer.selection.engine.task_parallel import TaskParallelScheduler
-from trainer.selection.search import SEARCHES, SearchError
+from trainer.selection.search import SearchError, search_names
 from trainer.selection.search.protocol import Metric
 from trainer.selection.search.pruners import ASHA_PRUNER, NO_PRUNER, Rungs, pruner_of, rung_ladder
 from trainer.selection.search.samplers import RANDOM, TPE, sampler_of
@@ -52,10 +52,18 @@ def test_a_search_that_knows_its_configurations_declares_the_defaults(search):
 def test_every_search_is_named_where_the_selector_refuses_something_else():
     made_by_users = sorted(name for name in selection.__all__ if inspect.isclass(getattr(selection, name))
                            and issubclass(getattr(selection, name), Search) and name != "Search")
-    assert sorted(SEARCHES) == made_by_users
+    assert sorted(search_names()) == made_by_users
     with pytest.raises(SelectionError) as info:
         ModelSelector(model_fn, object())
-    assert all(name in str(info.value) for name in SEARCHES), str(info.value)
+    assert all(name in str(info.value) for name in search_names()), str(info.value)
+
+
+def test_a_search_is_listed_by_being_defined_and_a_base_or_a_user_s_own_is_not():
+    class Mine(Search):  # a user's own search, outside trainer
+        pass
+
+    assert "Mine" not in search_names()
+    assert "AskTellSearch" not in search_names()  # the model-based searches' base (base=True)
 
 
 def test_successive_halving_takes_its_sampler_as_a_search_or_a_list():

@@ -51,7 +51,7 @@ from trainer.selection.engine.search_run import derive_seed, make_search_run
 from trainer.selection.engine.hopper import HopperClient, HopperServer
 from trainer.selection.report.result import SelectionResult, build_result
 from trainer.selection.engine.strategies import STRATEGIES, strategy_of
-from trainer.selection.search import SEARCHES, Config, Search
+from trainer.selection.search import Config, Search, search_names
 from trainer.selection.search.space import decode
 from trainer.spark.cluster_facts import FitCluster
 from trainer.spark.connect import share_with_tasks
@@ -121,7 +121,7 @@ class ModelSelector(OptionAttributes):
             )
         if not isinstance(search, Search):
             raise SelectionError(
-                f"search must be a trainer.selection Search ({', '.join(SEARCHES)}). "
+                f"search must be a trainer.selection Search ({', '.join(search_names())}). "
                 f"Received {type(search).__name__}. Fix: e.g. GridSearch({{'units': choice([32, 64])}})."
             )
         #: How the models are placed on the workers (``trainer.selection.engine.strategies``).

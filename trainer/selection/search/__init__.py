@@ -19,12 +19,10 @@ composes a sampler and a pruner trial by trial). A new search answers the two qu
 a model-based search is made (see ``model_based.py``).
 """
 
-from trainer.selection.search.protocol import Config, Decision, Metric, Search, SearchError, check_rungs
+from trainer.selection.search.protocol import (Config, Decision, Metric, Search, SearchError, check_rungs,
+                                               search_names)
 from trainer.selection.search.pruners import Hyperband, SuccessiveHalving
 from trainer.selection.search.samplers import GridSearch, RandomSearch
 
-#: Every search a user makes, by name (``ModelSelector`` lists them when given something else).
-SEARCHES = ("GridSearch", "RandomSearch", "SuccessiveHalving", "Hyperband", "TPESearch", "ASHA")
-
-__all__ = ["SEARCHES", "SearchError", "Metric", "Config", "Decision", "Search", "GridSearch", "RandomSearch",
+__all__ = ["search_names", "SearchError", "Metric", "Config", "Decision", "Search", "GridSearch", "RandomSearch",
            "SuccessiveHalving", "Hyperband", "check_rungs"]

@@ -104,7 +104,7 @@ def startup_trials(n_trials: int | None, max_total_epochs: int | None, max_epoch
     return min(5, max(2, min(trials) // 3))
 
 
-class AskTellSearch(Search):
+class AskTellSearch(Search, base=True):
     """An Optuna study driven by ask-and-tell, trial by trial; see the module docstring.
 
     Use :class:`TPESearch` or :class:`ASHA`; the arguments are theirs.

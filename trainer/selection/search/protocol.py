@@ -47,7 +47,7 @@ import numpy as np
 
 from trainer.selection.search.space import SearchSpaceError, sample
 
-__all__ = ["SearchError", "Metric", "Config", "Decision", "Search", "check_rungs", "positive_int", "make_configs",
+__all__ = ["SearchError", "Metric", "Config", "Decision", "Search", "search_names", "check_rungs", "positive_int", "make_configs",
            "sample_points"]
 
 class SearchError(ValueError):
@@ -242,6 +242,14 @@ class Search:
     #: True when the search asks for configurations during the run (``Decision.added``) and keeps a log of its
     #: decisions: :meth:`state`, :meth:`restore`, :meth:`follow` and :meth:`point` then work.
     adds_configs: bool = False
+    #: Every search this package defines, in the order defined: a subclass is listed when it is made
+    #: (``search_names``), unless it declares itself a base for others (``class X(Search, base=True)``).
+    _defined: list[type[Search]] = []
+
+    def __init_subclass__(cls, *, base: bool = False, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if not base and cls.__module__.startswith("trainer."):
+            Search._defined.append(cls)
 
     def __init__(self, configs: list[Config], metric: Metric | str) -> None:
         self.metric = Metric.of(metric)
@@ -394,3 +402,10 @@ def sample_points(space: Mapping[str, Any], n: int, seed: Any, owner: str) -> li
     except SearchSpaceError as exc:
         raise SearchError(f"{owner}: {exc}") from exc
 
+
+def search_names() -> tuple[str, ...]:
+    """Every search a user makes, by name (``ModelSelector`` lists them when given something else).
+
+    Read from the classes themselves, so a new search is listed by being defined (and exported).
+    """
+    return tuple(kind.__name__ for kind in Search._defined)
