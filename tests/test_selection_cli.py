@@ -10,7 +10,8 @@ import pytest
 from trainer.selection import STRATEGIES, GridSearch, choice
 from trainer.selection import loguniform
 from trainer_jobs.support.selection import (
-    SEARCHES, comparison_parser, first_configs, hyperband_epochs, make_search, parse_comparison_args,
+    SEARCHES, comparison_parser, first_configs, hyperband_epochs, make_search, parse_comparison_args, search_summary,
+    summary_table,
 )
 
 
@@ -71,3 +72,22 @@ def test_searches_are_compared_at_hyperband_s_budget_of_epochs():
     assert len(searches["halving"].configs()) == 15  # 15 + 7 + 3 x 2 = 28 epochs
     assert searches["tpe"].max_total_epochs == searches["asha"].max_total_epochs == 28
     assert searches["tpe-asha"].pruner.name == "asha" and len(searches["grid"].configs()) == 2
+
+
+def test_the_summary_per_search_is_the_page_s_table():
+    def row(search, seed, epochs, metric, reach, ratio):
+        return {"search": search, "seed": seed, "epochs": epochs, "configs": 12, "stopped_early": seed,
+                "time_s": 60.0 + seed, "metric_name": "val_accuracy", "metric_value": metric,
+                "reach_hyperband_s": reach, "vs_hyperband": ratio}
+
+    rows = [row("hyperband", 0, 98, 0.97, 50.0, 1.0), row("hyperband", 1, 98, 0.96, 40.0, 1.0),
+            row("tpe", 0, 96, 0.98, 25.0, 0.5), row("tpe", 1, 96, 0.95, None, None)]
+    summary = search_summary(rows)
+    assert [s["search"] for s in summary] == ["hyperband", "tpe"]
+    tpe = summary[1]
+    assert (tpe["epochs"], tpe["stopped_early"], tpe["time_s"]) == (96.0, 0.5, 60.5)
+    assert (tpe["reached"], tpe["seeds"], tpe["vs_hyperband_mean"]) == (1, 2, 0.5)
+    assert tpe["metric_mean"] == pytest.approx(0.965)
+    table = summary_table(summary)
+    assert "| tpe | 96 | 12.0 (0.5) | 60.5 | 0.98 / 0.95 | 0.965 | 1/2 | 25.0 / - | 0.50 |" in table
+    assert "best val_accuracy per seed" in table

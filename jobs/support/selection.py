@@ -14,7 +14,8 @@ as many as fit, TPE and ASHA stop asking once the budget is granted; the grid
 keeps ``--epochs``). With several searches or seeds, ``compare_searches`` runs
 each search per seed with one strategy and ``write_search_comparison`` writes
 the table (best validation metric, time to reach Hyperband's best of the same
-seed) and the searches' Gantt charts on one time axis.
+seed), its summary per search over the seeds (``search_summary``: the table
+docs/model-selection.md quotes) and the searches' Gantt charts on one time axis.
 
 The comparison: ``compare_strategies`` runs the same search with every strategy of
 ``trainer.selection.STRATEGIES`` (a fresh search object each time,
@@ -43,6 +44,7 @@ import argparse
 import functools
 import time
 from pathlib import Path
+from statistics import fmean
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import pyarrow as pa
@@ -60,7 +62,7 @@ from trainer_jobs.support.report import markdown_table, write_results
 __all__ = ["comparison_parser", "parse_comparison_args", "first_configs", "score_best_models", "write_comparison",
            "warm_up_executors", "compare_strategies", "comparison_rows", "config_rows", "plot_comparison",
            "TABLE_COLUMNS", "SEARCHES", "make_search", "hyperband_epochs", "compare_searches", "search_rows",
-           "write_search_comparison"]
+           "search_summary", "write_search_comparison"]
 
 #: Every search a selection job takes (``--search``).
 SEARCHES = ("grid", "random", "halving", "hyperband", "tpe", "asha", "tpe-asha")
@@ -379,17 +381,61 @@ def search_rows(results: Mapping[tuple[str, int], SelectionResult], name: str) -
     return rows
 
 
+def search_summary(rows: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """One row per search over its seeds (the table docs/model-selection.md quotes): the means of epochs,
+    configurations, configurations stopped early and wall time; the best metric per seed and its mean; on how
+    many seeds it reached Hyperband's best, the seconds it took per seed, and its mean ratio to Hyperband's own
+    time over the seeds where it did."""
+    summary = []
+    for search in dict.fromkeys(row["search"] for row in rows):
+        own = [row for row in rows if row["search"] == search]
+        reached = [row for row in own if row["reach_hyperband_s"] is not None]
+        ratios = [row["vs_hyperband"] for row in reached if row["vs_hyperband"] is not None]
+        summary.append({
+            "search": search, "seeds": len(own), "epochs": fmean([row["epochs"] for row in own]),
+            "configs": fmean([row["configs"] for row in own]),
+            "stopped_early": fmean([row["stopped_early"] for row in own]),
+            "time_s": fmean([row["time_s"] for row in own]), "metric_name": own[0]["metric_name"],
+            "metric_per_seed": [row["metric_value"] for row in own],
+            "metric_mean": fmean([row["metric_value"] for row in own]), "reached": len(reached),
+            "reach_hyperband_s_per_seed": [row["reach_hyperband_s"] for row in own],
+            "vs_hyperband_mean": fmean(ratios) if ratios else None,
+        })
+    return summary
+
+
+def summary_table(summary: Sequence[Mapping[str, Any]]) -> str:
+    """`search_summary` as the page's Markdown table."""
+    def seconds(value: float | None) -> str:
+        return "-" if value is None else f"{value:.1f}"
+
+    metric = summary[0]["metric_name"] if summary else "metric"
+    rows = [{
+        "search": s["search"], "epochs": f"{s['epochs']:.0f}", "configs (stopped early)":
+            f"{s['configs']:.1f} ({s['stopped_early']:.1f})", "wall s, mean": f"{s['time_s']:.1f}",
+        f"best {metric} per seed": " / ".join(_number(v) for v in s["metric_per_seed"]),
+        "mean": _number(s["metric_mean"]), "reached Hyperband's best": f"{s['reached']}/{s['seeds']}",
+        "time to reach it, s per seed": " / ".join(seconds(v) for v in s["reach_hyperband_s_per_seed"]),
+        "vs Hyperband's time, mean": "-" if s["vs_hyperband_mean"] is None else f"{s['vs_hyperband_mean']:.2f}",
+    } for s in summary]
+    return markdown_table(rows, list(rows[0]) if rows else [])
+
+
 def write_search_comparison(results: Mapping[tuple[str, int], SelectionResult], out: Path, name: str, *,
                             metadata: Mapping[str, Any], title: str) -> None:  # fmt: skip
     """Write ``{name}_searches`` (JSON, CSV, markdown) and ``{name}_searches_gantt.png`` (the first seed's
     searches on one time axis); print the table."""
     rows = search_rows(results, name)
+    summary = search_summary(rows)
     paths = write_results(rows, out, f"{name}_searches", metadata=metadata)
-    publish(metadata.get("publish"), f"{name.replace('_', '-')}-searches", rows)
+    publish(metadata.get("publish"), f"{name.replace('_', '-')}-searches", {"rows": rows, "summary": summary})
     first = next(iter(results))[1]
     gantt = plot_gantt_comparison({s: (r.units, r.num_workers) for (s, seed), r in results.items() if seed == first},
                                   out / f"{name}_searches_gantt.png", title=f"{title} (seed {first})")
     print(markdown_table(rows, SEARCH_COLUMNS))
+    table = summary_table(summary)
+    (out / f"{name}_searches_summary.md").write_text(table + "\n")
+    print(table)
     print(f"results: {', '.join(str(p) for p in paths.values())}, {gantt}")
 
 
