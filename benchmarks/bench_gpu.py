@@ -54,6 +54,7 @@ from pathlib import Path
 import numpy as np
 
 from trainer.algorithms import COLLECTIVE, DOWNPOUR, AllReduce, FitFacts, LocalSGD, choose_algorithm
+from trainer.internals import NAMES, backend_for
 from trainer_jobs.support.datasets import load_mnist
 from trainer_jobs.support.models import build_cnn
 from trainer_jobs.support.plain_keras import run_single
@@ -63,7 +64,7 @@ from trainer_jobs.support.report import markdown_table, run_metadata
 
 COLUMNS = ["backend", "run", "workers", "epoch_s", "per_worker", "together", "test_accuracy", "window",
            "commits", "state_ms", "payload_ms", "round_trip_ms", "load_ms", "cores_used"]
-BACKENDS = ("jax", "torch", "tensorflow")
+BACKENDS = NAMES
 
 
 def gpu_name() -> str | None:
@@ -189,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
         for n in counts:
             algorithm = algorithms[n]
             if algorithm.fit_kind == COLLECTIVE:
-                if gpu and n > 1 and backend == "jax" and not algorithm.periodic:
+                if gpu and n > 1 and not backend_for(backend).steps_on_a_shared_gpu and not algorithm.periodic:
                     print(f"{backend}, {n} workers, {algorithm.name}: skipped: processes sharing a GPU cannot "
                           "all-reduce every step under JAX (NCCL takes one process per GPU)", flush=True)
                     continue

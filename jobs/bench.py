@@ -61,6 +61,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from trainer.internals import configured_name
 from trainer_jobs.support.cli import add_verbose_arg, start_logging
 from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table, metric_pivot, run_metadata
@@ -243,7 +244,7 @@ def _side_by_side(*steps: Step) -> list[str]:
     rows = []
     for step in steps:
         meta, found = _load_rows(step)
-        backend = meta.get("backend") or os.environ.get("KERAS_BACKEND", "tensorflow")
+        backend = meta.get("backend") or configured_name()
         rows += [{**r, "backend": backend, "algorithm": r.get("algorithm") if r.get("workers") else "plain keras"}
                  for r in found]
     if not rows:

@@ -98,9 +98,10 @@ def test_the_rooms_import_no_keras_backend():
 
 
 def test_no_backend_is_named_outside_its_room():
-    """What differs by backend is asked of its room: no name compared, no name as a default, anywhere else."""
+    """What differs by backend is asked of its room: no name compared, no name as a default, anywhere else in the
+    package, the jobs or the benchmarks."""
     found = []
-    for path in sorted((REPO / "trainer").rglob("*.py")):
+    for path in sorted(p for package in ("trainer", "jobs", "benchmarks") for p in (REPO / package).rglob("*.py")):
         where = str(path.relative_to(REPO))
         if path.is_relative_to(ROOM) or where in NOT_A_CHOICE:
             continue

@@ -44,6 +44,10 @@ SEAM = {
         "trainer.runtime.collective.collective_task": ["reserve_port", "start_process", "wait_process"],
         "trainer.runtime.shipping": ["ModelSource"],
     },
+    "the jobs' and benchmarks' `--backend`: the backends' names, the one Keras starts when none is named, and "
+    "what differs by backend, asked of the backends' rooms as the package asks them (J, B)": {
+        "trainer.backends": ["NAMES", "DEFAULT_NAME", "configured_name", "backend_for"],
+    },
     "`make bench-elastic` waits for a replaced executor's slot as a fit waits for its slots (B)": {
         "trainer.spark.launch": ["wait_for_slots"],
     },

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from trainer.internals import new_secret
+from trainer.internals import DEFAULT_NAME, new_secret
 from trainer_jobs.support.plain_keras import collect, epoch_timer, hold_to_cores
 
 
@@ -51,7 +51,7 @@ def _server(algorithm, center, workers: int, secret: bytes, address_queue, stop,
 
 
 def _worker(builder, algorithm, address, secret, worker: int, x, y, epochs: int, batch_size: int, seed: int,
-            profile: bool, overlap: bool, queue, backend: str = "tensorflow", threads: int = 1,
+            profile: bool, overlap: bool, queue, backend: str = DEFAULT_NAME, threads: int = 1,
             workers: int = 1) -> None:
     from trainer.internals import configure_process  # deferred: in the worker's own process
 
@@ -111,7 +111,7 @@ def _model_task(builder, backend: str, seed: int, center, test, queue) -> None:
     queue.put({k: float(v) for k, v in model.evaluate(*test, verbose=0, return_dict=True).items()})
 
 
-def model_in_fresh_process(builder, backend: str = "tensorflow", seed: int = 0, center=None, test=None):
+def model_in_fresh_process(builder, backend: str = DEFAULT_NAME, seed: int = 0, center=None, test=None):
     """In a fresh process (this one never starts a backend, nor takes a GPU): the seeded model's initial weights,
     or with `center` and `test` = (x, y) the metrics of the model holding `center` on the test rows."""
     ctx = multiprocessing.get_context("spawn")
@@ -122,7 +122,7 @@ def model_in_fresh_process(builder, backend: str = "tensorflow", seed: int = 0, 
 
 
 def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_size: int, seed: int = 0,
-                profile: bool = False, overlap: bool = False, backend: str = "tensorflow",
+                profile: bool = False, overlap: bool = False, backend: str = DEFAULT_NAME,
                 threads: int = 1) -> list[dict[str, Any]]:
     """`workers` worker processes (`threads` cores of `backend` each) and a server process; every worker
     trains on its 1/N of the rows. The server's result holds the final ``center``."""
@@ -149,7 +149,7 @@ def run_workers(workers: int, builder, algorithm, x, y, *, epochs: int, batch_si
 
 
 def run_collective(workers: int, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0,
-                   backend: str = "tensorflow", threads: int = 1, gpus: list[str] | None = None,
+                   backend: str = DEFAULT_NAME, threads: int = 1, gpus: list[str] | None = None,
                    algorithm=None) -> list[dict[str, Any]]:
     """`workers` processes of the all-reduce loop (``trainer.runtime.collective.loop``), no Spark: each trains on
     its 1/N of the rows (padded to equal batches) in a group on `backend`'s collective engine, process 0 reporting

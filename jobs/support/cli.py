@@ -10,7 +10,8 @@ from typing import Any, Callable
 
 from trainer import get_algorithm
 from trainer.algorithms import ALGORITHMS, COLLECTIVE, parse_compression, with_compression
-from trainer.internals import FitOptions, configure_logging, has_checkpoint, import_keras_quietly, overlappable
+from trainer.internals import (NAMES, FitOptions, configure_logging, configured_name, has_checkpoint,
+                               import_keras_quietly, overlappable)
 from trainer.internals import window_arg  # noqa: F401  (the jobs take it from here)
 
 log = logging.getLogger("trainer_jobs")
@@ -42,7 +43,7 @@ def compression_arg(text: str) -> str:
     return text.strip().lower()
 
 
-BACKENDS = ("tensorflow", "jax", "torch")
+BACKENDS = NAMES
 
 
 def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
@@ -52,7 +53,7 @@ def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
                         help="log what the trainer does and show Spark's and TensorFlow's warnings "
                              "(TRAINER_LOG=debug shows everything)")
     parser.add_argument("--backend", choices=BACKENDS, default=None,
-                        help="Keras backend of the driver and every task (default: $KERAS_BACKEND, else tensorflow)")
+                        help="Keras backend of the driver and every task (default: $KERAS_BACKEND, else keras.json's, else Keras's default)")
 
 
 def start_logging(args: argparse.Namespace, keras: bool = True) -> None:
@@ -130,7 +131,7 @@ def check_trainer_args(parser, args) -> None:
         parser.error(str(exc))
     if getattr(algorithm, "fit_kind", None) == COLLECTIVE:
         try:  # the fit would refuse it before any cluster work; the job refuses it before loading any data
-            algorithm.check_backend(getattr(args, "backend", None) or os.environ.get("KERAS_BACKEND", "tensorflow"))
+            algorithm.check_backend(getattr(args, "backend", None) or configured_name())
         except ValueError as exc:
             parser.error(f"{exc} In a job: --backend {'/'.join(BACKENDS)}.")
     if getattr(args, "overlap", False) and not overlappable(algorithm):

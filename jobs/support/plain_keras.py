@@ -30,12 +30,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from trainer.internals import configure_process, import_keras_quietly, quiet_env
+from trainer.internals import DEFAULT_NAME, configure_process, import_keras_quietly, quiet_env
 
 _TIMEOUT = 1800.0
 
 
-def hold_to_cores(threads: int = 1, backend: str = "tensorflow", index: int = 0) -> None:
+def hold_to_cores(threads: int = 1, backend: str = DEFAULT_NAME, index: int = 0) -> None:
     """Hold this fresh process to `threads` cores as a Spark task with that many cores is held (thread pools and
     CPU affinity: ``configure_process``; `index` spreads side-by-side processes over the cores as task indexes
     do), set the Keras backend, then start Keras without TensorFlow's import banners (`import_keras_quietly`).
@@ -70,7 +70,7 @@ def _noop_batch_callback():
 
 
 def _single(mode: str, builder: Callable, x, y, epochs: int, batch_size: int, seed: int, threads: int,
-            queue, backend: str = "tensorflow", test: tuple | None = None, index: int = 0) -> None:
+            queue, backend: str = DEFAULT_NAME, test: tuple | None = None, index: int = 0) -> None:
     hold_to_cores(threads, backend, index)
     import keras  # deferred: after the thread settings
 
@@ -109,7 +109,7 @@ def collect(procs, queue, count: int) -> list[dict[str, Any]]:
 
 
 def run_single(mode: str, builder, x, y, *, epochs: int, batch_size: int, seed: int = 0, copies: int = 1,
-               threads: int = 1, backend: str = "tensorflow", test: tuple | None = None) -> list[dict[str, Any]]:
+               threads: int = 1, backend: str = DEFAULT_NAME, test: tuple | None = None) -> list[dict[str, Any]]:
     """One plain-Keras set-up (``plain``, ``feed``, ``feed+callback``) in `copies` fresh processes of `threads`
     threads of `backend` started together, each on its 1/copies of the rows (as workers split them); one result
     per process (``rows``, ``epoch_times``, ``cores_used``, and with `test` = (x, y) the model's ``test``

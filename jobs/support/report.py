@@ -46,6 +46,8 @@ from typing import Any, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from trainer.internals import NAMES, backend_for, configured_name
+
 __all__ = [
     "COLUMNS",
     "speedup_rows",
@@ -72,7 +74,8 @@ COLUMNS = [
     "timing_valid",
 ]
 
-_VERSIONED = ("pyspark", "tensorflow", "tensorflow-cpu", "keras", "numpy", "pandas", "pyarrow", "matplotlib")
+_VERSIONED = ("pyspark", *(d for name in NAMES for d in backend_for(name).distributions[:2]), "keras", "numpy", "pandas",
+              "pyarrow", "matplotlib")
 
 
 def _number(value: Any) -> float | None:
@@ -150,7 +153,7 @@ def run_metadata(extra: Mapping[str, Any] | None = None) -> dict:
         "versions": versions,
         # the driver's Keras backend, which every task uses (KERAS_BACKEND, the jobs' --backend)
         "keras_backend": (sys.modules["keras"].backend.backend() if "keras" in sys.modules
-                          else os.environ.get("KERAS_BACKEND", "tensorflow")),
+                          else configured_name()),
     }
     if extra:
         meta.update(extra)

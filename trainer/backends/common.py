@@ -57,6 +57,9 @@ class KerasBackend:
     floor: ClassVar[tuple[str, str] | None] = None
     #: The pip distributions that provide its module, the first being the one ``pyproject.toml`` names.
     distributions: ClassVar[tuple[str, ...]]
+    #: Processes that share a GPU can all-reduce every step (the group reduces on their CPUs); False where the
+    #: engine's collectives between GPUs take one process per GPU.
+    steps_on_a_shared_gpu: ClassVar[bool] = True
 
     def thread_env(self, cpus: int) -> dict[str, str]:
         """The thread-count variables a task of `cpus` cores sets for this backend's native pools."""

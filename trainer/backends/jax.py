@@ -27,6 +27,7 @@ class JaxBackend(KerasBackend):
     extra = "jax"
     group_module = "trainer.runtime.collective.jax_group"
     distributions = ("jax",)
+    steps_on_a_shared_gpu = False  # XLA's collectives between GPUs run on NCCL: one process per GPU
 
     def gpu_memory_env(self) -> dict[str, str]:
         if "XLA_PYTHON_CLIENT_MEM_FRACTION" in os.environ:  # a fraction the user chose means preallocate it
