@@ -89,5 +89,7 @@ def test_the_summary_per_search_is_the_page_s_table():
     assert (tpe["reached"], tpe["seeds"], tpe["vs_hyperband_mean"]) == (1, 2, 0.5)
     assert tpe["metric_mean"] == pytest.approx(0.965)
     table = summary_table(summary)
-    assert "| tpe | 96 | 12.0 (0.5) | 60.5 | 0.98 / 0.95 | 0.965 | 1/2 | 25.0 / - | 0.50 |" in table
+    assert "| tpe | 96 | 12.0 (0.5) | 60.5 | 0.9800 / 0.9500 | 0.9650 | 1/2 | 25.0 / - | 0.50 |" in table
+    losses = summary_table(search_summary([{**r, "metric_value": r["metric_value"] / 1000} for r in rows]))
+    assert "| 0.000980 / 0.000950 | 0.000965 |" in losses
     assert "best val_accuracy per seed" in table

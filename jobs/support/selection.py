@@ -409,12 +409,15 @@ def summary_table(summary: Sequence[Mapping[str, Any]]) -> str:
     def seconds(value: float | None) -> str:
         return "-" if value is None else f"{value:.1f}"
 
-    metric = summary[0]["metric_name"] if summary else "metric"
+    def metric(value: float) -> str:  # accuracies to 4 decimals, small losses to 6
+        return f"{value:.4f}" if abs(value) >= 0.01 else f"{value:.6f}"
+
+    name = summary[0]["metric_name"] if summary else "metric"
     rows = [{
         "search": s["search"], "epochs": f"{s['epochs']:.0f}", "configs (stopped early)":
             f"{s['configs']:.1f} ({s['stopped_early']:.1f})", "wall s, mean": f"{s['time_s']:.1f}",
-        f"best {metric} per seed": " / ".join(_number(v) for v in s["metric_per_seed"]),
-        "mean": _number(s["metric_mean"]), "reached Hyperband's best": f"{s['reached']}/{s['seeds']}",
+        f"best {name} per seed": " / ".join(metric(v) for v in s["metric_per_seed"]),
+        "mean": metric(s["metric_mean"]), "reached Hyperband's best": f"{s['reached']}/{s['seeds']}",
         "time to reach it, s per seed": " / ".join(seconds(v) for v in s["reach_hyperband_s_per_seed"]),
         "vs Hyperband's time, mean": "-" if s["vs_hyperband_mean"] is None else f"{s['vs_hyperband_mean']:.2f}",
     } for s in summary]
