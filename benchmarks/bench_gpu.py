@@ -192,7 +192,7 @@ def main(argv: list[str] | None = None) -> int:
             if algorithm.fit_kind == COLLECTIVE:
                 if gpu and n > 1 and not backend_for(backend).steps_on_a_shared_gpu and not algorithm.periodic:
                     print(f"{backend}, {n} workers, {algorithm.name}: skipped: processes sharing a GPU cannot "
-                          "all-reduce every step under JAX (NCCL takes one process per GPU)", flush=True)
+                          f"all-reduce every step under {backend} (NCCL takes one process per GPU)", flush=True)
                     continue
                 results = run_collective(n, builder, x, y, epochs=epochs, batch_size=args.batch_size,
                                          backend=backend, threads=cores, gpus=["0"] if gpu else None,

@@ -53,7 +53,8 @@ def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
                         help="log what the trainer does and show Spark's and TensorFlow's warnings "
                              "(TRAINER_LOG=debug shows everything)")
     parser.add_argument("--backend", choices=BACKENDS, default=None,
-                        help="Keras backend of the driver and every task (default: $KERAS_BACKEND, else keras.json's, else Keras's default)")
+                        help="Keras backend of the driver and every task (default: $KERAS_BACKEND, else keras.json's, "
+                             "else Keras's default)")
 
 
 def start_logging(args: argparse.Namespace, keras: bool = True) -> None:

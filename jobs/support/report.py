@@ -74,7 +74,8 @@ COLUMNS = [
     "timing_valid",
 ]
 
-_VERSIONED = ("pyspark", *(d for name in NAMES for d in backend_for(name).distributions[:2]), "keras", "numpy", "pandas",
+#: The distributions a results file records the version of (those installed): every backend's among them.
+_VERSIONED = ("pyspark", *(d for name in NAMES for d in backend_for(name).distributions), "keras", "numpy", "pandas",
               "pyarrow", "matplotlib")
 
 

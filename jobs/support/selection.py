@@ -62,7 +62,7 @@ from trainer_jobs.support.report import markdown_table, write_results
 __all__ = ["comparison_parser", "parse_comparison_args", "first_configs", "score_best_models", "write_comparison",
            "warm_up_executors", "compare_strategies", "comparison_rows", "config_rows", "plot_comparison",
            "TABLE_COLUMNS", "SEARCHES", "make_search", "hyperband_epochs", "compare_searches", "search_rows",
-           "search_summary", "write_search_comparison"]
+           "search_summary", "summary_table", "write_search_comparison"]
 
 #: Every search a selection job takes (``--search``).
 SEARCHES = ("grid", "random", "halving", "hyperband", "tpe", "asha", "tpe-asha")
@@ -426,8 +426,9 @@ def summary_table(summary: Sequence[Mapping[str, Any]]) -> str:
 
 def write_search_comparison(results: Mapping[tuple[str, int], SelectionResult], out: Path, name: str, *,
                             metadata: Mapping[str, Any], title: str) -> None:  # fmt: skip
-    """Write ``{name}_searches`` (JSON, CSV, markdown) and ``{name}_searches_gantt.png`` (the first seed's
-    searches on one time axis); print the table."""
+    """Write ``{name}_searches`` (JSON, CSV, markdown), its summary per search (``{name}_searches_summary.md``)
+    and ``{name}_searches_gantt.png`` (the first seed's searches on one time axis); print both tables; publish the
+    rows and the summary."""
     rows = search_rows(results, name)
     summary = search_summary(rows)
     paths = write_results(rows, out, f"{name}_searches", metadata=metadata)

@@ -47,8 +47,8 @@ import numpy as np
 
 from trainer.selection.search.space import SearchSpaceError, sample
 
-__all__ = ["SearchError", "Metric", "Config", "Decision", "Search", "search_names", "check_rungs", "positive_int", "make_configs",
-           "sample_points"]
+__all__ = ["SearchError", "Metric", "Config", "Decision", "Search", "search_names", "check_rungs", "positive_int",
+           "make_configs", "sample_points"]
 
 class SearchError(ValueError):
     """A search was configured or driven in a way it cannot work with."""
