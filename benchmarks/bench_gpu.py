@@ -64,9 +64,6 @@ from trainer_jobs.support.report import markdown_table, run_metadata
 
 COLUMNS = ["backend", "run", "workers", "epoch_s", "per_worker", "together", "test_accuracy", "window",
            "commits", "state_ms", "payload_ms", "round_trip_ms", "load_ms", "cores_used"]
-BACKENDS = NAMES
-
-
 def gpu_name() -> str | None:
     """The first NVIDIA GPU's name (nvidia-smi), or None on a machine without one."""
     if shutil.which("nvidia-smi") is None:
@@ -79,14 +76,14 @@ def gpu_name() -> str | None:
 
 def installed_backends() -> list[str]:
     """The Keras backends whose package is installed here (not imported: this process never starts one)."""
-    return [b for b in BACKENDS if importlib.util.find_spec(b) is not None]
+    return [b for b in NAMES if importlib.util.find_spec(b) is not None]
 
 
 def _backend_list(text: str) -> list[str]:
     names = [t.strip().lower() for t in text.split(",") if t.strip()]
-    unknown = [n for n in names if n not in BACKENDS]
+    unknown = [n for n in names if n not in NAMES]
     if not names or unknown:
-        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(BACKENDS)}; got {text!r}")
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(NAMES)}; got {text!r}")
     return names
 
 

@@ -43,16 +43,13 @@ def compression_arg(text: str) -> str:
     return text.strip().lower()
 
 
-BACKENDS = NAMES
-
-
 def add_verbose_arg(parser: argparse.ArgumentParser) -> None:
     """The flags every job has: -v/--verbose (our INFO logs and the libraries' warnings, ``trainer.verbosity``)
     and --backend (the Keras backend of the driver, which every task uses)."""
     parser.add_argument("-v", "--verbose", action="store_true",
                         help="log what the trainer does and show Spark's and TensorFlow's warnings "
                              "(TRAINER_LOG=debug shows everything)")
-    parser.add_argument("--backend", choices=BACKENDS, default=None,
+    parser.add_argument("--backend", choices=NAMES, default=None,
                         help="Keras backend of the driver and every task (default: $KERAS_BACKEND, else keras.json's, "
                              "else Keras's default)")
 
@@ -134,7 +131,7 @@ def check_trainer_args(parser, args) -> None:
         try:  # the fit would refuse it before any cluster work; the job refuses it before loading any data
             algorithm.check_backend(getattr(args, "backend", None) or configured_name())
         except ValueError as exc:
-            parser.error(f"{exc} In a job: --backend {'/'.join(BACKENDS)}.")
+            parser.error(f"{exc} In a job: --backend {'/'.join(NAMES)}.")
     if getattr(args, "overlap", False) and not overlappable(algorithm):
         parser.error(f"--overlap needs a delta algorithm with a window (downpour, adag, dynsgd); received "
                      f"{algorithm.describe()}. Fix: pass --algorithm dynsgd (or downpour, adag), or drop --overlap.")
