@@ -1,8 +1,10 @@
 """Elastic fits against fixed ones when a worker is lost or joins: the MNIST CNN on the embedded cluster.
 
 On one `LocalCluster` of 3 worker daemons, each repeat (--runs) trains the
-MNIST CNN (--limit images, --epochs epochs, the defaults: DOWNPOUR on one
-host) in five ways:
+MNIST CNN (--limit images, --epochs epochs, --algorithm: by default the
+defaults, DOWNPOUR on one host; ``localsgd`` runs local SGD, the fixed fits on
+the backend's collective group, the elastic ones averaged by the parameter
+server round by round) in six ways:
 
 * ``fixed``: ``num_workers=3``, undisturbed;
 * ``fixed, killed``: the same, one worker daemon killed (with its executor and
@@ -25,11 +27,12 @@ at epoch 2: at most 1.15), seconds from the kill to the fit noticing it
 (``noticed_s``: the elastic fit's ``left`` event, the fixed fit's failed
 attempt), the joiner's time to ready, and the test accuracy. The last
 repeat's disturbed elastic fits are also drawn, workers and rows per second
-over time (``elastic-timeline.png``, beside the results and, with
+over time (``elastic-timeline.png``, ``elastic-localsgd-timeline.png``, beside the results and, with
 ``--publish``, in its folder: docs/faults.md shows it).
 
     python benchmarks/bench_elastic.py --out results/elastic              # 3 repeats: about 40 minutes
     python benchmarks/bench_elastic.py --runs 1 --epochs 2 --limit 3000 --out /tmp/elastic   # a quick look
+    python benchmarks/bench_elastic.py --algorithm localsgd --out results/elastic-localsgd     # local SGD
 """
 
 from __future__ import annotations
@@ -64,6 +67,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--batch-size", type=positive_int, default=32, help="minibatch size (default 32)")
     parser.add_argument("--retry-timeout", type=float, default=60.0,
                         help="a fixed fit's wait for the lost slot before it goes on with fewer (default 60)")
+    parser.add_argument("--algorithm", default="auto", choices=("auto", "localsgd", "downpour"),
+                        help="what every fit runs (default auto: the defaults, DOWNPOUR on one host)")
     parser.add_argument("--data-dir", default=None, help="where the Parquet copy of MNIST goes (default ./data)")
     parser.add_argument("--out", default="results/elastic", help="results directory")
     add_publish_arg(parser, "elastic")
@@ -102,7 +107,7 @@ def disturbed_fit(cluster: LocalCluster, train, mode: str, args) -> tuple:
     thread = threading.Thread(target=disturb, daemon=True)
     thread.start()
     trainer = Trainer(build_cnn, num_workers=(1, 3) if elastic else 3, epochs=args.epochs,
-                      batch_size=args.batch_size, retry_timeout=args.retry_timeout, on_update=on_update,
+                      algorithm=args.algorithm, batch_size=args.batch_size, retry_timeout=args.retry_timeout, on_update=on_update,
                       check_data=False, verbose=False)
     fitted = trainer.fit(train)
     started.set(), second.set()
@@ -166,12 +171,13 @@ def main(argv: list[str] | None = None) -> int:
                 elif mode.endswith("paused"):
                     wait_for_slots(spark, 3, 120)  # the woken worker's executor replaced
                     warm_up(train)
-    paths = write_results(rows, Path(args.out), "elastic", metadata={"job": "bench_elastic", **vars(args)})
+    name = "elastic" if args.algorithm == "auto" else f"elastic-{args.algorithm}"
+    paths = write_results(rows, Path(args.out), name, metadata={"job": "bench_elastic", **vars(args)})
     for folder in {Path(args.out), *([Path(args.publish)] if args.publish else [])}:
-        print(f"timeline: {plot_timelines(timelines, folder / 'elastic-timeline.png')}")
+        print(f"timeline: {plot_timelines(timelines, folder / f'{name}-timeline.png')}")
     print(markdown_table(rows, COLUMNS))
     print(f"results: {', '.join(str(p) for p in paths.values())}")
-    publish(args.publish, "elastic", rows)
+    publish(args.publish, name, rows)
     return 0
 
 

@@ -9,9 +9,10 @@ executor released to Spark, and the fit ends with every row of every epoch
 committed exactly once, as the server counted it per chunk, each process
 keeping the model it built for its next chunks. Under each backend
 (``-m backend``), an elastic fit on the session's cluster trains every row
-once, each process keeping its model (the kill, pause and join are the same
-Spark code whatever the backend: they run under TensorFlow only, to keep the
-backend streams short). The rest needs no Spark: the options, the membership's
+once, each process keeping its model, with local SGD averaged by the server
+(the kill, pause and join are the same Spark code whatever the backend and
+algorithm: they run DOWNPOUR under TensorFlow only, to keep the backend
+streams short; the rounds' leaves and joins are tests/test_elastic_local_sgd.py's). The rest needs no Spark: the options, the membership's
 bookkeeping, the server's chunk accounting and admission, the floor, the
 epochs' order at the callbacks.
 """
@@ -50,10 +51,10 @@ def test_num_workers_takes_min_and_max_and_refuses_what_cannot_be_elastic():
     for bad in [(4, 2), (0, 2), (1, 2, 3), (1.0, 2)]:
         with pytest.raises(OptionError, match=r"\(min, max\)"):
             FitOptions(num_workers=bad)
-    with pytest.raises(OptionError, match="asynchronous parameter-server"):
-        FitOptions(num_workers=(1, 2), algorithm="localsgd")
-    with pytest.raises(OptionError, match="asynchronous parameter-server"):
-        FitOptions(num_workers=(1, 2), algorithm="easgd")
+    assert FitOptions(num_workers=(1, 2), algorithm="localsgd").elastic == (1, 2)  # averaged by the server
+    for fixed_group in ("allreduce", "easgd", "sync"):  # every step's global batch, or every worker's round
+        with pytest.raises(OptionError, match="asynchronous parameter-server"):
+            FitOptions(num_workers=(1, 2), algorithm=fixed_group)
     with pytest.raises(OptionError, match="ps_shards"):
         FitOptions(num_workers=(1, 2), algorithm="downpour", ps_shards=2)
     with pytest.raises(OptionError, match="min_workers"):
@@ -234,11 +235,14 @@ def test_epochs_reach_the_callbacks_in_order_when_a_later_one_ends_first():
 @pytest.mark.spark
 @pytest.mark.backend
 @pytest.mark.timeout(300)
-def test_an_elastic_fit_trains_every_row_once_under_this_backend_each_process_keeping_its_model(digits):
+def test_an_elastic_local_sgd_fit_trains_every_row_once_under_this_backend_each_process_keeping_its_model(digits):
     import keras
 
     train, _ = digits
-    fitted = Trainer(digits_model(0.005), num_workers=(1, 2), epochs=2, batch_size=32, verbose=False).fit(train)
+    fitted = Trainer(digits_model(0.005), num_workers=(1, 2), epochs=2, batch_size=32, algorithm="localsgd",
+                     verbose=False).fit(train)
+    assert "averaged by the parameter server" in fitted.history.algorithm, fitted.history.algorithm
+    assert set(fitted.history.update_log["kind"]) == {"round"}
     records = fitted.history.workers
     assert {w["backend"] for w in records} == {keras.backend.backend()}
     assert any(not w["first_in_process"] for w in records)  # a process's next chunk trains the model it built

@@ -320,12 +320,14 @@ class FitOptions(SharedOptions):
 def check_elastic(algorithm: Algorithm, ps_shards: int) -> None:
     """Raise `OptionError` when an elastic fit (``num_workers=(min, max)``) cannot run `algorithm`."""
     collective = algorithm.fit_kind != PARAMETER_SERVER
+    if collective and getattr(algorithm, "periodic", False):
+        return  # local SGD: averaged by the server over the workers of each round (trainer.fit.kinds.ElasticFit)
     if collective or algorithm.synchronous:
         raise OptionError(
-            f"An elastic fit (num_workers=(min, max)) runs the asynchronous parameter-server algorithms, whose "
-            f"workers may come and go between commits; {algorithm.describe()} needs the same workers at every "
-            f"{'average' if collective else 'round'}. Fix: leave `algorithm` out (an elastic fit then runs DOWNPOUR), "
-            "name downpour, adag, dynsgd or aeasgd, or give num_workers as one integer.")
+            f"An elastic fit (num_workers=(min, max)) runs local SGD and the asynchronous parameter-server "
+            f"algorithms, whose workers may come and go between exchanges; {algorithm.describe()} needs the same "
+            f"workers at every {'step' if collective else 'round'}. Fix: leave `algorithm` out (an elastic fit then "
+            "runs DOWNPOUR), name localsgd, downpour, adag, dynsgd or aeasgd, or give num_workers as one integer.")
     if ps_shards != 1:
         raise OptionError(f"An elastic fit (num_workers=(min, max)) serves one parameter server; received ps_shards="
                           f"{ps_shards}. Fix: ps_shards=1, or give num_workers as one integer.")

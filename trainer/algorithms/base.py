@@ -139,6 +139,8 @@ class ParameterServerAlgorithm(Algorithm):
     synchronous: ClassVar[bool] = False
     #: Arrays of a payload per model weight (a top-k payload has two: indices and values).
     payload_arrays: ClassVar[int] = 1
+    #: The largest automatic window, or None for the staleness bound (``trainer.algorithms.cadence``).
+    window_bound: ClassVar[int | None] = None
 
     def __post_init__(self) -> None:
         check_window(self.window, allow_auto=self.auto_window)

@@ -84,11 +84,14 @@ class WindowCadence:
         epoch_batches: Integer or None. Batches of one epoch over all workers
             (bounds an automatic window).
         workers: Integer. Workers training together.
+        bound: Integer or None. The largest automatic window in place of the staleness bound (synchronous rounds
+            carry no staleness: elastic local SGD's period, ``trainer.algorithms.elastic_local_sgd``).
     """
 
-    def __init__(self, window: int | str | None, epoch_batches: int | None = None, workers: int = 1) -> None:
+    def __init__(self, window: int | str | None, epoch_batches: int | None = None, workers: int = 1,
+                 bound: int | None = None) -> None:
         self.auto = window == AUTO
-        self.max_window = max_auto_window(epoch_batches, workers)
+        self.max_window = max_auto_window(epoch_batches, workers) if bound is None else max(1, int(bound))
         self.window = min(FIRST_WINDOW, self.max_window) if self.auto else window
         self.step_s: float | None = None
         self.exchange_s: float | None = None

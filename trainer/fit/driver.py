@@ -128,7 +128,7 @@ def drive_fit(trainer, df, resume_from, validation, callbacks, run) -> FittedMod
         fatal=lambda: server.failure and TrainingFailedError(
             f"Training stopped: the parameter server {server.failure}")),
         closers=(progress.close, epoch_callbacks.close, finish_checkpoints))
-    history = _history(trainer, algorithm, server, epoch_callbacks, stage, events)
+    history = _history(trainer, kind.algorithm, server, epoch_callbacks, stage, events)
     if kind.membership is not None:
         history.membership = kind.membership.timeline()
     if choice is not None:

@@ -20,10 +20,12 @@ for the rest. Each algorithm names its kind (``Algorithm.fit_kind``) and
   shrinks (the global batch is ``num_workers * batch_size``); local SGD (a
   period other than 1) goes on with the workers left, down to `min_workers`.
 * `ElasticFit` (``num_workers=(min, max)`` with an asynchronous
-  parameter-server algorithm): one ordinary Spark job per epoch of one task
-  per chunk of the rows (``trainer.runtime.ps_worker.chunk_task``); every
-  chunk is a reporter, workers are the processes that run them
-  (``trainer.fit.membership``), and they may leave and join.
+  parameter-server algorithm or local SGD): one ordinary Spark job per epoch
+  of one task per chunk of the rows (``trainer.runtime.ps_worker.chunk_task``);
+  every chunk is a reporter, workers are the processes that run them
+  (``trainer.fit.membership``), and they may leave and join. Local SGD
+  averages through the server there, in rounds of the chunk tasks training
+  at the time (``trainer.algorithms.elastic_local_sgd``).
 
 Every kind's tasks end with the stage's one result row, the task's record as
 JSON (``trainer.runtime.stage_result``); `summary` reads what the kind's
@@ -42,6 +44,7 @@ from typing import Any, Callable, ClassVar
 
 from trainer.algorithms import COLLECTIVE, PARAMETER_SERVER, Algorithm
 from trainer.algorithms.choice import measured_line
+from trainer.algorithms.elastic_local_sgd import ElasticLocalSGD, OuterRounds
 from trainer.algorithms.reported import ReportedState
 from trainer.fit.checkpoints import Checkpoint
 from trainer.fit.membership import Membership
@@ -271,11 +274,15 @@ class ElasticFit(ParameterServerFit):
     inline_callbacks = True
 
     def __init__(self, trainer, algorithm) -> None:
+        if algorithm.fit_kind == COLLECTIVE:  # local SGD: its average taken by the server, round by round
+            algorithm = ElasticLocalSGD.of(algorithm)
         super().__init__(trainer, algorithm)
         self.chunks = CHUNKS_PER_WORKER * trainer.num_workers
         self.fit_id = uuid.uuid4().hex
         self.epoch = 0
         self.membership: Membership | None = None
+        self.rounds = OuterRounds(algorithm) if isinstance(algorithm, ElasticLocalSGD) else None
+        self._server: ParameterServer | None = None
 
     @property
     def reporters(self) -> int:
@@ -292,9 +299,17 @@ class ElasticFit(ParameterServerFit):
         server: ParameterServer | None = None
         self.membership = Membership(self.trainer.num_workers, epoch=lambda: self.epoch,
                                      step=lambda: server.version if server is not None else 0)
-        server = ParameterServer(algorithm=self.algorithm, **endpoint, on_member=self.membership.heard,
-                                 admit=self.membership.admit)
+        server = ParameterServer(algorithm=self.rounds or self.algorithm, **endpoint,
+                                 on_member=self.membership.heard, admit=self.membership.admit)
+        self._server = server
         return server
+
+    def _watch(self) -> list[dict[str, Any]]:
+        """Members silent too long leave; no round of the server waits for their tasks any more."""
+        changes = self.membership.check()
+        for change in changes:
+            self._server.drop_member(change["worker"])
+        return changes
 
     def task(self, plan: FitPlan, server, launch: TaskLaunch) -> Callable:
         return self.chunk_task(plan, server, launch, plan.completed_epochs)
@@ -316,12 +331,15 @@ class ElasticFit(ParameterServerFit):
                   on_started, on_retry, events: list[dict], fatal, stopped: Callable[[], bool]):
         t = self.trainer
         policy = ElasticPolicy(min_workers=t.min_workers, floor_timeout=t.retry_timeout, max_retries=t.max_retries)
+        if self.rounds is not None:  # the outer momentum and the learning-rate factor apply to trained weights
+            trained = {id(v) for v in plan.model.trainable_weights}
+            self.rounds.trained = [id(v) in trained for v in plan.model.weights]
         tasks = launch(0, t.num_workers)
         stage = controller.run_elastic(
             plan.frame, self.chunks, range(plan.completed_epochs, t.epochs),
             lambda epoch: self.chunk_task(plan, server, tasks, epoch), server=server, policy=policy,
             description=self.description(plan.model.name), profile=plan.profile, on_started=on_started,
-            stopped=stopped, events=events, fatal=fatal, watch=self.membership.check, retire=self.membership.retire,
+            stopped=stopped, events=events, fatal=fatal, watch=self._watch, retire=self.membership.retire,
             begun=lambda epoch: server.claimed_chunks(epoch) >= self.chunks)
         for record in stage.records:  # what the server counted, whatever attempts of the chunk committed it
             record["committed_batches"] = server.committed_batches(record["epoch"], record["chunk"])

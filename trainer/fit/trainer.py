@@ -75,8 +75,9 @@ class Trainer(OptionAttributes):
             (``fitted.history.choice``).
         num_workers: Integer. Number of long-lived worker tasks (one per slot).
             Or ``(min, max)``: an elastic fit (``trainer.fit.kinds.ElasticFit``,
-            docs/faults.md) of the asynchronous parameter-server algorithms,
-            one Spark job per epoch over chunks of the rows, on whatever
+            docs/faults.md) of the asynchronous parameter-server algorithms or
+            local SGD (averaged by the driver's server over the workers of
+            each round), one Spark job per epoch over chunks of the rows, on whatever
             executors Spark has (dynamic allocation on or off): workers join
             and leave while it runs, at most `max` train at once, and it stops
             after `retry_timeout` seconds below `min` task slots

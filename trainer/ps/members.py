@@ -55,6 +55,9 @@ class MemberTracking:
         self._claims: dict[tuple[int, int], int] = {}
         self._claimed: collections.Counter[int] = collections.Counter()  # epoch -> chunks claimed
         self._claim_tokens = itertools.count(1)
+        self._elastic = on_member is not None or admit is not None
+        # (epoch, worker) -> claim token of the chunk tasks training now: what an elastic round waits for
+        self._training_claims: dict[tuple[int, int], int] = {}
 
     def committed_batches(self, epoch: int, worker: int) -> int:
         """The batches of `epoch` that `worker`'s applied commits counted (COMMIT meta ``"batches"``)."""
@@ -122,7 +125,16 @@ class MemberTracking:
             if conn.claim not in self._claims:
                 self._claimed[epoch] += 1
             self._claims[conn.claim] = conn.claim_token
+            self._training_claims[conn.claim] = conn.claim_token
             return {"committed_batches": self._worker_batches[conn.claim]}
+
+    def drop_member(self, name: str) -> None:
+        """The process `name` (``host:pid``) left by silence: no round waits for its tasks any more."""
+        with self._lock:
+            for conn in list(self._conns):
+                member = conn.member or {}
+                if f"{member.get('host', '?')}:{member.get('pid', '?')}" == name:
+                    self._release_claim_locked(conn)
 
     def _member_said_hello(self, conn: Any, member: dict[str, Any] | None) -> None:
         if member is not None:

@@ -7,6 +7,16 @@ own reply. A round is aborted (every waiter gets an ERROR reply starting with
 ``round_timeout`` expires, when a Spark retry starts a new attempt, or when
 the server stops -- nobody ever hangs.
 
+In an elastic fit (``trainer.ps.members``) the workers are chunk tasks that
+come and go, so a round is not every worker's: it closes when every chunk
+task training at that moment (a HELLO that named an epoch, no EPOCH_DONE,
+BYE or lost connection since, not dropped for silence) has committed to it,
+and a worker that leaves mid-round is no longer waited for instead of
+aborting it (elastic local SGD, ``trainer.algorithms.elastic_local_sgd``).
+Its payloads are keyed by the chunk and epoch a task claimed, since a chunk's
+task of the next epoch may train beside this epoch's, and each applied
+round counts the batches its commits hold for their chunk.
+
 `SynchronousRounds` is a part of ``ParameterServer`` (a mixin): it uses the
 server's lock and condition, counters, center, directives and events. Rounds
 keep the payloads of every worker until the round ends, so their frames are
@@ -33,9 +43,10 @@ class Round:
 
     def __init__(self, number: int) -> None:
         self.number = number
-        self.payloads: dict[int, list[np.ndarray]] = {}
-        self.staleness: dict[int, int] = {}
-        self.replies: list[list[np.ndarray]] | None = None
+        self.payloads: dict[Any, list[np.ndarray]] = {}  # by worker, or by claimed (epoch, chunk) when elastic
+        self.staleness: dict[Any, int] = {}
+        self.batches: dict[Any, tuple[int, int]] = {}  # elastic: (epoch, batches) the commit holds
+        self.replies: dict[Any, list[np.ndarray]] | None = None
         self.version: int | None = None
         self.error: str | None = None
 
@@ -45,8 +56,28 @@ class SynchronousRounds:
 
     _round: Round
 
+    def _round_key(self: Any, conn: Any) -> Any:
+        return conn.claim if self._elastic and conn.claim is not None else conn.worker
+
+    def _round_complete_locked(self: Any, rnd: Round) -> bool:
+        if not self._elastic:
+            return len(rnd.payloads) == self._num_workers
+        return bool(rnd.payloads) and set(self._training_claims) <= set(rnd.payloads)
+
+    def _missing_locked(self: Any, rnd: Round) -> list:
+        expected = set(self._training_claims) if self._elastic else set(range(self._num_workers))
+        return sorted(expected - set(rnd.payloads))
+
+    def _release_claim_locked(self: Any, conn: Any) -> None:
+        """An elastic round no longer waits for `conn`'s chunk task (it finished, left or was dropped)."""
+        if conn.claim is not None and self._training_claims.get(conn.claim) == conn.claim_token:
+            del self._training_claims[conn.claim]
+            rnd = self._round
+            if self._synchronous and self._round_complete_locked(rnd):
+                self._finish_round_locked(rnd)
+
     def _commit_sync(self: Any, conn: Any, frame: Frame) -> None:
-        worker = conn.worker
+        worker = self._round_key(conn)
         assert worker is not None
         with self._cond:
             rnd = self._round
@@ -64,14 +95,17 @@ class SynchronousRounds:
                 error = None
                 rnd.payloads[worker] = frame.arrays
                 rnd.staleness[worker] = self._version - conn.last_version
-                if len(rnd.payloads) == self._num_workers:
+                if self._elastic and conn.claim is not None:
+                    self._training_claims[conn.claim] = conn.claim_token  # a woken task trains again
+                    rnd.batches[worker] = (frame.meta.get("epoch", conn.claim[0]), int(frame.meta.get("batches", 0)))
+                if self._round_complete_locked(rnd):
                     self._finish_round_locked(rnd)
                 else:
                     deadline = time.monotonic() + self._round_timeout
                     while rnd.replies is None and rnd.error is None and not self._directives.get("stop"):
                         remaining = deadline - time.monotonic()
                         if remaining <= 0:
-                            missing = sorted(set(range(self._num_workers)) - set(rnd.payloads))
+                            missing = self._missing_locked(rnd)
                             self._abort_round_locked(
                                 f"round aborted: round {rnd.number} timed out after round_timeout="
                                 f"{self._round_timeout}s waiting for workers {missing}"
@@ -103,11 +137,12 @@ class SynchronousRounds:
         self._send(conn, buffers)
 
     def _finish_round_locked(self: Any, rnd: Round) -> None:
-        payloads = [rnd.payloads[i] for i in range(self._num_workers)]
+        keys = sorted(rnd.payloads)
+        payloads = [rnd.payloads[k] for k in keys]
         try:
             new_center, replies = self._algorithm.server_round(list(self._center.arrays), payloads)
-            if len(replies) != self._num_workers:
-                raise ValueError(f"server_round returned {len(replies)} replies for {self._num_workers} workers")
+            if len(replies) != len(keys):
+                raise ValueError(f"server_round returned {len(replies)} replies for {len(keys)} workers")
             new_center = freeze(new_center)
             problem = check_center(new_center, self._names)
             if problem is not None:
@@ -123,7 +158,9 @@ class SynchronousRounds:
             self._center.arrays = new_center
             self._version += 1
             rnd.version = self._version
-            rnd.replies = [list(r) for r in replies]
+            rnd.replies = {k: list(r) for k, r in zip(keys, replies)}
+            for (_, chunk), (epoch, batches) in rnd.batches.items():
+                self._count_batches_locked(epoch, chunk, batches)
         self._round = Round(rnd.number + 1)
         self._cond.notify_all()
 

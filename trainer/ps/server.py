@@ -371,7 +371,9 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, MemberTracking, Au
         if not self._stopping:  # the fit ended: the members did not leave
             self._member_event("bye" if said_bye else "lost", conn)
         with self._lock:
-            if (self._synchronous and self._round.payloads and worker not in self._round.payloads
+            if self._elastic:  # a chunk task that ended: its round goes on without it
+                self._release_claim_locked(conn)
+            elif (self._synchronous and self._round.payloads and worker not in self._round.payloads
                     and not any(c.worker == worker for c in self._conns)):
                 self._abort_round_locked(
                     f"round aborted: worker {worker} ({conn.peer}) disconnected before committing to round "
@@ -506,6 +508,7 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, MemberTracking, Au
             )
             return
         with self._lock:
+            self._release_claim_locked(conn)  # an elastic chunk task's pass is over: no round waits for it
             previous = self._epochs_done.get(conn.worker)  # type: ignore[arg-type]
             if previous is None or epoch >= previous["epoch"]:
                 record = {"epoch": epoch, "logs": logs, "time": time.time()}

@@ -67,7 +67,8 @@ class WorkerExchange:
         # the server cannot see (COMMIT meta "unseen", trainer.ps.commits).
         self.seen_version = self.base_version = 0
         self.sender = ThreadPoolExecutor(1, thread_name_prefix="ps-commit") if self.overlap else None
-        self.cadence = WindowCadence(algorithm.window, epoch_batches or budget, workers)
+        self.cadence = WindowCadence(algorithm.window, epoch_batches or budget, workers,
+                                     getattr(algorithm, "window_bound", None))
         # Training time and batches since the last exchange (or the start of this fit call): an
         # automatic window is sized from them.
         self.clock = time.perf_counter()
