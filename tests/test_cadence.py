@@ -48,6 +48,16 @@ def test_the_automatic_window_is_bounded_by_the_other_workers_staleness():
     assert cadence.window == 1 and cadence.due(1)
 
 
+def test_local_sgd_s_window_warms_up_at_one_step_then_grows_to_its_own_bound_not_the_staleness_one():
+    cadence = WindowCadence("auto", epoch_batches=10_000, workers=8, bound=16, warmup=3)
+    for _ in range(3):  # rounds carry no staleness: 8 workers still reach the bound, after the warm-up
+        assert cadence.window == 1
+        cadence.observe(1, 0.01, 1.0)
+    for _ in range(3):
+        cadence.observe(cadence.window, 0.01 * cadence.window, 1.0)
+    assert cadence.window == 16 and WindowCadence(8, warmup=3).window == 8  # a fixed window has no warm-up
+
+
 def test_auto_windows_belong_to_the_algorithms_whose_math_ignores_the_window():
     assert DOWNPOUR().window == "auto" and get_algorithm("downpour").describe() == "downpour(auto window)"
     assert DynSGD(window="auto").window == "auto"

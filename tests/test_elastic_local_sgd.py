@@ -32,9 +32,12 @@ def test_the_outer_step_scales_and_accelerates_the_trained_weights_only():
 
 
 def test_local_sgd_s_elastic_form_keeps_its_settings_and_its_deltas_travel_in_bf16():
-    elastic = ElasticLocalSGD.of(LocalSGD(period=8, outer_momentum=0.25))
+    elastic = ElasticLocalSGD.of(LocalSGD(period=8, outer_momentum=0.25), 4)
     assert (elastic.window, elastic.wire, elastic.outer_momentum, elastic.lr_scaling) == (8, "bf16", 0.25, "linear")
-    assert ElasticLocalSGD.of(LocalSGD()).window_bound == 16 and elastic.synchronous
+    assert ElasticLocalSGD.of(LocalSGD(), 4).window_bound == 16 and elastic.synchronous
+    # every worker trains at 4 times the rate, as a fixed fit of 4; a round of 2 takes half the averaged step
+    assert elastic.rate_factor == 4.0 and elastic.round_factor(4) == 1.0 and elastic.round_factor(2) == 0.5
+    assert ElasticLocalSGD.of(LocalSGD(lr_scaling="none"), 4).round_factor(2) == 1.0
     weights = [np.array([1.0, 2.5], np.float32), np.array([3], np.int64)]
     anchor = [np.array([0.5, 0.5], np.float32), np.array([1], np.int64)]
     payload, residual = elastic.worker_commit(weights, anchor, None)

@@ -141,6 +141,8 @@ class ParameterServerAlgorithm(Algorithm):
     payload_arrays: ClassVar[int] = 1
     #: The largest automatic window, or None for the staleness bound (``trainer.algorithms.cadence``).
     window_bound: ClassVar[int | None] = None
+    #: Exchanges after every step before an automatic window is sized (local SGD's warm-up).
+    window_warmup: ClassVar[int] = 0
 
     def __post_init__(self) -> None:
         check_window(self.window, allow_auto=self.auto_window)

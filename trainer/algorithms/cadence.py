@@ -55,6 +55,9 @@ STALENESS_BUDGET = 5
 FIRST_WINDOW = MIN_WINDOW
 #: The largest period a measured cadence (``period="auto"``) takes by default (the module docstring).
 MAX_PERIOD = 16
+#: Steps averaged every step at the start of a local SGD fit (a warm-up, as post-local SGD starts) while the step and
+#: the average are timed; the first `PROBE_SKIP` of them (compilation, first transfers) are not timed.
+PROBE_STEPS, PROBE_SKIP = 12, 3
 
 
 def steps_per_exchange(exchange_s: float, step_s: float, overhead: float = OVERHEAD) -> int:
@@ -86,13 +89,16 @@ class WindowCadence:
         workers: Integer. Workers training together.
         bound: Integer or None. The largest automatic window in place of the staleness bound (synchronous rounds
             carry no staleness: elastic local SGD's period, ``trainer.algorithms.elastic_local_sgd``).
+        warmup: Integer. Exchanges after every step at the start of an automatic cadence (local SGD's warm-up,
+            `PROBE_STEPS`), before the window is sized by time.
     """
 
     def __init__(self, window: int | str | None, epoch_batches: int | None = None, workers: int = 1,
-                 bound: int | None = None) -> None:
+                 bound: int | None = None, warmup: int = 0) -> None:
         self.auto = window == AUTO
         self.max_window = max_auto_window(epoch_batches, workers) if bound is None else max(1, int(bound))
-        self.window = min(FIRST_WINDOW, self.max_window) if self.auto else window
+        self.warmup = int(warmup) if self.auto else 0
+        self.window = 1 if self.warmup else min(FIRST_WINDOW, self.max_window) if self.auto else window
         self.step_s: float | None = None
         self.exchange_s: float | None = None
         self._windows_seen = 0
@@ -107,6 +113,8 @@ class WindowCadence:
         if not self.auto or batches <= 0:
             return
         self._windows_seen += 1
+        if self._windows_seen <= self.warmup:  # one step per exchange: the first ones, compilation included
+            return
         if self._windows_seen > 1:  # the first window holds the compilation of the train step
             step = max(train_s, 0.0) / batches
             self.step_s = step if self.step_s is None else (self.step_s + step) / 2

@@ -15,21 +15,28 @@ worker talks to already:
   has committed (``trainer.ps.rounds``): a worker that leaves is no longer
   waited for, one that joins is in the next round it commits to; a round is
   the group re-formed at a period boundary, whatever the backend;
-* `outer_step` (pure numpy) moves the center by the averaged delta, times the
-  learning-rate factor of the round's own worker count (``lr_scaling``,
-  ``"linear"``: times N, as a fixed fit multiplies the compiled rate by N),
-  with ``outer_momentum`` as a Nesterov step on the trained weights; the
-  weights that are not trained (BatchNormalization's statistics) move by the
-  averaged delta alone, integer ones (seed generators) stay each worker's own.
+* every worker trains at the compiled rate times the factor of the fit's
+  maximum of workers (``lr_scaling``, ``"linear"``: times max, as a fixed
+  fit of max workers multiplies it by max);
+* `outer_step` (pure numpy) moves the center by the averaged delta, times
+  ``factor(n) / factor(max)`` for a round of ``n`` workers, with
+  ``outer_momentum`` as a Nesterov step on the trained weights; the weights
+  that are not trained (BatchNormalization's statistics) move by the averaged
+  delta alone, integer ones (seed generators) stay each worker's own.
 
-Why the factor goes on the averaged delta rather than on each worker's rate:
-the number of workers changes between rounds, and the server knows it per
-round; to first order (a step proportional to the rate, as SGD's and Adam's
-are) N deltas each taken at the compiled rate and averaged times N move the
-weights as far as N deltas taken at N times the rate and averaged, so an
-epoch moves the weights as far as plain Keras's whatever the workers. The
-outer velocity lives on the server (`OuterRounds`) and is not checkpointed
-(a resumed fit starts it again from zero).
+The learning rate when the workers change: a round of all max workers is the
+fixed fit's average exactly; a round of fewer is shrunk in proportion, so an
+epoch, whose rows are the same whatever the workers, moves the weights about
+as far as plain Keras's (to first order: a step proportional to the rate, as
+SGD's and Adam's are). The factor is not put on a smaller rate and a larger
+outer step instead: the sum of N deltas each trained at the compiled rate
+overshoots as DOWNPOUR's stale commits do (on the MNIST CNN at 3 workers and
+16 local steps such fits diverged, while the same average of deltas trained at
+3 times the rate reached the fixed fit's accuracy). A process's rate is set
+once, when it builds its model, so a rate the driver's callbacks set is scaled
+the same way (``trainer.runtime.collective.rates``). The outer velocity lives
+on the server (`OuterRounds`) and is not checkpointed (a resumed fit starts it
+again from zero).
 """
 
 from __future__ import annotations
@@ -41,7 +48,7 @@ import numpy as np
 
 from trainer.algorithms.allreduce import LR_SCALING, WIRES
 from trainer.algorithms.base import AlgorithmConfigError, Arrays, ParameterServerAlgorithm
-from trainer.algorithms.cadence import MAX_PERIOD
+from trainer.algorithms.cadence import MAX_PERIOD, PROBE_STEPS
 from trainer.algorithms.compression import BFloat16, compress_with_feedback
 
 
@@ -88,13 +95,15 @@ class ElasticLocalSGD(ParameterServerAlgorithm):
     """`LocalSGD`'s method for an elastic fit, through the parameter server (the module docstring).
 
     Args:
-        period: Integer or ``"auto"``: steps between two commits; ``"auto"`` sizes them by time (the parameter
+        period: Integer or ``"auto"``: steps between two commits; ``"auto"`` commits after every step for the
+            first `PROBE_STEPS` (a warm-up, as the fixed fit's), then sizes the period by time (the parameter
             server's automatic window, bounded by `max_period` instead of a staleness bound: a round has none).
         max_period: Integer. The bound of an automatic period.
         wire: String. ``"bf16"`` or ``"fp32"``: how the deltas travel.
         outer_momentum: Float in [0, 1). The Nesterov momentum of the center's step.
-        lr_scaling: String. ``"linear"``, ``"sqrt"`` or ``"none"``: the factor of the round's worker count the
-            averaged delta is multiplied by.
+        lr_scaling: String. ``"linear"``, ``"sqrt"`` or ``"none"``: how the compiled rate follows `max_workers`
+            (the rounds of fewer are shrunk by the same factor's ratio).
+        max_workers: Integer. The fit's maximum of workers.
     """
 
     period: int | str = "auto"
@@ -102,10 +111,12 @@ class ElasticLocalSGD(ParameterServerAlgorithm):
     wire: str = "bf16"
     outer_momentum: float = 0.5
     lr_scaling: str = "linear"
+    max_workers: int = 1
 
     name: ClassVar[str] = "localsgd"
     synchronous: ClassVar[bool] = True
     auto_window: ClassVar[bool] = True
+    window_warmup: ClassVar[int] = PROBE_STEPS  # averaged every step first, as the fixed fit's warm-up
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -116,10 +127,21 @@ class ElasticLocalSGD(ParameterServerAlgorithm):
                                        f"Received: lr_scaling={self.lr_scaling!r}")
 
     @classmethod
-    def of(cls, algorithm: Any) -> ElasticLocalSGD:
-        """The elastic form of a periodic `AllReduce` (`LocalSGD`), with its hyper-parameters."""
+    def of(cls, algorithm: Any, max_workers: int) -> ElasticLocalSGD:
+        """The elastic form of a periodic `AllReduce` (`LocalSGD`), with its hyper-parameters, for a fit of up to
+        `max_workers`."""
         return cls(period=algorithm.period, max_period=algorithm.max_period, wire=algorithm.wire,
-                   outer_momentum=algorithm.outer_momentum, lr_scaling=algorithm.lr_scaling)
+                   outer_momentum=algorithm.outer_momentum, lr_scaling=algorithm.lr_scaling,
+                   max_workers=int(max_workers))
+
+    @property
+    def rate_factor(self) -> float:
+        """What each worker's compiled learning rate is multiplied by."""
+        return float(LR_SCALING[self.lr_scaling](self.max_workers))
+
+    def round_factor(self, workers: int) -> float:
+        """What the averaged delta of a round of `workers` is multiplied by."""
+        return float(LR_SCALING[self.lr_scaling](workers)) / self.rate_factor
 
     @property
     def window(self) -> int | str:  # type: ignore[override]
@@ -189,7 +211,7 @@ class OuterRounds:
         algorithm = self.algorithm
         trained = self.trained if self.trained is not None else [True] * len(center)
         deltas = [algorithm.deltas(p, center) for p in payloads]
-        factor = LR_SCALING[algorithm.lr_scaling](len(payloads))
+        factor = algorithm.round_factor(len(payloads))
         new_center, self.velocity = outer_step(center, deltas, self.velocity, trained, factor,
                                                algorithm.outer_momentum)
         return new_center, [new_center for _ in payloads]

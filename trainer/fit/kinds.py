@@ -275,7 +275,7 @@ class ElasticFit(ParameterServerFit):
 
     def __init__(self, trainer, algorithm) -> None:
         if algorithm.fit_kind == COLLECTIVE:  # local SGD: its average taken by the server, round by round
-            algorithm = ElasticLocalSGD.of(algorithm)
+            algorithm = ElasticLocalSGD.of(algorithm, trainer.num_workers)
         super().__init__(trainer, algorithm)
         self.chunks = CHUNKS_PER_WORKER * trainer.num_workers
         self.fit_id = uuid.uuid4().hex

@@ -33,16 +33,12 @@ from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
-from trainer.algorithms.cadence import choose_period
+from trainer.algorithms.cadence import PROBE_SKIP, PROBE_STEPS, choose_period
 from trainer.algorithms.compression import BFloat16, compress_with_feedback
 from trainer.backends import current
 
 if TYPE_CHECKING:
     from trainer.algorithms.cadence import PeriodCadence
-
-#: Steps averaged every step at the start of a fit while the step and the average are timed; the first
-#: `PROBE_SKIP` of them (compilation, first transfers) are not timed.
-PROBE_STEPS, PROBE_SKIP = 12, 3
 
 
 class Averager:

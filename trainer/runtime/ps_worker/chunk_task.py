@@ -43,6 +43,7 @@ import pyarrow as pa
 
 from trainer.ps.members import HEARTBEAT_S
 from trainer.ps.shard_client import connect_ps
+from trainer.runtime.collective.rates import ScaledRate
 from trainer.runtime.process import executor_id, holding_cores, start_task
 from trainer.runtime.ps_worker.exchange import make_sync_callback
 from trainer.runtime.ps_worker.worker_task import WorkerConfig
@@ -71,6 +72,7 @@ class _Process:
     model: Any
     ready_s: float
     executor: str | None = None
+    rate: Any = None  # the compiled learning rate scaled for the fit (elastic local SGD's), or None
     cadence: Any = None
     chunks: int = 0
     heartbeat: threading.Thread | None = None
@@ -129,6 +131,7 @@ def _one_pass(config: ChunkConfig, client, process: _Process, chunk: int, shard,
                                   validation if len(validation[0]) else None, config.validation_batch_size,
                                   overlap=config.overlap, epoch_batches=chunk_batches * config.chunks,
                                   workers=config.num_workers, count_batches=True)
+    callback.rate = process.rate
     if process.cadence is not None:
         callback.cadence = process.cadence  # the window the process sized on its earlier chunks
     callback.begin(model, int(meta.get("version", 0)))
@@ -159,6 +162,10 @@ def _process(config: ChunkConfig, chunk: int, task_start: float) -> _Process:
     if config.algorithm.exchanges_optimizer_state:
         model.optimizer.build(model.trainable_variables)
     process = _PROCESSES[config.fit_id] = _Process(model, time.time() - task_start, executor_id())
+    factor = getattr(config.algorithm, "rate_factor", 1.0)
+    if factor != 1.0:  # elastic local SGD: the rate of a fixed fit of the maximum of workers
+        process.rate = ScaledRate(model, factor)
+        process.rate.apply()
     return process
 
 

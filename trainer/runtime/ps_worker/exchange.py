@@ -60,6 +60,7 @@ class WorkerExchange:
         self.logs: dict[str, float] = {}
         self.anchor: list[np.ndarray] = []
         self.residual: list[np.ndarray] | None = None  # what a lossy codec left for the next commit
+        self.rate = None  # a trainer.runtime.collective.rates.ScaledRate the task set, or None: the compiled rate
         self.overlap = overlap and overlappable(algorithm)
         self.in_flight: Future | None = None  # the commit whose reply is not folded in yet (overlap)
         # Center versions: of the connection's last reply, and of the center the weights stem from
@@ -68,7 +69,7 @@ class WorkerExchange:
         self.seen_version = self.base_version = 0
         self.sender = ThreadPoolExecutor(1, thread_name_prefix="ps-commit") if self.overlap else None
         self.cadence = WindowCadence(algorithm.window, epoch_batches or budget, workers,
-                                     getattr(algorithm, "window_bound", None))
+                                     getattr(algorithm, "window_bound", None), getattr(algorithm, "window_warmup", 0))
         # Training time and batches since the last exchange (or the start of this fit call): an
         # automatic window is sized from them.
         self.clock = time.perf_counter()
@@ -133,7 +134,10 @@ class WorkerExchange:
     def follow(self, meta: dict) -> None:
         """Honour the server's directives: a new learning rate, or stop."""
         rate = meta.get("learning_rate")
-        if rate is not None and float(self.model.optimizer.learning_rate) != rate:
+        if rate is not None and self.rate is not None:  # a scaled rate (elastic local SGD): scaled the same way
+            if self.rate.base != rate:
+                self.rate.follow(rate)
+        elif rate is not None and float(self.model.optimizer.learning_rate) != rate:
             self.model.optimizer.learning_rate = rate
         if meta.get("stop"):
             self.stopped = self.model.stop_training = True
