@@ -47,6 +47,25 @@ def test_local_sgd_s_elastic_form_keeps_its_settings_and_its_deltas_travel_in_bf
     assert new[0].tolist() == [9.0, 9.0] and new[1][0] == 3 and new_anchor is new  # its own seed state kept
 
 
+def test_a_worker_trains_at_the_maximum_s_rate_and_a_rate_the_driver_sets_is_scaled_the_same_way():
+    import keras
+
+    from trainer.runtime.collective.rates import ScaledRate
+    from trainer.runtime.ps_worker.exchange import make_sync_callback
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="mse")
+    algorithm = ElasticLocalSGD.of(LocalSGD(), 3)
+    rate = ScaledRate(model, algorithm.rate_factor)  # what a chunk task's process sets once, at its model's build
+    rate.apply()
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.3)
+    callback = make_sync_callback(None, algorithm, 0, {"epochs": []}, None)
+    callback.set_model(model)
+    callback.rate = rate
+    callback.follow({"learning_rate": 0.05})  # ReduceLROnPlateau on the driver, in the user's terms
+    assert float(model.optimizer.learning_rate) == pytest.approx(0.15) and rate.base == 0.05
+
+
 def _commit(ps_client, batches: int = 1, epoch: int = 0):
     return ps_client.commit([np.ones(3, np.float32), np.ones((2, 2), np.float32)], {"epoch": epoch,
                                                                                      "batches": batches})

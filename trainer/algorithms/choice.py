@@ -12,9 +12,14 @@ picks, in this order:
   ``ps_shards`` above 1): DOWNPOUR, whatever the hosts and GPUs. Where the
   fit would otherwise have run local SGD, `choose_algorithm(..., warn=True)`
   (the fit's call) warns: those commits all cross the driver's one link;
-* **an elastic fit** (``num_workers=(min, max)``, ``trainer.fit.elastic``):
-  DOWNPOUR: its workers may leave and join between two commits, where the
-  all-reduce group would have to re-form;
+* **an elastic fit** (``num_workers=(min, max)``, ``trainer.fit.kinds.ElasticFit``):
+  DOWNPOUR, whose workers may leave and join between two commits and never
+  wait for each other. Local SGD is elastic too (named: its rounds, taken by
+  the server, re-form at every period, ``trainer.algorithms.elastic_local_sgd``)
+  and exchanges less often, but "auto" does not pick it there yet: that would
+  change what the default runs (`DEFAULT_GENERATION`) while the results files
+  of that generation's benchmarks, measured on the GPU machine and the lab, are
+  not re-run;
 * **several workers on GPUs**, or **several CPU workers on more than one
   host** (distinct hosts among the block managers of the driver and of the
   executors, ``trainer.spark.session.fit_hosts``: the driver's host counts
@@ -112,7 +117,8 @@ def _choose(facts: FitFacts) -> AlgorithmChoice:
         return AlgorithmChoice(DOWNPOUR(), f"{', '.join(facts.ps_options)} asked for the parameter server", facts)
     if facts.elastic:
         return AlgorithmChoice(DOWNPOUR(), f"an elastic fit of up to {n} workers: the parameter server's workers may "
-                                           "leave and join between commits", facts)
+                                           "leave and join between commits (local SGD is elastic too: "
+                                           "algorithm=\"localsgd\")", facts)
     if facts.gpus_per_worker:
         return AlgorithmChoice(LocalSGD(), f"{n} workers on GPUs: replicas averaged every few steps over the "
                                            "all-reduce group, the period sized by the link and the step measured "

@@ -268,7 +268,10 @@ class ElasticFit(ParameterServerFit):
     after a loss skips what its lost attempt committed), and the learning rate is
     the optimizer's (DOWNPOUR's commits are each worker's own steps); more
     workers mean more commits in flight, hence more staleness, which the
-    time-sized window bounds (``trainer.algorithms.cadence``).
+    time-sized window bounds (``trainer.algorithms.cadence``). Local SGD
+    (`ElasticLocalSGD`) trains at the rate of a fixed fit of max workers and
+    the server's rounds (`OuterRounds`, with the outer velocity) average the
+    tasks training at the time, a round of fewer shrunk in proportion.
     """
 
     inline_callbacks = True
