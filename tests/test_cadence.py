@@ -56,6 +56,11 @@ def test_local_sgd_s_window_warms_up_at_one_step_then_grows_to_its_own_bound_not
     for _ in range(3):
         cadence.observe(cadence.window, 0.01 * cadence.window, 1.0)
     assert cadence.window == 16 and WindowCadence(8, warmup=3).window == 8  # a fixed window has no warm-up
+    joiner = WindowCadence("auto", bound=16, warmup=3)
+    joiner.fit_at(2)
+    assert joiner.window == 1
+    joiner.fit_at(3)  # a worker that joins a fit past its warm-up starts at the first automatic window
+    assert joiner.window == 4 and not joiner.warmup
 
 
 def test_auto_windows_belong_to_the_algorithms_whose_math_ignores_the_window():

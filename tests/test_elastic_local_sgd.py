@@ -99,5 +99,12 @@ def test_a_round_waits_for_every_task_training_now_and_not_for_one_that_left():
                 assert not wait_for(lambda: "result" in out, 0.3)
             fourth.join(5)  # d's task ended without EPOCH_DONE (as a lost one): a's round closes alone
             np.testing.assert_allclose(out["result"][0][0], 3.0)
-        assert ps.committed_batches(0, 0) == 4 and ps.committed_batches(1, 3) == 0
+            with client(ps, 4) as e:  # a process's first task (cold: its first step compiles) is not waited for
+                e.hello({"epoch": 1, "member": member[1], "cold": True})
+                np.testing.assert_allclose(_commit(a, 1)[0][0], 4.0)
+                fifth, out = run_in_thread(_commit, e, 1, 1)  # from its first commit on, it is
+                assert not wait_for(lambda: "result" in out, 0.3)
+                np.testing.assert_allclose(_commit(a, 1)[0][0], 5.0)
+                fifth.join(5)
+        assert ps.committed_batches(0, 0) == 6 and ps.committed_batches(1, 3) == 0 and ps.committed_batches(1, 4) == 1
     assert ps.failure is None

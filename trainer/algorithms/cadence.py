@@ -103,6 +103,12 @@ class WindowCadence:
         self.exchange_s: float | None = None
         self._windows_seen = 0
 
+    def fit_at(self, exchanges: int) -> None:
+        """The fit has made `exchanges` exchanges already (a worker that joins it): no warm-up the fit is past."""
+        if self.warmup and exchanges >= self.warmup:
+            self.warmup = 0
+            self.window = min(FIRST_WINDOW, self.max_window)
+
     def due(self, since: int) -> bool:
         """Whether an exchange is due after `since` batches since the last one."""
         return self.window is not None and since >= self.window

@@ -116,8 +116,10 @@ class MemberTracking:
                 return True
         return False
 
-    def _claim(self, conn: Any, epoch: int | None) -> dict[str, Any]:
-        """The HELLO reply's part for a task that names its epoch: it owns its chunk of that epoch from now on."""
+    def _claim(self, conn: Any, epoch: int | None, cold: bool = False) -> dict[str, Any]:
+        """The HELLO reply's part for a task that names its epoch: it owns its chunk of that epoch from now on.
+        A round waits for it from now on, or from its first commit when it is `cold` (its process's first task,
+        whose first step compiles: the others do not wait for that)."""
         if epoch is None:
             return {}
         with self._lock:
@@ -125,7 +127,8 @@ class MemberTracking:
             if conn.claim not in self._claims:
                 self._claimed[epoch] += 1
             self._claims[conn.claim] = conn.claim_token
-            self._training_claims[conn.claim] = conn.claim_token
+            if not cold:
+                self._training_claims[conn.claim] = conn.claim_token
             return {"committed_batches": self._worker_batches[conn.claim]}
 
     def drop_member(self, name: str) -> None:

@@ -485,11 +485,11 @@ class ParameterServer(AsynchronousCommits, SynchronousRounds, MemberTracking, Au
 
         if self._member_hello(conn, meta):  # an elastic fit's: a heartbeat, a wait or malformed (trainer.ps.members)
             return
-        epoch, member = meta.get("epoch"), meta.get("member")
+        epoch, member, cold = meta.get("epoch"), meta.get("member"), meta.get("cold") is True
         center, (version, start, workers) = self._read_center(conn, start_epoch)
         try:
             meta = {"version": version, "start_epoch": start, "num_workers": workers, **self._hello_meta}
-            meta.update(self._claim(conn, epoch))  # a chunk's re-run skips what earlier attempts committed
+            meta.update(self._claim(conn, epoch, cold))  # a chunk's re-run skips what earlier attempts committed
             if self._reply_codec is not None:  # replies to its commits are changes of what it holds from now on
                 conn.held = [np.array(a, copy=True) for a in center]
                 meta["reply_codec"] = self._reply_codec.describe()

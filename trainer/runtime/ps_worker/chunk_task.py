@@ -10,9 +10,11 @@ every epoch as one Spark job of one task per chunk
    exchange cadence, so the next chunks in that process only load the center.
    The time from the task's start to the model built is the process's time to
    ready, sent with its HELLO (``member``).
-2. **HELLO** names the epoch and the process (which also sends a heartbeat
+2. **HELLO** names the epoch, the process and whether this is its first task
+   (cold: a synchronous round waits for it from its first commit, not while
+   its first step compiles). The process also sends a heartbeat
    every `HEARTBEAT_S` seconds from its first task on, on a connection of
-   its own: ``trainer.ps.members``). The server may say wait (the
+   its own (``trainer.ps.members``). The server may say wait (the
    fit already trains on its maximum of workers; the task asks again every
    half second) and says how many batches of this chunk and epoch earlier
    attempts committed (``committed_batches``): a task re-run after its
@@ -121,7 +123,7 @@ def _one_pass(config: ChunkConfig, client, process: _Process, chunk: int, shard,
               record: dict[str, Any]) -> None:
     """HELLO, then one pass over the chunk's batches its earlier attempts did not commit (the module docstring)."""
     model = process.model
-    center, meta = _hello(client, config.epoch, member)
+    center, meta = _hello(client, config.epoch, member, cold=process.cadence is None)
     load_state(model, list(center), with_optimizer=config.algorithm.exchanges_optimizer_state, strict=False)
     skipped = int(meta.get("committed_batches", 0))
     order = np.random.default_rng([config.seed, config.epoch, chunk]).permutation(shard.rows)
@@ -134,6 +136,8 @@ def _one_pass(config: ChunkConfig, client, process: _Process, chunk: int, shard,
     callback.rate = process.rate
     if process.cadence is not None:
         callback.cadence = process.cadence  # the window the process sized on its earlier chunks
+    else:  # a joiner: no warm-up of its own when the fit's is over
+        callback.cadence.fit_at(int(meta.get("version", 0)))
     callback.begin(model, int(meta.get("version", 0)))
     callback.step = config.epoch * chunk_batches + skipped  # the chunk's steps over the fit (progress)
     callback.start_epoch(config.epoch)
@@ -182,10 +186,11 @@ def _beat(config: ChunkConfig, chunk: int, member: dict[str, Any]) -> None:
         return
 
 
-def _hello(client, epoch: int, member: dict[str, Any]) -> tuple[list, dict[str, Any]]:
-    """HELLO until the server admits this task (it says wait while the fit trains on its maximum of workers)."""
+def _hello(client, epoch: int, member: dict[str, Any], cold: bool) -> tuple[list, dict[str, Any]]:
+    """HELLO until the server admits this task (it says wait while the fit trains on its maximum of workers);
+    `cold`: the process's first task, whose first step compiles (a round waits for it from its first commit)."""
     while True:
-        center, meta = client.hello({"epoch": epoch, "member": member})
+        center, meta = client.hello({"epoch": epoch, "member": member, "cold": cold})
         if not meta.get("wait"):
             return center, meta
         time.sleep(WAIT_S)
