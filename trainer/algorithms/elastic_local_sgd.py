@@ -181,10 +181,9 @@ class ElasticLocalSGD(ParameterServerAlgorithm):
         return None
 
     def deltas(self, payload: Sequence[np.ndarray], center: Sequence[np.ndarray]) -> Arrays:
-        """A received payload as float32 deltas."""
+        """A received payload as deltas shaped and typed as the center (`outer_step` reads them as float32)."""
         codec = self.codec
-        return list(payload) if codec is None else codec.decode(payload, [np.zeros(c.shape, np.float32)
-                                                                          for c in center])
+        return list(payload) if codec is None else codec.decode(payload, center)
 
     def describe(self) -> str:
         period = f"period auto <= {self.max_period}" if self.period == "auto" else f"period {self.period}"

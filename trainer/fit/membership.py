@@ -38,12 +38,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from trainer.ps.members import SILENT_S
-
-
-def member_id(member: dict[str, Any]) -> str:
-    """A process's name: ``host:pid``."""
-    return f"{member.get('host', '?')}:{member.get('pid', '?')}"
+from trainer.ps.members import SILENT_S, member_id
 
 
 class Membership:

@@ -44,6 +44,11 @@ HEARTBEAT_S = 1.0
 SILENT_S = 5.0
 
 
+def member_id(member: dict[str, Any]) -> str:
+    """A process's name: ``host:pid``."""
+    return f"{member.get('host', '?')}:{member.get('pid', '?')}"
+
+
 class MemberTracking:
     """Mixed into the parameter server (the module docstring); the server calls `_init_members` first."""
 
@@ -135,8 +140,7 @@ class MemberTracking:
         """The process `name` (``host:pid``) left by silence: no round waits for its tasks any more."""
         with self._lock:
             for conn in list(self._conns):
-                member = conn.member or {}
-                if f"{member.get('host', '?')}:{member.get('pid', '?')}" == name:
+                if member_id(conn.member or {}) == name:
                     self._release_claim_locked(conn)
 
     def _member_said_hello(self, conn: Any, member: dict[str, Any] | None) -> None:
