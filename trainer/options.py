@@ -341,5 +341,17 @@ def _is_auto(value: Any) -> bool:
 class SelectionOptions(SharedOptions):
     """A search's options: `SharedOptions` (a longer `io_timeout`, the module docstring) and the evaluation batch."""
 
+    num_workers: int = option(2, workers)
     io_timeout: float = option(3600.0, positive_number)
     eval_batch_size: int = option(256, positive_int)
+
+    #: ``(min, max)`` of an elastic search, else None; `num_workers` is then the max.
+    elastic: tuple[int, int] | None = field(default=None, init=False, repr=False)
+
+    def check_together(self) -> None:
+        if isinstance(self.num_workers, tuple):
+            self.elastic = self.num_workers
+            self.num_workers = self.elastic[1]
+
+    def given(self, name: str) -> Any:
+        return self.elastic if name == "num_workers" and self.elastic is not None else super().given(name)

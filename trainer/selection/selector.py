@@ -22,7 +22,9 @@ stage sequence (``trainer.controller``: TLS, secret, `serve`: slots, retries,
 closing); the driver's
 ``trainer.selection.engine.search_run.SearchRun`` serves them through a
 ``HopperServer``, and ``trainer.selection.report.result.build_result`` makes the
-result. How model hopper parallelism, its validation, checkpoints, replay and
+result. An elastic search (``num_workers=(min, max)``) runs rounds of ordinary
+chunk tasks instead (``trainer.selection.engine.elastic_search``). How model
+hopper parallelism, its validation, checkpoints, replay, elastic searches and
 the baselines work: ``docs/model-selection.md``.
 """
 
@@ -32,6 +34,7 @@ import dataclasses
 import functools
 import logging
 import time
+import uuid
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -42,6 +45,7 @@ from trainer.data.validation import dealt_evenly, split_validation, tag_validati
 from trainer.errors import SelectionError
 from trainer.options import OptionAttributes, SelectionOptions
 from trainer.runtime.feeding.arrow import arrow_to_numpy
+from trainer.runtime.search_worker.elastic_search_task import serve_chunk
 from trainer.runtime.search_worker.search_task import ConfigBuild, TaskSpec, canonical_order, selection_task
 from trainer.runtime.shipping import ship_by_value
 from trainer.runtime.state import model_state, state_layout
@@ -55,12 +59,20 @@ from trainer.selection.search import Config, Search, search_names
 from trainer.selection.search.space import decode
 from trainer.spark.cluster_facts import FitCluster
 from trainer.spark.connect import share_with_tasks
+from trainer.spark.elastic_launch import ElasticPolicy
 from trainer.spark.launch import RetryPolicy
 from trainer.tracking import RunLogger, SearchLogger
 
 log = logging.getLogger("trainer.selection")
 
 __all__ = ["STRATEGIES", "ModelSelector"]
+
+#: Jobs an elastic search may run at most: a new one starts only when a chunk that a model needs has no task (the
+#: bound is never reached; ``trainer.spark.elastic_launch`` takes a range).
+MAX_ROUNDS = 1_000_000
+#: Rounds that may start while an earlier one still runs: a round's task launched on a joining executor holds its
+#: round open while that process starts (seconds), and the chunks meanwhile go on in later rounds.
+ROUNDS_AHEAD = 8
 
 
 class ModelSelector(OptionAttributes):
@@ -82,7 +94,10 @@ class ModelSelector(OptionAttributes):
             metric selects.
         strategy: ``"mop"`` (default), ``"task_parallel"`` or ``"sequential"``
             (``trainer.selection.engine.strategies``: what differs between them).
-        num_workers: Integer. Barrier tasks, one per data shard (``sequential``: 1).
+        num_workers: Integer. Barrier tasks, one per data shard (``sequential``: 1). Or ``(min, max)``: an
+            elastic search (model hopper only): `max` chunks served by ordinary tasks that come and go with
+            Spark's executors (dynamic allocation on), at least `min` task slots
+            (``trainer.selection.engine.elastic_search``).
         features_col: String or list of strings. Array/Vector column or numeric columns.
         label_col: String. The label column.
         checkpoint_dir: String or None. Where to checkpoint every model after each epoch.
@@ -129,6 +144,12 @@ class ModelSelector(OptionAttributes):
         #: The checked options (``trainer.options.SelectionOptions``), also readable as attributes.
         self.options = SelectionOptions.of("ModelSelector", options)
         self.execution.check_workers(self.options.num_workers)
+        if self.options.elastic is not None and not self.execution.elastic:
+            raise SelectionError(
+                f"An elastic search (num_workers={self.options.elastic}) needs strategy='mop': its models hop "
+                f"between chunks that the workers serve as they come and go. Received strategy={strategy!r}. "
+                "Fix: strategy='mop', or give num_workers as one integer."
+            )
         concurrent = search.max_concurrent
         if concurrent is not None and self.execution.parallel and concurrent < self.options.num_workers:
             log.warning("model selection: %s trains at most %d trials at once but num_workers=%d: some workers "
@@ -244,7 +265,9 @@ class ModelSelector(OptionAttributes):
         self._used = True  # from here on the search object receives reports
         admit = functools.partial(self._admit, spec=spec, input_shapes=input_shapes)
         run = make_search_run(self, self.search, layouts, states, store=store, resume=resume, replay=replay,
-                              callbacks=callbacks, description=self._run_description(configs), admit=admit)
+                              callbacks=callbacks, description=self._run_description(configs), admit=admit,
+                              elastic=self.options.elastic is not None)
+        search_id = uuid.uuid4().hex
         stage_frame, broadcast = self._stage_data(spark, frame, spec, vframe, vrows)
         builds = {c.id: ConfigBuild(dict(c.params), c.batch_size, tuple(input_shapes[c.id]),
                                     derive_seed(self.seed, "build", c.id)) for c in configs}
@@ -254,16 +277,20 @@ class ModelSelector(OptionAttributes):
                               max_body=max(1 << 30, 4 * sum(a.nbytes for s in states.values() for a in s)),
                               frame_mac=self.frame_mac)
 
-        def make_task(attempt: int, workers: int):
-            run.begin_attempt(attempt)
-            return functools.partial(selection_task, TaskSpec(
+        def task_spec(attempt: int, round_: int = 0) -> TaskSpec:
+            return TaskSpec(
                 model_fn=self.model_fn, configs=builds,
                 connect=functools.partial(HopperClient, controller.host, server.address[1], server.credentials),
                 attempt=attempt, feature_size=spec.feature_size,
                 label_size=spec.label_size, full_copy=broadcast, task_seed=derive_seed(self.seed, "task"),
                 eval_batch_size=self.eval_batch_size, io_timeout=self.io_timeout,
                 keras_backend=keras.backend.backend(), decode=functools.partial(decode, self.search.space),
-            ))
+                search_id=search_id, round=round_,
+            )
+
+        def make_task(attempt: int, workers: int):
+            run.begin_attempt(attempt)
+            return functools.partial(selection_task, task_spec(attempt))
 
         def started() -> None:
             run.t0 = time.time()
@@ -275,11 +302,21 @@ class ModelSelector(OptionAttributes):
         def search_stage() -> StageResult:
             run.start()
             stage = no_stage
-            if not run.finished:  # a resumed search that had ended runs nothing
+            description = f"trainer: model selection ({self.strategy}, {len(configs)} configs)"
+            if run.finished:  # a resumed search that had ended runs nothing
+                pass
+            elif self.options.elastic is not None:  # rounds of chunk tasks (trainer.selection.engine.elastic_search)
+                stage = controller.run_elastic(
+                    stage_frame, n, range(MAX_ROUNDS), lambda r: functools.partial(serve_chunk, task_spec(0, r)),
+                    server=server, policy=ElasticPolicy(self.options.elastic[0], max(self.slot_timeout, 60.0),
+                                                        self.max_retries),
+                    description=f"{description} elastic {self.options.elastic[0]}-{n}", profile=profile,
+                    on_started=started, stopped=lambda: run.over, fatal=lambda: run.error,
+                    begun=run.may_start_round, lookahead=ROUNDS_AHEAD)
+            else:
                 stage = controller.run(
                     stage_frame, n, make_task, server=server,
-                    policy=RetryPolicy(self.max_retries, max(self.slot_timeout, 60.0)),
-                    description=f"trainer: model selection ({self.strategy}, {len(configs)} configs)",
+                    policy=RetryPolicy(self.max_retries, max(self.slot_timeout, 60.0)), description=description,
                     slot_timeout=self.slot_timeout, fatal=lambda: run.error, profile=profile, on_started=started)
             if run.error is not None:
                 raise run.error
@@ -301,6 +338,9 @@ class ModelSelector(OptionAttributes):
                 "Fix: create a new search and ModelSelector (pass resume=True with the same checkpoint_dir "
                 "to continue a search)."
             )
+        if replay is not None and self.options.elastic is not None:
+            raise SelectionError("replay= needs a fixed num_workers: in an elastic search which chunk is served when "
+                                 "is Spark's. Fix: pass num_workers as one integer to replay a schedule.")
         if replay is not None and not self.execution.replays:
             raise SelectionError(f"replay= needs strategy='mop'. Received strategy={self.strategy!r}.")
         if resume and self.checkpoint_dir is None:

@@ -113,16 +113,19 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                    fatal: Callable[[], BaseException | None] = lambda: None,
                    events: list[dict] | None = None, watch: Callable[[], Any] = lambda: None,
                    retire: Callable[[set[str]], Any] = lambda executors: None,
-                   begun: Callable[[int], bool] = lambda epoch: False, poll_s: float = 0.5) -> EpochJobs:
+                   begun: Callable[[int], bool] = lambda epoch: False, lookahead: int = 0,
+                   poll_s: float = 0.5) -> EpochJobs:
     """Run one job per epoch of `epochs` over `frame` cut into `chunks` partitions (the module docstring);
     ``stopped()`` after an epoch ends the loop (a callback stopped the fit); ``begun(epoch)`` says every chunk
     of `epoch` has started, so the next epoch's job may start beside it; ``watch()`` runs every `poll_s` seconds
     while a job runs (the members' heartbeats) and returns the members that went silent, each a dict whose
     ``"executor"`` (when known) is released (`release_executor`; ``"executor_released"`` says whether Spark took
-    it); ``retire(executors)`` hears the executors being decommissioned (`decommissioned_executors`)."""
+    it); ``retire(executors)`` hears the executors being decommissioned (`decommissioned_executors`); at most
+    `lookahead` (0: `LOOKAHEAD`) jobs start while an earlier one runs."""
     from pyspark import StorageLevel
 
     spark = frame.sparkSession
+    lookahead = lookahead or LOOKAHEAD
     events = [] if events is None else events
     floor = Floor(lambda: available_slots(spark, profile), policy, events)
     released: set[str] = set()
@@ -142,11 +145,11 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
         floor.check()
 
     cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK)
-    done, order = EpochJobs(), list(epochs)
+    done, order = EpochJobs(), epochs  # a range: an elastic search's is long
     running: dict[int, tuple[concurrent.futures.Future, float]] = {}  # epoch -> its job, when it started
     with _no_locality_wait(spark), contextlib.ExitStack() as stack:
         stack.callback(cut.unpersist)
-        pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(LOOKAHEAD + 1,
+        pool = stack.enter_context(concurrent.futures.ThreadPoolExecutor(lookahead + 1,
                                                                          thread_name_prefix="trainer-epoch"))
 
         def start(epoch: int) -> None:
@@ -158,7 +161,7 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
             for i, epoch in enumerate(order):
                 if epoch not in running:
                     start(epoch)
-                ahead = order[i:i + LOOKAHEAD + 1]
+                ahead = order[i:i + lookahead + 1]
                 job, started = running[epoch]
                 while not _finished(job, poll_s):
                     on_wait()
@@ -169,8 +172,7 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                 done.rows.extend(job.result())
                 done.epochs.append({"epoch": epoch, "start": started, "end": time.time()})
                 if stopped():  # the next epoch's tasks, if they started, were told to stop: they end soon
-                    for job, _ in running.values():
-                        done.rows.extend(job.result())
+                    _wind_down(spark, tag, [job for job, _ in running.values()], done.rows)
                     break
         except BaseException:
             cancel_tagged(spark, tag)
@@ -181,6 +183,23 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
 #: Epochs whose jobs may start while an earlier one still runs (its last chunks: a straggler, a joiner building its
 #: model, a re-run): two, so that a joiner's start-up (several seconds) does not idle the others on short epochs.
 LOOKAHEAD = 2
+
+
+#: Seconds the jobs still running when a fit or a search stopped get to end before they are cancelled: their started
+#: tasks were told to stop; a task still pending (waiting for an executor) would only start to be told the same.
+WIND_DOWN_S = 5.0
+
+
+def _wind_down(spark, tag: str, jobs: list[concurrent.futures.Future], rows: list) -> None:
+    """The rows of `jobs` that end within `WIND_DOWN_S`; the others are cancelled (their rows lost)."""
+    finished, pending = concurrent.futures.wait(jobs, timeout=WIND_DOWN_S)
+    if pending:
+        log.info("Cancelling %d job(s) whose tasks still wait for a slot: training has ended", len(pending))
+        cancel_tagged(spark, tag)
+        concurrent.futures.wait(pending)
+    for job in jobs:
+        if job in finished or job.exception() is None:
+            rows.extend(job.result())
 
 
 def _finished(job: concurrent.futures.Future, timeout: float) -> bool:

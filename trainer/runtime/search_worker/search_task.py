@@ -120,6 +120,9 @@ class TaskSpec:
     env: dict[str, str] = field(default_factory=dict)
     # a model-based search's point -> the configuration's params, for configurations it adds during the run
     decode: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    # an elastic search's: its id (a process keeps its models per search) and the job (round) of this task
+    search_id: str = ""
+    round: int = 0
 
 
 # ----------------------------------------------------------------------------- models
@@ -259,8 +262,32 @@ def selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterato
 
 def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
     start = start_barrier_task(spec.keras_backend, spec.env)
-    task_start, worker, devices = start.time, start.index, start.devices
+    worker = start.index
+    data = load_shard(spec, batches)
+    keras = fresh_keras(spec.task_seed + worker)  # random layers (dropout) draw from here
+    record = unit_totals({"worker": worker, "attempt": spec.attempt, "task_start": start.time,
+                          "executor_pid": os.getpid(), **data.info, **start.devices})
+    with spec.connect(worker, spec.attempt, spec.io_timeout) as client:
+        client.hello({"attempt": spec.attempt, "rows": data.info["rows"], "val_rows": data.info["val_rows"],
+                      "data_bytes": data.info["data_bytes"], "pid": os.getpid()})
+        serve_units(client, spec, keras, ModelCache(), {}, data, record)
+        record.update(end=time.time(), bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
+    yield result_batch(worker, record)
 
+
+@dataclass
+class ShardData:
+    """A task's shard as flat arrays in canonical order, and what its record says of it."""
+
+    x: np.ndarray
+    y: np.ndarray
+    xv: np.ndarray
+    yv: np.ndarray
+    info: dict[str, Any]
+
+
+def load_shard(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> ShardData:
+    """The task's training and validation rows (the baselines: the broadcast full copy)."""
     if spec.full_copy is None:
         (x, y), (xv, yv) = split_shard(batches, (spec.feature_size,), spec.label_size)
         (x, y), (xv, yv) = canonical_order(x, y), canonical_order(xv, yv)
@@ -269,64 +296,62 @@ def _selection_task(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterat
             pass
         x, y, xv, yv = spec.full_copy.value
     data_bytes = int(sum(a.nbytes for a in (x, y, xv, yv) if a is not None))
-    checksum = _checksum(x, y, xv, yv)
-    data_ready = time.time()
+    return ShardData(x, y, xv, yv, {"rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
+                                    "data_checksum": _checksum(x, y, xv, yv), "data_ready": time.time()})
 
-    keras = fresh_keras(spec.task_seed + worker)  # random layers (dropout) draw from here
-    cache = ModelCache()
-    late: dict[str, ConfigBuild] = {}
+
+def unit_totals(record: dict[str, Any]) -> dict[str, Any]:
+    """`record` with the counters `serve_units` adds to."""
+    return {**record, "builds": {}, "units": 0, "train_s": 0.0, "val_s": 0.0}
+
+
+def serve_units(client: HopperConnection, spec: TaskSpec, keras, cache: ModelCache, late: dict[str, ConfigBuild],
+                data: ShardData, record: dict[str, Any]) -> None:
+    """Train what the driver hands out on this shard until it says stop; `cache` and `late` (the configurations a
+    model-based search added) may outlive the task (an elastic search keeps them per process)."""
+    x, y, xv, yv = data.x, data.y, data.xv, data.yv
     feeds: dict[tuple[int, ...], ShardFeed] = {}
-    record: dict[str, Any] = {
-        "worker": worker, "attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
-        "data_checksum": checksum, "task_start": task_start, "data_ready": data_ready, "builds": {}, "units": 0,
-        "train_s": 0.0, "val_s": 0.0, "executor_pid": os.getpid(), **devices,
-    }
-    with spec.connect(worker, spec.attempt, spec.io_timeout) as client:
-        client.hello({"attempt": spec.attempt, "rows": len(x), "val_rows": len(xv), "data_bytes": data_bytes,
-                      "pid": os.getpid()})
-        while True:
-            work, arrays = client.next_work()
-            if work.get("op") != "train":
-                break
-            cid = work["model"]
-            cfg = spec.configs.get(cid) or late.get(cid)
-            if cfg is None:  # added by a model-based search during the run: the driver sent how to build it
-                payload = work["config"]
-                cfg = late[cid] = ConfigBuild(spec.decode(payload["point"]), int(payload["batch_size"]),
-                                             tuple(payload["input_shape"]), int(payload["build_seed"]))
-            if cid not in cache.models:
-                started = time.time()
-                keras.utils.set_random_seed(cfg.build_seed)
-                built = spec.model_fn(dict(cfg.params))
-                optimizer_of(built)
-                cache.add(cid, built)
-                record["builds"][cid] = time.time() - started
-            model = cache.load(cid, None if work.get("keep") else list(arrays))
-            del arrays  # the frame buffer can go
-            # Shuffle with numpy: keras.utils.set_random_seed here would clear TensorFlow's caches every unit.
-            order = np.random.default_rng(int(work["seed"])).permutation(len(x))
+    while True:
+        work, arrays = client.next_work()
+        if work.get("op") != "train":
+            break
+        cid = work["model"]
+        cfg = spec.configs.get(cid) or late.get(cid)
+        if cfg is None:  # added by a model-based search during the run: the driver sent how to build it
+            payload = work["config"]
+            cfg = late[cid] = ConfigBuild(spec.decode(payload["point"]), int(payload["batch_size"]),
+                                         tuple(payload["input_shape"]), int(payload["build_seed"]))
+        if cid not in cache.models:
             started = time.time()
-            shape = tuple(cfg.input_shape)
-            if shape not in feeds:  # the shard as tensors once per input shape
-                feeds[shape] = ShardFeed(x.reshape((len(x), *shape)), y)
-            history = model.fit(**feeds[shape].fit_kwargs(cfg.batch_size, order), epochs=1, verbose=0)
-            train_s = time.time() - started
-            val_logs: dict[str, float] = {}
-            if len(xv):
-                val_logs = validation_logs(model, xv.reshape((len(xv), *cfg.input_shape)), yv,
-                                           max(spec.eval_batch_size, cfg.batch_size))
-            val_s = time.time() - started - train_s
-            record["units"] += 1
-            record["train_s"] += train_s
-            record["val_s"] += val_s
-            state = model_state(model)
-            cache.trained(cid, state)
-            client.send_result(
-                {"model": cid, "epoch": work["epoch"], "seq": work["seq"], "train": _logs(history.history),
-                 "val": val_logs, "rows": len(x), "val_rows": len(xv), "train_s": train_s, "val_s": val_s,
-                 "steps": -(-len(x) // cfg.batch_size)},
-                state,
-            )
-        record.update(end=time.time(), bytes_sent=client.bytes_sent, bytes_received=client.bytes_received,
-                      shared_models=cache.shared)
-    yield result_batch(worker, record)
+            keras.utils.set_random_seed(cfg.build_seed)
+            built = spec.model_fn(dict(cfg.params))
+            optimizer_of(built)
+            cache.add(cid, built)
+            record["builds"][cid] = time.time() - started
+        model = cache.load(cid, None if work.get("keep") else list(arrays))
+        del arrays  # the frame buffer can go
+        # Shuffle with numpy: keras.utils.set_random_seed here would clear TensorFlow's caches every unit.
+        order = np.random.default_rng(int(work["seed"])).permutation(len(x))
+        started = time.time()
+        shape = tuple(cfg.input_shape)
+        if shape not in feeds:  # the shard as tensors once per input shape
+            feeds[shape] = ShardFeed(x.reshape((len(x), *shape)), y)
+        history = model.fit(**feeds[shape].fit_kwargs(cfg.batch_size, order), epochs=1, verbose=0)
+        train_s = time.time() - started
+        val_logs: dict[str, float] = {}
+        if len(xv):
+            val_logs = validation_logs(model, xv.reshape((len(xv), *cfg.input_shape)), yv,
+                                       max(spec.eval_batch_size, cfg.batch_size))
+        val_s = time.time() - started - train_s
+        record["units"] += 1
+        record["train_s"] += train_s
+        record["val_s"] += val_s
+        state = model_state(model)
+        cache.trained(cid, state)
+        client.send_result(
+            {"model": cid, "epoch": work["epoch"], "seq": work["seq"], "train": _logs(history.history),
+             "val": val_logs, "rows": len(x), "val_rows": len(xv), "train_s": train_s, "val_s": val_s,
+             "steps": -(-len(x) // cfg.batch_size)},
+            state,
+        )
+    record["shared_models"] = cache.shared

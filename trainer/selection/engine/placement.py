@@ -484,6 +484,9 @@ class MopScheduler(EpochScheduler):
         return Simulation(makespan, bars, list(self.schedule), epochs_done, self.num_workers)
 
     # -- internals ---------------------------------------------------------
+    def _idle_workers(self) -> set[int]:
+        return {w for w in range(self.num_workers) if self._busy[w] is None}
+
     def _has_work(self, model: Hashable) -> bool:
         return model not in self._dropped and bool(self._pending[model])
 
@@ -529,7 +532,7 @@ class MopScheduler(EpochScheduler):
                     f"(budget {self._budget[e.model]} epochs). The recording does not match this run."
                 )
             self._replay = None  # used up: go on with the normal policy
-        idle_workers = {w for w in range(self.num_workers) if self._busy[w] is None}
+        idle_workers = self._idle_workers()
         if not idle_workers:
             return out
         candidates = [m for m in self.models if self._on[m] is None and self._has_work(m)]

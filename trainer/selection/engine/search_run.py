@@ -27,6 +27,7 @@ from trainer.selection.report.callbacks import SelectionCallback
 from trainer.selection.engine.search_checkpoints import CheckpointStore
 from trainer.selection.engine.hopper import HopperRejected
 from trainer.selection.report.result import load_schedule, load_search_log
+from trainer.selection.engine.elastic_placement import ElasticMopScheduler
 from trainer.selection.engine.placement import EpochDone, ScheduledTask
 from trainer.selection.engine.strategies import strategy_of
 from trainer.selection.search import Config, Decision, Search
@@ -147,23 +148,30 @@ class SearchRun:
                 if self.stopping or self.finished:
                     return {"op": "stop"}, ()
                 if unit is not None:
-                    if unit.delivered_to == attempt:
-                        raise HopperRejected(
-                            f"worker {worker} asked for work while unit {unit.entry.seq} is still in flight on it"
-                        )
-                    unit.delivered_to = attempt
-                    unit.sent = time.time()
-                    cid = unit.entry.model
-                    unit.keep = self.holder.get(cid) == (worker, attempt)
-                    meta = {"op": "train", "model": cid, "epoch": unit.entry.epoch, "seq": unit.entry.seq,
-                            "keep": unit.keep, "seed": unit.seed}
-                    if cid in self.payloads:  # a configuration the task spec does not carry: how to build it
-                        meta["config"] = self.payloads[cid]
-                    return meta, () if unit.keep else self.states[cid]
+                    return self._deliver(worker, attempt, unit)
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"op": "wait"}, ()
                 self.cond.wait(remaining)
+
+    def _deliver(self, worker: int, attempt: int, unit: _Unit) -> tuple[dict[str, Any], Sequence[np.ndarray]]:
+        """Hand `unit` to the task (lock held): its meta and the model's state, unless the task's process holds
+        it (``keep``)."""
+        if unit.delivered_to == attempt:
+            raise HopperRejected(f"worker {worker} asked for work while unit {unit.entry.seq} is still in flight on it")
+        unit.delivered_to = attempt
+        unit.sent = time.time()
+        cid = unit.entry.model
+        unit.keep = self.holder.get(cid) == self._holder_key(worker, attempt)
+        meta = {"op": "train", "model": cid, "epoch": unit.entry.epoch, "seq": unit.entry.seq,
+                "keep": unit.keep, "seed": unit.seed}
+        if cid in self.payloads:  # a configuration the task spec does not carry: how to build it
+            meta["config"] = self.payloads[cid]
+        return meta, () if unit.keep else self.states[cid]
+
+    def _holder_key(self, worker: int, attempt: int) -> Any:
+        """Who holds a model's newest state once this task trained it: the task (its model cache is its own)."""
+        return worker, attempt
 
     def result(self, worker: int, attempt: int, meta: dict[str, Any], arrays: list[np.ndarray]) -> dict[str, Any]:
         now = time.time()
@@ -187,8 +195,9 @@ class SearchRun:
                 "train_s": float(meta.get("train_s", 0.0)), "val_s": float(meta.get("val_s", 0.0)),
                 "sent_state": not unit.keep,
             }
+            record.update(self._unit_extra(worker, attempt))
             self.states[cid] = arrays
-            self.holder[cid] = (worker, attempt)
+            self.holder[cid] = self._holder_key(worker, attempt)
             self.units.append(record)
             self.parts.setdefault(cid, []).append(record)
             del self.outstanding[worker]
@@ -209,6 +218,10 @@ class SearchRun:
         log.warning("model selection: worker %d (attempt %d) disconnected without saying BYE", worker, attempt)
 
     # -- internals (lock held) ------------------------------------------------------
+    def _unit_extra(self, worker: int, attempt: int) -> dict[str, Any]:
+        """What a unit's record says of the task that trained it besides its worker and attempt."""
+        return {}
+
     def _check_attempt(self, attempt: int, what: str) -> None:
         if self.error is not None:
             raise HopperRejected(f"search aborted in the driver: {type(self.error).__name__}: {self.error}")
@@ -369,7 +382,7 @@ def _admit(admit: Callable[[Config], tuple] | None, config: Config, layouts: dic
 def make_search_run(selector: Any, search: Search, layouts: dict[str, list], states: dict[str, list[np.ndarray]],
                     *, store: CheckpointStore | None, resume: bool, replay: Any,
                     callbacks: Sequence[SelectionCallback], description: dict[str, Any],
-                    admit: Callable[[Config], tuple] | None = None) -> SearchRun:
+                    admit: Callable[[Config], tuple] | None = None, elastic: bool = False) -> SearchRun:
     """The driver-side run: checkpoints restored (resume), the search's state rebuilt, the scheduler made.
 
     ``selector`` needs ``strategy``, ``num_workers``, ``seed``, ``verbose`` and
@@ -416,11 +429,16 @@ def make_search_run(selector: Any, search: Search, layouts: dict[str, list], sta
         log.info("model selection: resuming from %s with %d completed epochs", store.root, sum(resumed.values()))
     ids = admit_new()
     budgets = {cid: max(1, search.budget(cid)) for cid in ids}
+    parts = dict(selector=selector, search=search, layouts=layouts, states=states, history=history, resumed=resumed,
+                 callbacks=callbacks, store=store, seed=selector.seed, admit=admit, payloads=payloads)
+    if elastic:  # which chunk is served when is Spark's: no schedule to replay
+        from trainer.selection.engine.elastic_search import ElasticSearchRun  # it builds on this module
+
+        scheduler = ElasticMopScheduler(ids, selector.num_workers, budgets, seed=selector.seed)
+        return ElasticSearchRun(chunks=selector.num_workers, scheduler=scheduler, **parts)
     strategy = strategy_of(selector.strategy)
     recording = (load_schedule(replay) if replay is not None else previous_schedule) if strategy.replays else None
     scheduler = strategy.scheduler(ids, selector.num_workers, budgets, selector.seed, recording=recording,
                                    late_models=search.adds_configs)
-    return SearchRun(selector=selector, search=search, scheduler=scheduler, layouts=layouts, states=states,
-                     history=history, resumed=resumed, callbacks=callbacks, store=store, seed=selector.seed,
-                     admit=admit, payloads=payloads)
+    return SearchRun(scheduler=scheduler, **parts)
 

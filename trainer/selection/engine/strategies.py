@@ -36,6 +36,8 @@ class Strategy:
     replays = False
     #: True when several workers train at once, so a search's ``max_concurrent`` below them leaves some idle.
     parallel = True
+    #: True when it runs elastic (``num_workers=(min, max)``: ``trainer.selection.engine.elastic_search``).
+    elastic = False
 
     def check_workers(self, num_workers: int) -> None:
         """Raise a :class:`SelectionError` when the strategy cannot run on ``num_workers``."""
@@ -54,7 +56,7 @@ class Strategy:
 class ModelHopper(Strategy):
     """Model hopper parallelism: every worker holds one shard, models hop from shard to shard (the default)."""
 
-    name, hops, replays = "mop", True, True
+    name, hops, replays, elastic = "mop", True, True, True
 
     def min_rows(self, num_workers: int) -> int:
         return num_workers  # one row per shard at least

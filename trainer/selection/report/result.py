@@ -63,6 +63,9 @@ class SelectionResult:
         resumed_epochs: epochs per configuration taken from checkpoints.
         search_log: a model-based search's trials and decisions (``TPESearch``,
             ``ASHA``: their ``state()``), which ``fit(replay=...)`` follows; else None.
+        membership: an elastic search's chunk events (``time``, ``event``: served,
+            took over, ended or lost, ``chunk``, ``task``, ``round``, ``process``; a lost task's
+            ``returned``: the model whose unit it had in flight, trained again elsewhere); else empty.
     """
 
     strategy: str
@@ -82,6 +85,7 @@ class SelectionResult:
     interrupted: bool
     resumed_epochs: dict[str, int] = field(default_factory=dict)
     search_log: dict[str, Any] | None = None
+    membership: list[dict[str, Any]] = field(default_factory=list)
     _factory: Callable[[str], Any] | None = field(default=None, repr=False)
     _best_model: Any = field(default=None, repr=False)
 
@@ -268,7 +272,7 @@ def build_result(selector, run, configs: list[Config], spec: DataSpec, input_sha
         data_bytes=int(sum(r.get("data_bytes", 0) for r in tasks)),
         bytes_moved=bytes_moved,
         interrupted=not run.finished, resumed_epochs=dict(run.resumed),
-        search_log=selector.search.state(), _factory=factory,
+        search_log=selector.search.state(), membership=list(getattr(run, "events", ())), _factory=factory,
     )
 
 
