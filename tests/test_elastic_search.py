@@ -172,3 +172,14 @@ def test_an_elastic_search_uses_a_worker_that_joins_and_trains_a_lost_worker_s_u
                  and u["process"] != lost["process"]]
         assert again
     assert len({e["process"] for e in served}) >= 3
+
+
+def test_a_task_on_a_decommissioned_executor_ends_after_its_unit_and_its_chunk_goes_to_the_next_round():
+    run = _run(configs=2)
+    run.hello(0, 40, {"rows": 10, "val_rows": 0, "round": 0, "process": "p40", "executor": "7"})
+    work, _ = run.next_work(0, 40, 0.01)
+    run.retire({"7"})  # Spark decommissions executor 7: the unit in flight is committed, not lost
+    _commit(run, 0, 40, work)
+    assert run.next_work(0, 40, 0.01)[0] == {"op": "stop"}  # the other model still needs chunk 0, elsewhere
+    assert [e["event"] for e in run.events] == ["served", "retired"] and run.may_start_round(0)
+    assert len(run.units) == 1

@@ -312,7 +312,7 @@ class ModelSelector(OptionAttributes):
                                                         self.max_retries),
                     description=f"{description} elastic {self.options.elastic[0]}-{n}", profile=profile,
                     on_started=started, stopped=lambda: run.over, fatal=lambda: run.error,
-                    begun=run.may_start_round, lookahead=ROUNDS_AHEAD)
+                    begun=run.may_start_round, lookahead=ROUNDS_AHEAD, retire=run.retire)
             else:
                 stage = controller.run(
                     stage_frame, n, make_task, server=server,

@@ -10,7 +10,8 @@ task per chunk (``trainer.spark.elastic_launch``, driven by
    models there (`_PROCESSES`, by the search's id), so a later chunk in the
    same process builds and compiles nothing, and the driver does not send a
    state the process produced last (``keep``).
-2. **HELLO** names the chunk's job (``round``) and the process; the connection
+2. **HELLO** names the chunk's job (``round``), the process and its executor (a
+   decommissioned executor's task ends after its unit in flight); the connection
    authenticates as worker = the chunk, attempt = Spark's task attempt id
    (unique in the application: a retried task is told apart from the lost one).
    The driver may say stop at once (a newer task holds the chunk, or no model
@@ -29,7 +30,7 @@ from typing import Any, Iterator
 
 import pyarrow as pa
 
-from trainer.runtime.process import holding_cores, start_task
+from trainer.runtime.process import executor_id, holding_cores, start_task
 from trainer.runtime.search_worker.search_task import ConfigBuild, ModelCache, TaskSpec, load_shard, serve_units, \
     unit_totals
 from trainer.runtime.stage_result import result_batch
@@ -73,7 +74,7 @@ def _serve_chunk(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[
     with spec.connect(chunk, task, spec.io_timeout) as client:
         reply = client.hello({"round": spec.round, "process": name, "rows": data.info["rows"],
                               "val_rows": data.info["val_rows"], "data_bytes": data.info["data_bytes"],
-                              "pid": os.getpid()})
+                              "pid": os.getpid(), "executor": executor_id()})
         if not reply.get("stop"):
             serve_units(client, spec, process.keras, process.cache, process.late, data, record)
         record.update(end=time.time(), bytes_sent=client.bytes_sent, bytes_received=client.bytes_received,

@@ -19,6 +19,8 @@ who serves a chunk (:class:`~trainer.selection.engine.elastic_placement.ElasticM
 * **a task's connection drops** without a goodbye (its executor or process
   died): its unit in flight goes back to its model (which trains that chunk
   later, whoever serves it), and a chunk nobody serves takes no new units;
+* **a task on an executor Spark decommissions** (a graceful leave: `retire`)
+  ends once its unit in flight is committed, so nothing is lost or trained twice;
 * **a task ends** when no model needs its chunk in its current epoch any more,
   so its slot goes to a chunk that is needed; the next round's job starts as
   soon as a chunk that a model needs is served by nobody though its task of the
@@ -50,6 +52,7 @@ class _Holder:
     task: int  # Spark's task attempt id: the connection's attempt
     round: int  # the job it belongs to
     process: str  # host:pid of its Python worker
+    executor: str | None = None  # its Spark executor, where the task could tell
 
 
 class ElasticSearchRun(SearchRun):
@@ -63,7 +66,8 @@ class ElasticSearchRun(SearchRun):
         self.rounds: dict[int, int] = {}  # task -> its round
         self.latest: dict[tuple[int, int], int] = {}  # (round, chunk) -> the newest task of that Spark task
         self.began: dict[int, set[int]] = {}  # round -> chunks whose task said HELLO
-        #: What happened to the chunks: {"time", "event" (served, took over, ended, lost), "chunk", "task",
+        self.retiring: set[str] = set()  # executors Spark is decommissioning
+        #: What happened to the chunks: {"time", "event" (served, took over, ended, retired, lost), "chunk", "task",
         #: "round", "process"}; a lost one also names the model whose unit it had in flight (``returned``).
         self.events: list[dict[str, Any]] = []
 
@@ -94,7 +98,7 @@ class ElasticSearchRun(SearchRun):
             holder = self.holders.get(worker)
             if self.over or (holder is not None and (holder.round, holder.task) > (round_, attempt)):
                 return {"stop": True}
-            self.holders[worker] = _Holder(attempt, round_, process)
+            self.holders[worker] = _Holder(attempt, round_, process, meta.get("executor"))
             self._event("served" if holder is None else "took over", worker, attempt)
             if worker not in self.sched.served:
                 n = len(self.sched.schedule)
@@ -115,6 +119,13 @@ class ElasticSearchRun(SearchRun):
                 if self.over:  # units still in flight on other tasks are committed as they end
                     self._event("ended", worker, attempt)
                     del self.holders[worker]
+                    return {"op": "stop"}, ()
+                if holder.executor in self.retiring:  # its unit in flight is committed: it asks for no other
+                    self._event("retired", worker, attempt)
+                    if unit is None or unit.delivered_to is None:
+                        self._release(worker)
+                    else:  # a unit on the task it took the chunk over from: released once that one commits
+                        del self.holders[worker]
                     return {"op": "stop"}, ()
                 if unit is None and not self.sched.needs(worker):
                     self._event("ended", worker, attempt)
@@ -144,6 +155,13 @@ class ElasticSearchRun(SearchRun):
                 in_flight = unit is not None and unit.delivered_to == attempt
                 self._event("lost", worker, attempt, returned=unit.entry.model if in_flight else None)
             self._void(attempt)
+
+    def retire(self, executors: set[str]) -> None:
+        """Spark decommissions `executors` (a graceful leave): their tasks end after the unit they train, and their
+        chunks go to the next round's tasks elsewhere."""
+        with self.cond:
+            self.retiring |= set(executors)
+            self.cond.notify_all()
 
     # -- internals (lock held) ------------------------------------------------------------
     def _check_attempt(self, attempt: int, what: str) -> None:

@@ -64,7 +64,7 @@ class SelectionResult:
         search_log: a model-based search's trials and decisions (``TPESearch``,
             ``ASHA``: their ``state()``), which ``fit(replay=...)`` follows; else None.
         membership: an elastic search's chunk events (``time``, ``event``: served,
-            took over, ended or lost, ``chunk``, ``task``, ``round``, ``process``; a lost task's
+            took over, ended, retired or lost, ``chunk``, ``task``, ``round``, ``process``; a lost task's
             ``returned``: the model whose unit it had in flight, trained again elsewhere); else empty.
     """
 
