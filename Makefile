@@ -197,11 +197,12 @@ bench-select: venv ## model selection on MNIST and forecasting: MOP vs task para
 	$(PY) jobs/select_forecast.py --limit 8760 --search $(SEARCHES) --seeds $(SELECT_SEEDS) --max-epochs 8 --eta 2 \
 	    --out $(OUT)/select_forecast_searches $(PUBLISH_ARG)
 
-bench-elastic: venv ## the MNIST CNN on 3 workers: elastic vs fixed fits, undisturbed, one worker killed or paused at epoch 2, one joining (and a timeline picture), for each of ELASTIC_ALGORITHMS; results under $(OUT)/elastic*
+bench-elastic: venv ## the MNIST CNN on 3 workers: elastic vs fixed fits, undisturbed, one worker killed or paused at epoch 2, one joining (and a timeline picture), for each of ELASTIC_ALGORITHMS; then elastic vs fixed MNIST searches; results under $(OUT)/elastic*
 	for algorithm in $(ELASTIC_ALGORITHMS); do \
 	    $(PY) benchmarks/bench_elastic.py --algorithm $$algorithm \
 	        --out $(OUT)/elastic$$([ $$algorithm = auto ] || echo -$$algorithm) $(PUBLISH_ARG) || exit 1; \
 	done
+	$(PY) benchmarks/bench_elastic_search.py --out $(OUT)/elastic-search $(PUBLISH_ARG)
 
 bench-ps: venv ## parameter server vs raw loopback and an authenticated echo: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps
 	$(PY) benchmarks/bench_ps.py --out $(OUT)/bench_ps $(PUBLISH_ARG) $(BENCH_PS_ARGS)

@@ -143,7 +143,8 @@ class SelectionResult:
         """Write the leaderboard CSV, history/schedule JSON, the Gantt chart and learning curves.
 
         Files (``prefix`` is prepended to each name): ``leaderboard.csv``,
-        ``selection.json`` (history, units, schedule, timings), ``gantt.png``,
+        ``selection.json`` (history, units, schedule, timings; an elastic search's
+        membership), ``gantt.png``,
         ``learning_curves.png`` and ``curves/<config_id>.png``.
         """
         out = Path(out_dir)
@@ -156,6 +157,7 @@ class SelectionResult:
             "configs": [dataclasses.asdict(c) for c in self.configs], "history": self.history,
             "units": self.units, "schedule": [list(s) for s in self.schedule], "tasks": self.tasks,
             "timings": self.timings, "resumed_epochs": self.resumed_epochs, "search_log": self.search_log,
+            **({"membership": self.membership} if self.membership else {}),
         })
         title = (f"{self.strategy}: {len(self.configs)} configs on {self.num_workers} worker(s), "
                  f"{self.timings.get('train_wall_s', 0.0):.1f} s")
