@@ -1,11 +1,11 @@
-"""The driver program of the elastic search's test (tests/test_elastic.py): its own cluster, in its own process.
+"""The driver program of the elastic search's test (tests/test_elastic_search.py): its own cluster, in its own process.
 
 Spark allows one SparkContext per process and the test's pytest worker may hold the session's: so the search runs
 here, against a `LocalCluster` of 2 one-core workers with Spark's dynamic allocation on (standalone, shuffle
-tracking): three configurations, three chunks (``num_workers=(1, 3)``), three epochs. Once the search trains a
-third worker daemon is added (its executor started by the chunk waiting for a slot), and once the joiner's process
-trained a unit, one of the first two is killed as it starts its next unit (with its executor and Python workers, as a lost
-machine). Writes what happened as JSON.
+tracking): three configurations, three chunks (``num_workers=(1, 3)``), up to 20 epochs (stopped once every model
+ended two epochs after the kill). Once the search trains a third worker daemon is added (its executor started by the
+chunk waiting for a slot), and once the joiner's process trained a unit, one of the first two is killed as it starts
+its next unit (with its executor and Python workers, as a lost machine). Writes what happened as JSON.
 
     python tests/elastic_search_driver.py OUT.json
 """
@@ -51,6 +51,7 @@ def main(out: str) -> int:
         units: list[dict] = []
         joined = threading.Event()
         victim: list[int] = []  # the worker daemon to kill, named by the server thread
+        after: dict[str, list[int]] = {}  # the epochs each model ended after the kill
 
         class Watch(SelectionCallback):
             def on_unit_end(self, record) -> None:  # runs as the unit commits: its task asks for the next one
@@ -61,6 +62,12 @@ def main(out: str) -> int:
                         if pid in descendants(cluster._worker_daemons[index].proc.pid):
                             victim.append(index)
                             joined.set()  # the joiner trained a unit; kill one of the first two
+
+            def on_epoch_end(self, config_id, epoch, logs) -> None:  # every model two epochs past the kill: enough
+                if "killed" in disturbed:
+                    after.setdefault(config_id, []).append(epoch)
+                    if len(after) == 3 and all(len(e) >= 2 for e in after.values()):
+                        self.selector.stop_search = True
 
         def disturb() -> None:
             while not units:  # the search trains: a machine joins the cluster
@@ -82,7 +89,7 @@ def main(out: str) -> int:
         "disturbed": disturbed, "units": result.units, "tasks": result.tasks,
         "history": {cid: [{"epoch": r["epoch"], "value": r["value"], "units": r["units"]} for r in h]
                     for cid, h in result.history.items()},
-        "membership": result.membership, "best": result.best_config.id if result.best_config else None, "interrupted": result.interrupted,
+        "membership": result.membership, "best": result.best_config.id if result.best_config else None,
     }, default=str))
     return 0
 

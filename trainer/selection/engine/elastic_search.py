@@ -67,9 +67,9 @@ class ElasticSearchRun(SearchRun):
         self.latest: dict[tuple[int, int], int] = {}  # (round, chunk) -> the newest task of that Spark task
         self.began: dict[int, set[int]] = {}  # round -> chunks whose task said HELLO
         self.retiring: set[str] = set()  # executors Spark is decommissioning
-        #: What happened to the chunks: {"time", "event" (served, took over, ended, retired, lost), "chunk", "task",
-        #: "round", "process"}; a lost one also names the model whose unit it had in flight (``returned``).
-        self.events: list[dict[str, Any]] = []
+        # self.events: what happened to the chunks: {"time", "event" (served, took over, ended, retired, lost),
+        # "chunk", "task", "round", "process"}; a lost one also names the model whose unit it had in flight
+        # (``returned``).
 
     # -- the rounds (driver thread) ----------------------------------------------------
     def may_start_round(self, round_: int) -> bool:

@@ -88,6 +88,8 @@ class SearchRun:
         self.parts: dict[str, list[dict]] = {}
         self.units: list[dict] = []
         self.task_hello: dict[int, dict] = {}
+        #: What happened to the workers' shards (an elastic search's chunk events; a fixed search has none).
+        self.events: list[dict[str, Any]] = []
         self.error: BaseException | None = None
         self.pending_ckpt: list[tuple[str, list[np.ndarray], list[dict]]] = []
         self.ckpt_errors: list[str] = []

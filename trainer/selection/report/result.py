@@ -271,13 +271,19 @@ def build_result(selector, run, configs: list[Config], spec: DataSpec, input_sha
         strategy=selector.strategy, num_workers=selector.num_workers, metric=metric, configs=list(configs),
         leaderboard=board, best_config=best_config, best_value=best_value, history=history,
         units=list(run.units), schedule=list(run.sched.schedule), tasks=tasks, timings=timings,
-        data_bytes=int(sum(r.get("data_bytes", 0) for r in tasks)),
+        data_bytes=_data_bytes(tasks),
         bytes_moved=bytes_moved,
         interrupted=not run.finished, resumed_epochs=dict(run.resumed),
-        search_log=selector.search.state(), membership=list(getattr(run, "events", ())), _factory=factory,
+        search_log=selector.search.state(), membership=list(run.events), _factory=factory,
     )
 
 
+
+
+def _data_bytes(tasks: list[dict[str, Any]]) -> int:
+    """Bytes of data the tasks held: an elastic search's chunks counted once, however many tasks served each."""
+    by_chunk = {r["chunk"]: r.get("data_bytes", 0) for r in tasks if "chunk" in r}
+    return int(sum(by_chunk.values()) + sum(r.get("data_bytes", 0) for r in tasks if "chunk" not in r))
 
 
 def _fitted_model(selector, by_id: dict[str, Config], epoch_states: dict[str, list],
