@@ -3,13 +3,13 @@
 On one `LocalCluster` of 3 worker daemons, each repeat (--runs) runs the same
 model-hopper search (the first --configs configurations of the MNIST job's
 grid, ``trainer_jobs.select_mnist``: CNNs and MLPs, --epochs epochs each, on
---limit images of which a fifth validate) in five ways:
+--limit images, of which a fifth validate) in five ways:
 
 * ``fixed``: ``num_workers=3``, undisturbed (one barrier stage);
 * ``fixed, killed``: the same, one worker daemon killed (with its executor and
   Python workers, as a lost machine) once a model ended its first epoch: the
-  stage fails and its retry waits for the slot, then goes on from the driver's
-  newest states;
+  stage fails and its retry waits for the 3 slots it needs (60 s), then the
+  search fails with ``ClusterCapacityError`` (``failed``);
 * ``elastic``: ``num_workers=(1, 3)``, undisturbed (rounds of chunk tasks);
 * ``elastic, killed``: the same kill; the others go on, the lost unit is
   trained again by another task;
@@ -36,7 +36,7 @@ import threading
 import time
 from pathlib import Path
 
-from trainer import LocalCluster
+from trainer import ClusterCapacityError, LocalCluster
 from trainer.data.prep import scale_pixels
 from trainer.selection import GridSearch, ModelSelector, SelectionCallback
 from trainer_jobs.select_mnist import SPACE, model_fn
@@ -46,7 +46,7 @@ from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table, write_results
 from trainer_jobs.support.selection import first_configs
 
-COLUMNS = ["run", "mode", "wall_s", "vs_undisturbed", "noticed_s", "joiner_units", "best_val_accuracy"]
+COLUMNS = ["run", "mode", "wall_s", "vs_undisturbed", "noticed_s", "joiner_units", "best_val_accuracy", "failed"]
 MODES = ("fixed", "fixed, killed", "elastic", "elastic, killed", "elastic, joined")
 
 
@@ -55,7 +55,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--runs", type=positive_int, default=3, help="repeats of the five searches (default 3)")
     parser.add_argument("--epochs", type=positive_int, default=3, help="epochs of each configuration (default 3)")
     parser.add_argument("--configs", type=positive_int, default=4, help="configurations of the grid (default 4)")
-    parser.add_argument("--limit", type=positive_int, default=6000, help="training images (default 6000)")
+    parser.add_argument("--limit", type=positive_int, default=12000, help="training images (default 12000)")
     parser.add_argument("--data-dir", default=None, help="where the Parquet copy of MNIST goes (default ./data)")
     parser.add_argument("--out", default="results/elastic-search", help="results directory")
     add_publish_arg(parser, "elastic-search")
@@ -88,7 +88,10 @@ def search_run(cluster: LocalCluster, train, mode: str, args) -> tuple:
     search = first_configs(GridSearch(SPACE, epochs=args.epochs, metric="val_accuracy"), args.configs)
     selector = ModelSelector(model_fn, search, num_workers=(1, 3) if mode.startswith("elastic") else 3, seed=0,
                              check_data=False, verbose=False)
-    result = selector.fit(train, validation=0.2, callbacks=[Watch()])
+    try:
+        result = selector.fit(train, validation=0.2, callbacks=[Watch()])
+    except ClusterCapacityError as exc:  # a fixed search cannot go on with fewer workers than it asked for
+        result = exc
     first_unit.set(), first_epoch.set()
     thread.join(timeout=120)
     return result, at.get("time")
@@ -120,13 +123,18 @@ def main(argv: list[str] | None = None) -> int:
                 wall = time.time() - start
                 kind = mode.split(",")[0]
                 undisturbed.setdefault(kind, wall)
-                lost = [e["time"] for e in result.membership if e["event"] == "lost"]
-                before = {e["process"] for e in result.membership if at and e["time"] < at}
-                joiners = [u for u in result.units if mode.endswith("joined") and u.get("process") not in before]
                 row = {"run": run + 1, "mode": mode, "wall_s": wall, "vs_undisturbed": wall / undisturbed[kind],
-                       "noticed_s": min(lost) - at if lost and at else None,
-                       "joiner_units": len(joiners) if mode.endswith("joined") else None,
-                       "best_val_accuracy": result.best_value, "workers": 3, "speedup": None}
+                       "noticed_s": None, "joiner_units": None, "best_val_accuracy": None, "failed": None,
+                       "workers": 3, "speedup": None}
+                if isinstance(result, Exception):
+                    row.update(vs_undisturbed=None, failed=type(result).__name__)
+                else:
+                    lost = [e["time"] for e in result.membership if e["event"] == "lost"]
+                    before = {e["process"] for e in result.membership if at and e["time"] < at}
+                    joiners = [u for u in result.units if u.get("process") not in before]
+                    row.update(noticed_s=min(lost) - at if lost and at else None,
+                               joiner_units=len(joiners) if mode.endswith("joined") else None,
+                               best_val_accuracy=result.best_value)
                 rows.append(row)
                 print(markdown_table([row], COLUMNS), flush=True)
                 if mode.endswith("killed"):
