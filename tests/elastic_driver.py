@@ -51,18 +51,24 @@ def _connections_below(pid: int, port: int) -> int:
     return count
 
 
-def main(out: str) -> int:
+def dynamic_digits(cluster: LocalCluster, name: str, rows: int):
+    """`cluster`'s session with Spark's dynamic allocation on (standalone, shuffle tracking, up to 3 one-core
+    executors), and `rows` rows of the digits (the first 1,500 repeated) as features array<float>, label int."""
     from sklearn.datasets import load_digits
 
     data = load_digits()
     x = (data.data / 16.0).astype(np.float32)
+    spark = cluster.session(name, **{
+        "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
+        "spark.dynamicAllocation.maxExecutors": "3", "spark.dynamicAllocation.executorIdleTimeout": "120s",
+        "spark.cores.max": "3"})
+    return spark, spark.createDataFrame([(x[i % 1500].tolist(), int(data.target[i % 1500])) for i in range(rows)],
+                                        "features array<float>, label int")
+
+
+def main(out: str) -> int:
     with LocalCluster(workers=2) as cluster:
-        spark = cluster.session("elastic", **{
-            "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
-            "spark.dynamicAllocation.maxExecutors": "3", "spark.dynamicAllocation.executorIdleTimeout": "120s",
-            "spark.cores.max": "3"})
-        df = spark.createDataFrame([(x[i % 1500].tolist(), int(data.target[i % 1500])) for i in range(3000)],
-                                   "features array<float>, label int")
+        spark, df = dynamic_digits(cluster, "elastic", 3000)
         epochs_seen: list[int] = []
         disturbed: dict[str, float] = {}
         gates = {"added": threading.Event(), "disturbed": threading.Event()}

@@ -18,11 +18,12 @@ import threading
 import time
 from pathlib import Path
 
-import numpy as np
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from elastic_driver import dynamic_digits  # noqa: E402
 
-from trainer import LocalCluster
-from trainer.selection import GridSearch, ModelSelector, SelectionCallback, choice
-from trainer.spark.procs import descendants
+from trainer import LocalCluster  # noqa: E402
+from trainer.selection import GridSearch, ModelSelector, SelectionCallback, choice  # noqa: E402
+from trainer.spark.procs import descendants  # noqa: E402
 
 
 def model_fn(params):  # defined in __main__: shipped to the executors by value
@@ -36,17 +37,8 @@ def model_fn(params):  # defined in __main__: shipped to the executors by value
 
 
 def main(out: str) -> int:
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
     with LocalCluster(workers=2) as cluster:
-        spark = cluster.session("elastic-search", **{
-            "spark.dynamicAllocation.enabled": "true", "spark.dynamicAllocation.shuffleTracking.enabled": "true",
-            "spark.dynamicAllocation.maxExecutors": "3", "spark.dynamicAllocation.executorIdleTimeout": "120s",
-            "spark.cores.max": "3"})
-        df = spark.createDataFrame([(x[i % 1500].tolist(), int(data.target[i % 1500])) for i in range(2400)],
-                                   "features array<float>, label int")
+        _, df = dynamic_digits(cluster, "elastic-search", 2400)
         disturbed: dict[str, float] = {}
         units: list[dict] = []
         joined = threading.Event()
