@@ -275,7 +275,9 @@ class ModelSelector(OptionAttributes):
         # -- launch: one barrier stage served by the driver's hopper server, through the fits' controller ------
         server = HopperServer(run, n, **controller.server_endpoint(), io_timeout=self.io_timeout,
                               max_body=max(1 << 30, 4 * sum(a.nbytes for s in states.values() for a in s)),
-                              frame_mac=self.frame_mac)
+                              frame_mac=self.frame_mac,
+                              # an elastic search: the tasks of every round running at once may connect
+                              max_connections=(ROUNDS_AHEAD + 2) * n + 4 if self.options.elastic else None)
 
         def task_spec(attempt: int, round_: int = 0) -> TaskSpec:
             return TaskSpec(
@@ -301,10 +303,9 @@ class ModelSelector(OptionAttributes):
 
         def search_stage() -> StageResult:
             run.start()
-            stage = no_stage
             description = f"trainer: model selection ({self.strategy}, {len(configs)} configs)"
             if run.finished:  # a resumed search that had ended runs nothing
-                pass
+                stage = no_stage
             elif self.options.elastic is not None:  # rounds of chunk tasks (trainer.selection.engine.elastic_search)
                 stage = controller.run_elastic(
                     stage_frame, n, range(MAX_ROUNDS), lambda r: functools.partial(serve_chunk, task_spec(0, r)),
