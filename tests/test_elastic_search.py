@@ -25,6 +25,7 @@ from trainer.selection import GridSearch, ModelSelector, SelectionError, choice
 from trainer.selection.engine.elastic_placement import ElasticMopScheduler
 from trainer.selection.engine.hopper import HopperRejected
 from trainer.selection.engine.placement import ScheduleError
+from trainer.selection.engine.search_checkpoints import CheckpointStore
 from trainer.selection.engine.search_run import make_search_run
 
 DRIVER = Path(__file__).with_name("elastic_search_driver.py")
@@ -76,12 +77,12 @@ def test_every_model_trains_every_chunk_once_per_epoch_whatever_serves_and_leave
     assert trained == {k: 1 for k in expected}
 
 
-def _run(num_chunks: int = 2, configs: int = 1, epochs: int = 1):
+def _run(num_chunks: int = 2, configs: int = 1, epochs: int = 1, store=None, resume: bool = False):
     search = GridSearch({"x": choice(list(range(configs)))}, epochs=epochs, metric="loss")
     ids = [c.id for c in search.configs()]
     states = {cid: [np.zeros(3, np.float32), np.zeros((), np.int64)] for cid in ids}
     run = make_search_run(FakeSelector("mop", num_workers=num_chunks), search, {cid: LAYOUT for cid in ids}, states,
-                          store=None, resume=False, replay=None, callbacks=(), description={"ids": ids},
+                          store=store, resume=resume, replay=None, callbacks=(), description={"ids": ids},
                           elastic=True)
     run.start()
     return run
@@ -186,3 +187,19 @@ def test_a_task_on_a_decommissioned_executor_ends_after_its_unit_and_its_chunk_g
     assert run.next_work(0, 40, 0.01)[0] == {"op": "stop"}  # the other model still needs chunk 0, elsewhere
     assert [e["event"] for e in run.events] == ["served", "retired"] and run.may_start_round(0)
     assert len(run.units) == 1
+
+
+def test_an_interrupted_elastic_search_resumes_from_its_checkpoints_without_training_an_epoch_again(tmp_path):
+    first = _run(epochs=2, store=CheckpointStore(tmp_path))
+    for task, chunk in ((50, 0), (51, 1)):  # epoch 0 on both chunks, then the search is interrupted
+        _hello(first, chunk, task, 0)
+        work, _ = first.next_work(chunk, task, 0.01)
+        assert work["epoch"] == 0
+        _commit(first, chunk, task, work)
+    first.close()
+    first.finish_checkpoints()
+    again = _run(epochs=2, store=CheckpointStore(tmp_path), resume=True)
+    assert again.resumed == {"c000": 1} and not again.finished
+    _hello(again, 1, 60, 0)
+    work, arrays = again.next_work(1, 60, 0.01)
+    assert work["epoch"] == 1 and [a.tolist() for a in arrays] == [[1.0, 1.0, 1.0], 1]  # the checkpoint, not zeros

@@ -21,7 +21,8 @@ its executor may be lost on the way, another task may take the chunk over.
 Only served, idle shards take assignments. Everything else (the epochs, the
 budgets, ``drop``/``extend``/``add``, the matching and its ranks) is the
 fixed search's. A recorded schedule is not replayed: which shard is served
-when is up to Spark.
+when is up to Spark; a resumed search's checkpointed epochs are skipped at
+once (``fast_forward``), not on each shard as it comes.
 """
 
 from __future__ import annotations
@@ -68,6 +69,15 @@ class ElasticMopScheduler(MopScheduler):
         """True while some model not dropped still has to train `shard` in its current epoch."""
         self._check_worker(shard)
         return any(shard in self._pending[m] for m in self.models if m not in self._dropped)
+
+    def fast_forward(self, model: Any, epochs: int) -> None:
+        """Before :meth:`start`: `model`'s first `epochs` epochs are done already (a resumed search's
+        checkpoints), on no shard served now."""
+        if self._started:
+            raise ScheduleError("fast_forward() must be called before start(). Fix: call it on a fresh scheduler.")
+        self._check_model(model)
+        self._epoch[model] = min(int(epochs), self._budget[model])
+        self._pending[model] = set(range(self.num_workers)) if self._epoch[model] < self._budget[model] else set()
 
     def replay(self, schedule: Iterable[ScheduledTask | Any], late_models: bool = False) -> None:
         raise ScheduleError("An elastic search does not replay a schedule: which shard is served when is "

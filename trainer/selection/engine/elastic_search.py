@@ -72,6 +72,12 @@ class ElasticSearchRun(SearchRun):
         # (``returned``).
 
     # -- the rounds (driver thread) ----------------------------------------------------
+    def start(self) -> None:
+        with self.cond:  # a resumed search's checkpointed epochs: done, whichever chunks are served
+            for cid, epochs in self.resumed.items():
+                self.sched.fast_forward(cid, epochs)
+        super().start()
+
     def may_start_round(self, round_: int) -> bool:
         """True once a chunk that some model needs is served by nobody and its task of `round_` has come (and
         gone): the next round's task will serve it (a chunk whose task has not started yet waits for that one)."""
