@@ -33,6 +33,8 @@ JOBS: dict[tuple[str, str], tuple[str, str]] = {
     ("bench", "out-of-core"): ("trainer_benchmarks.bench_out_of_core", "a shard in memory vs streamed from disk"),
     ("bench", "ps"): ("trainer_benchmarks.bench_ps", "the parameter server vs raw loopback and an echo"),
     ("bench", "elastic"): ("trainer_benchmarks.bench_elastic", "elastic vs fixed fits losing or gaining a worker"),
+    ("bench", "elastic-search"): ("trainer_benchmarks.bench_elastic_search",
+                                  "elastic vs fixed model-selection searches losing or gaining a worker"),
     ("bench", "compression"): ("trainer_benchmarks.bench_compression", "compressed commits and replies"),
     ("bench", "security"): ("trainer_benchmarks.bench_security", "what authentication and TLS cost a fit"),
     ("bench", "gpu"): ("trainer_benchmarks.bench_gpu", "the worker loop vs plain Keras on a GPU, no Spark"),

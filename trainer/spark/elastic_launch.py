@@ -31,14 +31,18 @@ as one job of one task per chunk, so Spark's own scheduling does the rest:
 * **no idle slots between epochs**: once every chunk of an epoch has begun
   (``begun``), the next epoch's job starts beside it, so the slots its last
   chunks leave idle (a straggler, a joiner building its model, a re-run) train
-  the next epoch's chunks; at most `LOOKAHEAD` + 1 epochs run at once. An
+  the next epoch's chunks; at most `LOOKAHEAD` + 1 epochs run at once (a caller may
+  allow more: an elastic search's rounds). An
   epoch's callbacks still run when its last chunk reports (and after the
   earlier epochs'): the later epochs' chunks already running follow their
   stop or new learning rate from their next exchange;
 * **the floor**: while the cluster offers fewer than `min_workers` task slots
   for longer than `floor_timeout` seconds, the job is cancelled and the fit
   stops with `ClusterCapacityError` (its last checkpoint kept). Spark Connect
-  clients cannot count slots: there the floor is not watched.
+  clients cannot count slots: there the floor is not watched;
+* **the end**: once training stopped, the jobs still running get
+  `WIND_DOWN_S` to end (their running tasks were told to stop); those whose
+  tasks still wait for a slot are then cancelled.
 
 It knows nothing about Keras or the parameter server: tasks come from
 ``make_task(epoch)``.
