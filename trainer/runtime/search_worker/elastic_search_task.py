@@ -38,7 +38,7 @@ from trainer.runtime.task_prologue import fresh_keras
 
 
 @dataclass
-class _Process:
+class _SearchProcess:
     """What a Python worker keeps between the chunk tasks of one search."""
 
     keras: Any
@@ -47,7 +47,7 @@ class _Process:
     tasks: int = 0
 
 
-_PROCESSES: dict[str, _Process] = {}
+_PROCESSES: dict[str, _SearchProcess] = {}
 
 
 def serve_chunk(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
@@ -64,7 +64,7 @@ def _serve_chunk(spec: TaskSpec, batches: Iterator[pa.RecordBatch]) -> Iterator[
     process = _PROCESSES.get(spec.search_id)
     if process is None:
         _PROCESSES.clear()  # another search's models
-        process = _PROCESSES[spec.search_id] = _Process(fresh_keras(spec.task_seed + chunk))
+        process = _PROCESSES[spec.search_id] = _SearchProcess(fresh_keras(spec.task_seed + chunk))
     name = f"{socket.gethostname()}:{os.getpid()}"
     record = unit_totals({"worker": chunk, "chunk": chunk, "round": spec.round, "attempt": task,
                           "spark_attempt": start.ctx.attemptNumber(), "process": name,

@@ -113,36 +113,29 @@ class ElasticSearchRun(SearchRun):
             self.cond.notify_all()
         return {}
 
-    def next_work(self, worker: int, attempt: int, wait_s: float) -> tuple[dict[str, Any], Sequence[np.ndarray]]:
-        deadline = time.monotonic() + wait_s
-        with self.cond:
-            while True:
-                self._check_attempt(attempt, "PULL")
-                holder = self.holders.get(worker)
-                if holder is None or holder.task != attempt:
-                    return {"op": "stop"}, ()  # a later task took the chunk over
-                unit = self.outstanding.get(worker)
-                if self.over:  # units still in flight on other tasks are committed as they end
-                    self._event("ended", worker, attempt)
-                    del self.holders[worker]
-                    return {"op": "stop"}, ()
-                if holder.executor in self.retiring:  # its unit in flight is committed: it asks for no other
-                    self._event("retired", worker, attempt)
-                    if unit is None or unit.delivered_to is None:
-                        self._release(worker)
-                    else:  # a unit on the task it took the chunk over from: released once that one commits
-                        del self.holders[worker]
-                    return {"op": "stop"}, ()
-                if unit is None and not self.sched.needs(worker):
-                    self._event("ended", worker, attempt)
-                    self._release(worker)
-                    return {"op": "stop"}, ()
-                if unit is not None and unit.delivered_to in (None, attempt):
-                    return self._deliver(worker, attempt, unit)
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return {"op": "wait"}, ()
-                self.cond.wait(remaining)
+    def _reply_to_pull(self, worker: int, attempt: int) -> tuple[dict[str, Any], Sequence[np.ndarray]] | None:
+        holder = self.holders.get(worker)
+        if holder is None or holder.task != attempt:
+            return {"op": "stop"}, ()  # a later task took the chunk over
+        unit = self.outstanding.get(worker)
+        if self.over:  # units still in flight on other tasks are committed as they end
+            self._event("ended", worker, attempt)
+            del self.holders[worker]
+            return {"op": "stop"}, ()
+        if holder.executor in self.retiring:  # its unit in flight is committed: it asks for no other
+            self._event("retired", worker, attempt)
+            if unit is None or unit.delivered_to is None:
+                self._release(worker)
+            else:  # a unit on the task it took the chunk over from: released once that one commits
+                del self.holders[worker]
+            return {"op": "stop"}, ()
+        if unit is None and not self.sched.needs(worker):
+            self._event("ended", worker, attempt)
+            self._release(worker)
+            return {"op": "stop"}, ()
+        if unit is not None and unit.delivered_to in (None, attempt):
+            return self._deliver(worker, attempt, unit)
+        return None  # the unit is still on the task this one took the chunk over from
 
     def result(self, worker: int, attempt: int, meta: dict[str, Any], arrays: list[np.ndarray]) -> dict[str, Any]:
         reply = super().result(worker, attempt, meta, arrays)

@@ -146,15 +146,20 @@ class SearchRun:
         with self.cond:
             while True:
                 self._check_attempt(attempt, "PULL")
-                unit = self.outstanding.get(worker)
-                if self.stopping or self.finished:
-                    return {"op": "stop"}, ()
-                if unit is not None:
-                    return self._deliver(worker, attempt, unit)
+                reply = self._reply_to_pull(worker, attempt)
+                if reply is not None:
+                    return reply
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return {"op": "wait"}, ()
                 self.cond.wait(remaining)
+
+    def _reply_to_pull(self, worker: int, attempt: int) -> tuple[dict[str, Any], Sequence[np.ndarray]] | None:
+        """What a PULL gets now (lock held): stop, a unit, or None to wait."""
+        if self.stopping or self.finished:
+            return {"op": "stop"}, ()
+        unit = self.outstanding.get(worker)
+        return self._deliver(worker, attempt, unit) if unit is not None else None
 
     def _deliver(self, worker: int, attempt: int, unit: _Unit) -> tuple[dict[str, Any], Sequence[np.ndarray]]:
         """Hand `unit` to the task (lock held): its meta and the model's state, unless the task's process holds
