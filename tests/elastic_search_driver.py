@@ -5,7 +5,8 @@ here, against a `LocalCluster` of 2 one-core workers with Spark's dynamic alloca
 tracking): three configurations, three chunks (``num_workers=(1, 3)``), up to 20 epochs (stopped once every model
 ended two epochs after the kill). Once the search trains a third worker daemon is added (its executor started by the
 chunk waiting for a slot), and once the joiner's process trained a unit, one of the first two is killed as it starts
-its next unit (with its executor and Python workers, as a lost machine). Writes what happened as JSON.
+its next unit (with its executor and Python workers, as a lost machine): at a commit of a chunk some model still
+needs, so that its task does not end in between and leave nothing to lose. Writes what happened as JSON.
 
     python tests/elastic_search_driver.py OUT.json
 """
@@ -45,10 +46,22 @@ def main(out: str) -> int:
         victim: list[int] = []  # the worker daemon to kill, named by the server thread
         after: dict[str, list[int]] = {}  # the epochs each model ended after the kill
 
+        def still_needed(chunk: int) -> bool:
+            """Whether a model still needs `chunk` in its current epoch (an ended epoch: the next one needs every
+            chunk), so that the task serving it stays (a kill then finds it connected, most often mid-unit)."""
+            latest: dict[str, tuple[int, set[int]]] = {}
+            for u in units:
+                epoch, chunks = latest.get(u["model"], (-1, set()))
+                if u["epoch"] > epoch:
+                    epoch, chunks = u["epoch"], set()
+                latest[u["model"]] = (epoch, chunks | {u["worker"]} if u["epoch"] == epoch else chunks)
+            return any(chunk not in chunks or len(chunks) == 3 for _, chunks in latest.values())
+
         class Watch(SelectionCallback):
             def on_unit_end(self, record) -> None:  # runs as the unit commits: its task asks for the next one
                 units.append(record)
-                if "added" in disturbed and len({u["process"] for u in units}) >= 3 and not victim:
+                if "added" in disturbed and len({u["process"] for u in units}) >= 3 and not victim \
+                        and still_needed(record["worker"]):
                     pid = int(record["process"].rsplit(":", 1)[1])
                     for index in (0, 1):
                         if pid in descendants(cluster._worker_daemons[index].proc.pid):
