@@ -268,7 +268,7 @@ LAB_COMPOSE   := compose/lab-secrets.sh with $(LAB_SECRETS) env LAB_IMAGE=$(LAB_
                  $(COMPOSE) -p $(LAB_PROJECT) -f compose/compose.yaml \
                  $(if $(GPU),-f compose/gpu.yaml) $(if $(LAB_ENV_FILE),--env-file $(LAB_ENV_FILE))
 
-.PHONY: base-image build build-image up down ps logs submit bench-cluster bench-lab k8s-secrets k8s-render k8s-validate
+.PHONY: base-image build build-image up down ps logs submit bench-cluster bench-lab bench-lab-elastic k8s-secrets k8s-render k8s-validate
 
 base-image: ## create the local Debian bookworm base image (debootstrap + docker import) unless it exists
 	@if $(DOCKER) image inspect $(BASE_IMAGE) >/dev/null 2>&1; then \
@@ -398,6 +398,10 @@ bench-lab: ## at each link of LINKS, a lab of max(WORKERS="1 2 3") workers: MNIS
 	$(PYTHON) compose/bench_lab.py --out $(OUT)/lab/bench-lab $(PUBLISH_ARG) --project $(LAB_PROJECT) --links '$(LINKS)' \
 	    --workers '$(BENCH_LAB_WORKERS)' --runs $(BENCH_LAB_RUNS) --algorithms '$(ALGORITHMS)' --delay '$(LINK_DELAY)' \
 	    $(if $(MNIST_ARGS),--mnist-args='$(MNIST_ARGS)') $(if $(FORECAST_ARGS),--forecast-args='$(FORECAST_ARGS)')
+
+bench-lab-elastic: ## an elastic MNIST fit (--workers 3 --min-workers 1) in the lab, RUNS=3 times: undisturbed, a worker container killed at epoch 2, one added during epoch 1, dynamic allocation on; Markdown in $(OUT)/lab/bench-lab-elastic
+	$(PYTHON) compose/bench_lab_elastic.py --out $(OUT)/lab/bench-lab-elastic $(PUBLISH_ARG) --project $(LAB_PROJECT) \
+	    --runs $(BENCH_LAB_RUNS)
 
 k8s-secrets: ## your own k8s Secret values: create k8s/components/own-secrets/lab-secrets.env (random, 0600, git-ignored; edit at will)
 	@if [ -f k8s/base/lab-secrets.env ] && [ ! -f $(K8S_SECRETS) ]; then \

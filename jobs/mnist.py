@@ -215,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         train = parquet_images(spark, folder, "mnist-train", x_train, y_train)
         test = parquet_images(spark, folder, "mnist-test", x_test, y_test)
         data_files = {"train": train.inputFiles(), "test": test.inputFiles()}  # what Spark reads
+        dynamic = spark.conf.get("spark.dynamicAllocation.enabled", "false").lower() == "true"
         train, test = scale_pixels(train).cache(), scale_pixels(test).cache()
         train.count(), test.count()
         x_scored = (x_test[..., None] / 255.0).astype(np.float32)
@@ -240,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.mlflow:
         log_results('mnist', args, rows)
     out = Path(args.out)
-    paths = write_results(rows, out, "mnist", metadata={"job": "mnist", **vars(args), "data_files": data_files})
+    paths = write_results(rows, out, "mnist", metadata={"job": "mnist", **vars(args), "data_files": data_files,
+                                                                  "dynamic_allocation": dynamic})
     tolerance, spread = verdict_tolerance(len(x_train))
     plot_speedup(rows, out / "mnist.png", "accuracy", title="MNIST CNN", tolerance=tolerance)
     print(markdown_table(rows, ["mode", "workers", "algorithm", "epoch_time_s", "speedup", "efficiency",

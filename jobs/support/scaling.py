@@ -142,8 +142,20 @@ def fitted_row(model_name: str, fitted, *, workers: int, rows: int, epochs: int,
         "retries": sum(e.get("event") == "attempt_failed" for e in history.events),
         "resumed": any(e.get("event") == "resumed" for e in history.events),
         "period": ((history.choice or {}).get("measured") or {}).get("period"),  # local SGD's, as measured
-        **collective_parts(history), **extra,
+        **collective_parts(history), **elastic_parts(history), **extra,
     }
+
+
+def elastic_parts(history) -> dict[str, Any]:
+    """An elastic fit's (``num_workers=(min, max)``) joins and leaves (``history.membership``) and the rows each
+    worker process (``host:pid``) trained, summed over its chunk tasks; empty for a fixed fit."""
+    if not history.membership:
+        return {}
+    rows: dict[str, int] = {}
+    for w in history.workers:
+        if w.get("member"):
+            rows[w["member"]] = rows.get(w["member"], 0) + int(w.get("trained_rows") or 0)
+    return {"membership": history.membership, "rows_by_worker": rows}
 
 
 def collective_parts(history) -> dict[str, float]:

@@ -3,15 +3,17 @@
 A barrier stage needs all its slots at once for its whole life, and Spark
 refuses one under dynamic allocation (SPARK-24942). An elastic fit
 (``Trainer(num_workers=(min, max))``, ``trainer.fit.elastic``) instead cuts
-its rows once into chunks that Spark keeps (``persist``) and runs each epoch
-as one job of one task per chunk, so Spark's own scheduling does the rest:
+its rows once into chunks that Spark keeps (``persist``, two copies on two
+executors) and runs each epoch as one job of one task per chunk, so Spark's
+own scheduling does the rest:
 
 * **join**: an executor that registers mid-epoch takes chunks still pending;
   under dynamic allocation the pending tasks are what makes Spark ask for
   executors, so a fit starts on the first one granted;
 * **leave**: a task lost with its executor is re-run by Spark on another one
-  (a task retry, not a new stage); the re-run skips what the lost attempt
-  committed (``trainer.runtime.ps_worker.chunk_task``);
+  (a task retry, not a new stage), which reads the chunk's other copy; the
+  re-run skips what the lost attempt committed
+  (``trainer.runtime.ps_worker.chunk_task``);
 * **hung**: an executor whose Python worker went silent (``watch()`` names
   it: the fit's own heartbeat, seconds) is declared lost to Spark and
   replaced, as Spark's heartbeat timeout would after ``spark.network.timeout``
@@ -64,6 +66,7 @@ from pyspark.sql import DataFrame
 from trainer.errors import ClusterCapacityError, TrainingFailedError
 from trainer.spark.connect import is_connect
 from trainer.spark.launch import available_slots, cancel_tagged, is_infrastructure_failure, run_job
+from trainer.spark.resources import in_one_process
 
 log = logging.getLogger("trainer.spark")
 
@@ -148,7 +151,11 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
             retire(leaving)
         floor.check()
 
-    cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK)
+    # Two copies of each chunk, on two executors: a lost executor's chunks are read from the other copy, not
+    # recomputed through the shuffle, whose blocks on the lost executor a reader would wait for (fetch retries).
+    # local[N] is one executor, the driver's: nowhere to put a copy (Spark would warn of each block).
+    cut = frame.repartition(chunks).persist(StorageLevel.MEMORY_AND_DISK if in_one_process(spark)
+                                            else StorageLevel.MEMORY_AND_DISK_2)
     done, order = EpochJobs(), epochs  # a range: an elastic search's is long
     running: dict[int, tuple[concurrent.futures.Future, float]] = {}  # epoch -> its job, when it started
     with _no_locality_wait(spark), contextlib.ExitStack() as stack:

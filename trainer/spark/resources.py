@@ -33,7 +33,8 @@ from trainer.spark.connect import is_connect
 
 GPU = "gpu"
 
-__all__ = ["GPU", "check_gpus_per_worker", "check_gpus_offered", "stage_profile", "check_worker_resources",
+__all__ = ["GPU", "check_gpus_per_worker", "check_gpus_offered", "in_one_process", "stage_profile",
+           "check_worker_resources",
            "worker_resource_opts"]
 
 
@@ -52,6 +53,12 @@ def _conf(spark, key: str, default: str | None = None) -> str | None:
     # SparkConf the session started with (executor, task and master settings).
     value = spark.conf.get(key, default)
     return default if value in (None, "") else value
+
+
+def in_one_process(spark) -> bool:
+    """Whether the session's master is ``local`` or ``local[N]``: one executor, the driver's own JVM."""
+    master = _conf(spark, "spark.master", "") or ""
+    return master == "local" or master.startswith("local[")
 
 
 def stage_profile(spark, gpus_per_worker: int):
@@ -91,8 +98,8 @@ def check_gpus_offered(spark, gpus_per_worker: int) -> None:
     """Raise ClusterCapacityError, with the settings to add, when no executor can give a task that many GPUs."""
     if not gpus_per_worker:
         return
-    master = _conf(spark, "spark.master", "") or ""
-    if master == "local" or master.startswith("local["):
+    if in_one_process(spark):
+        master = _conf(spark, "spark.master", "")
         raise ClusterCapacityError(
             f"gpus_per_worker={gpus_per_worker} needs a Spark standalone, YARN or Kubernetes cluster (Spark "
             f"schedules GPUs per stage only there), but the session runs on master {master!r}. Fix: use a "

@@ -69,6 +69,10 @@ def _default_conf(master: str, app_name: str, cores_per_worker: int) -> dict[str
         # check instead of retrying for minutes.
         "spark.scheduler.barrier.maxConcurrentTasksCheck.maxFailures": "1",
         "spark.scheduler.barrier.maxConcurrentTasksCheck.interval": "1s",
+        # A lost machine's address answers nothing: a task reading a block (its task binary's broadcast) from its
+        # dead executor waited for the connection until spark.network.timeout (120 s), holding an elastic fit's
+        # epoch; connecting within a LAN takes milliseconds, so give up after 10 s and read another copy.
+        "spark.shuffle.io.connectionCreationTimeout": "10s",
     }
     if "SPARK_DRIVER_MEMORY" not in os.environ:
         # Spark's 1g heap is too small for the driver-side copies some paths make (a local
