@@ -389,6 +389,15 @@ def report(out: Path, args: argparse.Namespace | None = None) -> str:
     return text
 
 
+def publish_results(directory: str | None, name: str, figures: dict) -> None:
+    """Write ``directory/<name>.json``, the results file the docs quote (nothing when `directory` is None), with
+    jobs/support/published.py, which needs only the standard library: the host's Python runs the lab's benches."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs" / "support"))
+    from published import publish
+
+    publish(directory, name, figures)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     out = Path(args.out)
@@ -400,12 +409,9 @@ def main(argv: list[str] | None = None) -> int:
     print(report(out, args))
     print(f"written: {out / 'bench-lab.csv'}, {out / 'bench-lab.md'}")
     if not args.tables_only and not args.dry_run:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs" / "support"))
-        from published import publish  # the standard library only: the host's Python runs this command
-
         records = read_journal(out)
         rows = run_rows(out, records)
-        publish(args.publish, "bench-lab", {"keras": [{"job": job, "model": model, **k} for (job, model), k in
+        publish_results(args.publish, "bench-lab", {"keras": [{"job": job, "model": model, **k} for (job, model), k in
                                                       keras_reference(out, records).items()],
                                             "means": summary_rows(rows), "runs": rows})
     failed = [r for r in read_journal(out) if r["status"] != 0]

@@ -39,7 +39,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_lab import compose_containers, error_line, log, markdown, run_logged  # noqa: E402
+from bench_lab import compose_containers, error_line, log, markdown, publish_results, run_logged  # noqa: E402
 
 CASES = ("undisturbed", "killed", "joined", "dynamic")
 RESULTS_IN_VOLUME = "/results/bench-lab-elastic"
@@ -258,9 +258,14 @@ def summary(rows: list[dict]) -> list[dict]:
     return out
 
 
+def keras_accuracies(rows: list[dict]) -> list[float]:
+    """Plain Keras's test accuracy of each submit that trained it (the first run's undisturbed one)."""
+    return [r["keras_accuracy"] for r in rows if r.get("keras_accuracy") is not None]
+
+
 def report(out: Path, args: argparse.Namespace) -> tuple[str, list[dict]]:
     rows = table_rows(out)
-    keras = [r["keras_accuracy"] for r in rows if r.get("keras_accuracy") is not None]
+    keras = keras_accuracies(rows)
     columns = ["fit", "fit s", "vs undisturbed", "noticed s", "joiner ready s", "joiner rows", "workers used",
                "test accuracy"]
     reference = f"{statistics.mean(keras):.3f}" if keras else "not run"
@@ -283,13 +288,10 @@ def main(argv: list[str] | None = None) -> int:
         run_bench(args, out)
     text, rows = report(out, args)
     print(text)
-    if args.publish and not args.tables_only:
-        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "jobs" / "support"))
-        from published import publish  # the standard library only: the host's Python runs this command
-
-        keras = [r["keras_accuracy"] for r in rows if r.get("keras_accuracy") is not None]
-        publish(args.publish, "bench-lab-elastic", {"job_args": args.job_args, "keras_accuracy": keras,
-                                                    "summary": summary(rows), "runs": rows})
+    if not args.tables_only:
+        publish_results(args.publish, "bench-lab-elastic", {"job_args": args.job_args,
+                                                            "keras_accuracy": keras_accuracies(rows),
+                                                            "summary": summary(rows), "runs": rows})
     return 0 if all(not r["error"] for r in rows) else 1
 
 
