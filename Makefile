@@ -3,6 +3,7 @@
 
 ##@ Variables (override on the command line: make up WORKERS=3)
 # `make help` prints each `#> NAME description` line under this heading.
+#> PYTHON  the Python 3.11-3.13 that `make venv` and `make demo` make the venv from (default python3)
 PYTHON      ?= python3
 VENV        ?= .venv
 PY          := $(VENV)/bin/python
@@ -58,6 +59,8 @@ SELECT_SEEDS ?= 0,1,2
 # Fits of every calibrated case for bench-quality.
 #> ELASTIC_ALGORITHMS  what `make bench-elastic` runs, each its own results file (default "auto localsgd": the defaults, DOWNPOUR on one host, then local SGD)
 ELASTIC_ALGORITHMS ?= auto localsgd
+#> ELASTIC_BACKENDS  the other Keras backends `make bench-elastic` runs its elastic fits under (default "jax torch")
+ELASTIC_BACKENDS ?= jax torch
 #> RUNS  fits of every calibrated case for `make bench-quality` (default 20)
 RUNS        ?= 20
 # Keras backend(s) for bench-gpu (jax, torch, tensorflow; comma-separated); empty: the first installed.
@@ -197,11 +200,17 @@ bench-select: venv ## model selection on MNIST and forecasting: MOP vs task para
 	$(PY) jobs/select_forecast.py --limit 8760 --search $(SEARCHES) --seeds $(SELECT_SEEDS) --max-epochs 8 --eta 2 \
 	    --out $(OUT)/select_forecast_searches $(PUBLISH_ARG)
 
-bench-elastic: venv ## the MNIST CNN on 3 workers: elastic vs fixed fits, undisturbed, one worker killed or paused at epoch 2, one joining (and a timeline picture), for each of ELASTIC_ALGORITHMS; then elastic vs fixed MNIST searches; results under $(OUT)/elastic*
+bench-elastic: venv ## the MNIST CNN on 3 workers: elastic vs fixed fits, undisturbed, one worker killed or paused at epoch 2, one joining (and a timeline picture), for each of ELASTIC_ALGORITHMS; the elastic fits under each of ELASTIC_BACKENDS; the elastic fit's accuracy against plain Keras's over 5 seeds; then elastic vs fixed MNIST searches; results under $(OUT)/elastic*
 	for algorithm in $(ELASTIC_ALGORITHMS); do \
 	    $(PY) benchmarks/bench_elastic.py --algorithm $$algorithm \
 	        --out $(OUT)/elastic$$([ $$algorithm = auto ] || echo -$$algorithm) $(PUBLISH_ARG) || exit 1; \
 	done
+	for backend in $(ELASTIC_BACKENDS); do \
+	    $(PY) benchmarks/bench_elastic.py --backend $$backend --elastic-only --out $(OUT)/elastic-$$backend \
+	        $(PUBLISH_ARG) || exit 1; \
+	done
+	$(PY) jobs/mnist.py --workers 3 --min-workers 1 --limit 6000 --epochs 4 --repeats 5 \
+	    --out $(OUT)/elastic-accuracy $(PUBLISH_ARG)
 	$(PY) benchmarks/bench_elastic_search.py --out $(OUT)/elastic-search $(PUBLISH_ARG)
 
 bench-ps: venv ## parameter server vs raw loopback and an authenticated echo: commits/s and GB/s, 1-8 client processes, 1M and 10M parameters, 1 and 2 shards; results under $(OUT)/bench_ps

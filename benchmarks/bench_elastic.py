@@ -15,8 +15,11 @@ server round by round) in six ways:
 * ``elastic, paused``: one worker daemon paused (SIGSTOP, with everything
   below it: a hung machine) when epoch 2 starts and woken 8 s later; the fit
   drops it after 5 s without a heartbeat and releases its executor to Spark;
-* ``elastic, joined``: started on 2 workers, a third added when epoch 1
-  starts.
+* ``elastic, joined``: started on 2 workers, a third added --join-after
+  seconds into epoch 1.
+
+``--elastic-only`` leaves the two fixed fits out (what a backend's run needs:
+``--backend jax`` or ``torch`` writes ``elastic-jax``, ``elastic-torch``).
 
 A first, untimed fit starts every worker's Python process and imports; a
 killed worker is added back before the next fit, and a paused one's executor
@@ -25,7 +28,12 @@ time, its ratio to the undisturbed run of its kind in the same repeat
 (``vs_undisturbed``, the target for an elastic fit that loses one of 3 workers
 at epoch 2: at most 1.15), seconds from the kill to the fit noticing it
 (``noticed_s``: the elastic fit's ``left`` event, the fixed fit's failed
-attempt), the joiner's time to ready, and the test accuracy. The last
+attempt), the joiner's time to ready, and the test accuracy. A joined row
+also says whether the other two waited for the joiner: ``others_rate`` is
+their commits per second while it starts (from the join to its first HELLO)
+over their rate before it, and ``first_average_s`` the seconds from its
+HELLO to its first commit, against ``period_s``, the others' median seconds
+between two commits (the target: at most one period). The last
 repeat's disturbed elastic fits are also drawn, workers and rows per second
 over time (``elastic-timeline.png``, ``elastic-localsgd-timeline.png``, beside the results and, with
 ``--publish``, in its folder: docs/faults.md shows it).
@@ -33,6 +41,7 @@ over time (``elastic-timeline.png``, ``elastic-localsgd-timeline.png``, beside t
     python benchmarks/bench_elastic.py --out results/elastic              # 3 repeats: about 40 minutes
     python benchmarks/bench_elastic.py --runs 1 --epochs 2 --limit 3000 --out /tmp/elastic   # a quick look
     python benchmarks/bench_elastic.py --algorithm localsgd --out results/elastic-localsgd     # local SGD
+    python benchmarks/bench_elastic.py --backend jax --elastic-only --out results/elastic-jax  # under JAX
 """
 
 from __future__ import annotations
@@ -42,6 +51,8 @@ import sys
 import threading
 import time
 from pathlib import Path
+
+import numpy as np
 
 from trainer import LocalCluster, Trainer
 from trainer.data.prep import scale_pixels
@@ -53,7 +64,8 @@ from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table, write_results
 from trainer_jobs.support.timeline import fit_timeline, plot_timelines
 
-COLUMNS = ["run", "mode", "wall_s", "vs_undisturbed", "noticed_s", "joined_ready_s", "accuracy"]
+COLUMNS = ["run", "mode", "wall_s", "vs_undisturbed", "noticed_s", "joined_ready_s", "others_rate", "first_average_s",
+           "period_s", "accuracy"]
 MODES = ("fixed", "fixed, killed", "elastic", "elastic, killed", "elastic, paused", "elastic, joined")
 #: Seconds a paused worker stays paused: past the fit's SILENT_S, so it is dropped, then woken.
 PAUSE_S = 8.0
@@ -65,6 +77,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--epochs", type=positive_int, default=4, help="epochs of each fit (default 4)")
     parser.add_argument("--limit", type=positive_int, default=6000, help="training images (default 6000)")
     parser.add_argument("--batch-size", type=positive_int, default=32, help="minibatch size (default 32)")
+    parser.add_argument("--join-after", type=float, default=2.0,
+                        help="seconds into epoch 1 the third worker is added (default 2)")
+    parser.add_argument("--elastic-only", action="store_true", help="leave the fixed fits out")
     parser.add_argument("--retry-timeout", type=float, default=60.0,
                         help="a fixed fit's wait for the lost slot before it goes on with fewer (default 60)")
     parser.add_argument("--algorithm", default="auto", choices=("auto", "localsgd", "downpour"),
@@ -77,13 +92,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def disturbed_fit(cluster: LocalCluster, train, mode: str, args) -> tuple:
-    """One fit of `mode`; (the fitted model, when the kill or the join happened or None)."""
+    """One fit of `mode`; (the fitted model, when the kill or the join happened or None, its commits as (time,
+    epoch, chunk))."""
     elastic = mode.startswith("elastic")
     at: dict[str, float] = {}
     started = threading.Event()
     second = threading.Event()
+    commits: list[tuple[float, int | None, int]] = []
 
     def on_update(record) -> None:
+        commits.append((record.time, record.epoch, record.worker))
         started.set()
         if (record.epoch or 0) >= 1:
             second.set()
@@ -101,6 +119,7 @@ def disturbed_fit(cluster: LocalCluster, train, mode: str, args) -> tuple:
             cluster.pause_worker(hung, paused=False)
         elif mode.endswith("joined"):
             started.wait()
+            time.sleep(args.join_after)
             at["time"] = time.time()
             cluster.add_worker()
 
@@ -112,7 +131,27 @@ def disturbed_fit(cluster: LocalCluster, train, mode: str, args) -> tuple:
     fitted = trainer.fit(train)
     started.set(), second.set()
     thread.join(timeout=120)
-    return fitted, at.get("time")
+    return fitted, at.get("time"), commits
+
+
+def join_figures(fitted, at: float, commits: list[tuple[float, int | None, int]]) -> dict[str, float | None]:
+    """Whether the others waited for the joiner and how soon it averaged with them (the module docstring)."""
+    joined = [e for e in fitted.history.membership if e["event"] == "joined" and e["time"] > at]
+    if not joined or not commits:
+        return {"others_rate": None, "first_average_s": None, "period_s": None}
+    ready = joined[0]["time"]
+    mine = {(w.get("epoch"), w.get("chunk")) for w in fitted.history.workers if w.get("member") == joined[0]["worker"]}
+    before = [c for c in commits if c[0] < at]
+    while_starting = [c for c in commits if at <= c[0] < ready]
+    rate = (len(while_starting) / (ready - at)) / (len(before) / (at - before[0][0])) \
+        if len(before) > 1 and ready > at else None
+    by_chunk: dict[tuple, list[float]] = {}
+    for t, epoch, chunk in before:
+        by_chunk.setdefault((epoch, chunk), []).append(t)
+    gaps = [b - a for times in by_chunk.values() for a, b in zip(times, times[1:])]
+    first = [c[0] for c in commits if c[0] >= ready and (c[1], c[2]) in mine]
+    return {"others_rate": rate, "first_average_s": first[0] - ready if first else None,
+            "period_s": float(np.median(gaps)) if gaps else None}
 
 
 def warm_up(train) -> None:
@@ -135,6 +174,7 @@ def noticed(fitted, at: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start_logging(args)
+    import keras  # after start_logging: --backend is set before Keras starts
     x_train, y_train, x_test, y_test = load_mnist(None, limit=args.limit)
     rows = []
     with LocalCluster(workers=3, cores_per_worker=1) as cluster:
@@ -146,12 +186,12 @@ def main(argv: list[str] | None = None) -> int:
         for run in range(args.runs):
             undisturbed: dict[str, float] = {}
             timelines: dict[str, dict] = {}
-            for mode in MODES:
+            for mode in (m for m in MODES if not (args.elastic_only and m.startswith("fixed"))):
                 if mode == "elastic, joined":
                     cluster.kill_worker()  # start on 2
                     time.sleep(2)
                 start = time.time()
-                fitted, at = disturbed_fit(cluster, train, mode, args)
+                fitted, at, commits = disturbed_fit(cluster, train, mode, args)
                 wall = time.time() - start
                 kind = mode.split(",")[0]
                 undisturbed.setdefault(kind, wall)
@@ -162,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
                 row = {"run": run + 1, "mode": mode, "wall_s": wall, "vs_undisturbed": wall / undisturbed[kind],
                        "noticed_s": noticed(fitted, at) if mode.endswith(("killed", "paused")) else None,
                        "joined_ready_s": joined[0]["ready_s"] if joined else None,
+                       **(join_figures(fitted, at, commits) if mode.endswith("joined") and at else {}),
                        "accuracy": fitted.evaluate(test)["accuracy"], "workers": 3, "speedup": None}
                 rows.append(row)
                 print(markdown_table([row], COLUMNS), flush=True)
@@ -171,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                 elif mode.endswith("paused"):
                     wait_for_slots(spark, 3, 120)  # the woken worker's executor replaced
                     warm_up(train)
-    name = "elastic" if args.algorithm == "auto" else f"elastic-{args.algorithm}"
+    name = "-".join(["elastic", *([args.algorithm] if args.algorithm != "auto" else []),
+                     *([keras.backend.backend()] if keras.backend.backend() != "tensorflow" else [])])
     paths = write_results(rows, Path(args.out), name, metadata={"job": "bench_elastic", **vars(args)})
     for folder in {Path(args.out), *([Path(args.publish)] if args.publish else [])}:
         print(f"timeline: {plot_timelines(timelines, folder / f'{name}-timeline.png')}")

@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import statistics
 import sys
 from pathlib import Path
 
@@ -66,6 +67,7 @@ from trainer_jobs.support.cli import (
 )
 from trainer_jobs.support.datasets import data_dir, load_mnist, parquet_images
 from trainer_jobs.support.models import LEARNING_RATE, build_cnn  # noqa: F401  (build_cnn: this job's model)
+from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import (against_plain_keras, markdown_table, metric_pivot, plot_speedup,
                                          write_results)
 from trainer_jobs.support.scaling import (
@@ -134,6 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     add_trainer_args(parser)
     add_mlflow_arg(parser)
     parser.add_argument("--out", default="results/mnist", help="results directory (default results/mnist)")
+    add_publish_arg(parser, "<the --out folder's name> (make bench-elastic: elastic-accuracy)")
     add_verbose_arg(parser)
     args = parser.parse_args(argv)
     check_trainer_args(parser, args)
@@ -144,6 +147,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--target-accuracy must be in (0, 1]; received {args.target_accuracy}.")
     args.worker_counts = parse_workers(args.workers)
     return args
+
+
+#: The figures of a row that ``--publish`` keeps.
+PUBLISHED = ("mode", "workers", "algorithm", "seed", "epoch_time_s", "metric_value")
+
+
+def published_figures(rows: list[dict]) -> dict:
+    """What ``--publish`` writes: each run's `PUBLISHED` figures, and per worker count (0: plain Keras) the test
+    accuracy's mean, sd, lowest and highest over its runs."""
+    summary = []
+    for workers in dict.fromkeys(int(row["workers"]) for row in rows):
+        values = [row["metric_value"] for row in rows if int(row["workers"]) == workers]
+        summary.append({"workers": workers, "runs": len(values), "mean": statistics.fmean(values),
+                        "sd": statistics.stdev(values) if len(values) > 1 else 0.0, "min": min(values),
+                        "max": max(values)})
+    return {"rows": [{key: row.get(key) for key in PUBLISHED} for row in rows], "accuracy": summary}
 
 
 def _seeded(args: argparse.Namespace, seed: int) -> str:
@@ -257,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                                     advice="train more epochs (--epochs) or with more rows (--limit)"):
         print(line)
     print(f"results: {', '.join(str(p) for p in paths.values())}, {out / 'mnist.png'}")
+    publish(args.publish, out.name.replace("_", "-"), published_figures(rows))
     return 0
 
 
