@@ -28,12 +28,14 @@ time, its ratio to the undisturbed run of its kind in the same repeat
 (``vs_undisturbed``, the target for an elastic fit that loses one of 3 workers
 at epoch 2: at most 1.15), seconds from the kill to the fit noticing it
 (``noticed_s``: the elastic fit's ``left`` event, the fixed fit's failed
-attempt), the joiner's time to ready, and the test accuracy. A joined row
-also says whether the other two waited for the joiner: ``others_rate`` is
-their commits per second while it starts (from the join to its first HELLO)
-over their rate before it, and ``first_average_s`` the seconds from its
-HELLO to its first commit, against ``period_s``, the others' median seconds
-between two commits (the target: at most one period). The last
+attempt), the joiner's time to ready (process start to model built), and the
+test accuracy. A joined row also says whether the other two waited for the
+joiner: ``others_rate`` is their commits per second while it starts (from
+the join to its first HELLO) over their rate before it; ``first_step_s`` the
+seconds from its model built to its first step done (the center loaded, the
+step compiled), and ``first_average_s`` from then to its first commit,
+against ``period_s``, the others' median seconds between two commits (the
+target: at most one period). The last
 repeat's disturbed elastic fits are also drawn, workers and rows per second
 over time (``elastic-timeline.png``, ``elastic-localsgd-timeline.png``, beside the results and, with
 ``--publish``, in its folder: docs/faults.md shows it).
@@ -64,8 +66,8 @@ from trainer_jobs.support.published import add_publish_arg, publish
 from trainer_jobs.support.report import markdown_table, write_results
 from trainer_jobs.support.timeline import fit_timeline, plot_timelines
 
-COLUMNS = ["run", "mode", "wall_s", "vs_undisturbed", "noticed_s", "joined_ready_s", "others_rate", "first_average_s",
-           "period_s", "accuracy"]
+COLUMNS = ["run", "mode", "wall_s", "vs_undisturbed", "noticed_s", "joined_ready_s", "others_rate", "first_step_s",
+           "first_average_s", "period_s", "accuracy"]
 MODES = ("fixed", "fixed, killed", "elastic", "elastic, killed", "elastic, paused", "elastic, joined")
 #: Seconds a paused worker stays paused: past the fit's SILENT_S, so it is dropped, then woken.
 PAUSE_S = 8.0
@@ -138,9 +140,12 @@ def join_figures(fitted, at: float, commits: list[tuple[float, int | None, int]]
     """Whether the others waited for the joiner and how soon it averaged with them (the module docstring)."""
     joined = [e for e in fitted.history.membership if e["event"] == "joined" and e["time"] > at]
     if not joined or not commits:
-        return {"others_rate": None, "first_average_s": None, "period_s": None}
+        return {"others_rate": None, "first_step_s": None, "first_average_s": None, "period_s": None}
     ready = joined[0]["time"]
-    mine = {(w.get("epoch"), w.get("chunk")) for w in fitted.history.workers if w.get("member") == joined[0]["worker"]}
+    tasks = [w for w in fitted.history.workers if w.get("member") == joined[0]["worker"]]
+    mine = {(w.get("epoch"), w.get("chunk")) for w in tasks}
+    cold = next((w for w in tasks if w.get("first_in_process")), {})
+    stepped = cold.get("first_step_end")
     before = [c for c in commits if c[0] < at]
     while_starting = [c for c in commits if at <= c[0] < ready]
     rate = (len(while_starting) / (ready - at)) / (len(before) / (at - before[0][0])) \
@@ -150,7 +155,9 @@ def join_figures(fitted, at: float, commits: list[tuple[float, int | None, int]]
         by_chunk.setdefault((epoch, chunk), []).append(t)
     gaps = [b - a for times in by_chunk.values() for a, b in zip(times, times[1:])]
     first = [c[0] for c in commits if c[0] >= ready and (c[1], c[2]) in mine]
-    return {"others_rate": rate, "first_average_s": first[0] - ready if first else None,
+    compiled = stepped is not None and cold.get("model_built") is not None
+    return {"others_rate": rate, "first_step_s": stepped - cold["model_built"] if compiled else None,
+            "first_average_s": first[0] - stepped if first and compiled else None,
             "period_s": float(np.median(gaps)) if gaps else None}
 
 

@@ -57,7 +57,9 @@ class TrainingHistory:
             per_kind, kept, dropped.
         workers: one dict per worker task (rows, commits, comm_s, bytes_sent,
             bytes_received, timings, per-epoch logs); retried tasks appear once
-            per attempt.
+            per attempt. A parameter-server task's timings: ``task_start``,
+            ``data_ready``, ``model_built`` and ``first_step_end`` (its first
+            step done; in a new process, that step's compile with it).
         epochs: per epoch: wall time over all workers, batches trained by
             all workers, the mean of the workers' Keras logs (loss, metrics)
             and, with validation data, the validation metrics of the center

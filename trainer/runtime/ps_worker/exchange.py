@@ -94,6 +94,8 @@ class WorkerExchange:
         self.clock, self.timed = time.perf_counter(), 0  # what ran between two fit calls is not training
 
     def on_train_batch_begin(self, batch, logs=None):
+        if self.timed == 1:  # the first step is done: in a new process, its compile with it
+            self.record.setdefault("first_step_end", time.time())
         if self.cadence.due(self.since) and not self.stopped:
             self.exchange(None)
         self.step += 1
