@@ -18,8 +18,9 @@ server round by round) in six ways:
 * ``elastic, joined``: started on 2 workers, a third added --join-after
   seconds into epoch 1.
 
-``--elastic-only`` leaves the two fixed fits out (what a backend's run needs:
-``--backend jax`` or ``torch`` writes ``elastic-jax``, ``elastic-torch``).
+``--elastic-only`` leaves the two fixed fits out; ``--backend NAME`` runs
+every fit under that Keras backend and names the results ``elastic-NAME``
+(``make bench-elastic``: JAX and torch, elastic fits only).
 
 A first, untimed fit starts every worker's Python process and imports; a
 killed worker is added back before the next fit, and a paused one's executor
@@ -181,7 +182,6 @@ def noticed(fitted, at: float | None) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     start_logging(args)
-    import keras  # after start_logging: --backend is set before Keras starts
     x_train, y_train, x_test, y_test = load_mnist(None, limit=args.limit)
     rows = []
     with LocalCluster(workers=3, cores_per_worker=1) as cluster:
@@ -220,7 +220,7 @@ def main(argv: list[str] | None = None) -> int:
                     wait_for_slots(spark, 3, 120)  # the woken worker's executor replaced
                     warm_up(train)
     name = "-".join(["elastic", *([args.algorithm] if args.algorithm != "auto" else []),
-                     *([keras.backend.backend()] if keras.backend.backend() != "tensorflow" else [])])
+                     *([args.backend] if args.backend else [])])
     paths = write_results(rows, Path(args.out), name, metadata={"job": "bench_elastic", **vars(args)})
     for folder in {Path(args.out), *([Path(args.publish)] if args.publish else [])}:
         print(f"timeline: {plot_timelines(timelines, folder / f'{name}-timeline.png')}")
