@@ -40,6 +40,10 @@ from trainer.spark.elastic_launch import ElasticPolicy, Floor
 from trainer.ps import RemoteError
 
 DRIVER = Path(__file__).with_name("elastic_driver.py")
+#: Seconds from Spark's launch of a task to its Python code starting (``task_start``) on 2 busy cores: Spark learns
+#: of a decommission asynchronously, and a task it launched on the drained executor just before started its Python
+#: 1.3 s after the request in a CI run. Spark gives a decommissioning executor no task once it knows.
+LAUNCH_LATENCY_S = 3.0
 
 
 def test_num_workers_takes_min_and_max_and_refuses_what_cannot_be_elastic():
@@ -181,9 +185,10 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
     assert hung[0]["executor_released"] is True
     (drained,) = [e for e in left if "decommissioned" in e["why"]]  # told by Spark, not by a lost connection
     assert 0 <= drained["time"] - disturbed["decommissioned"] < 5, left
-    # graceful: the chunk it was training when drained ended there, committed, and was not run again
+    # graceful: the chunk it was training when drained ended there, committed, and was not run again; no chunk
+    # came to it after Spark knew (a task Spark launched just before the request starts its Python a moment later)
     last = [w for w in history["workers"] if w["member"] == drained["worker"]]
-    assert last and max(w["task_start"] for w in last) < disturbed["decommissioned"]
+    assert last and max(w["task_start"] for w in last) < disturbed["decommissioned"] + LAUNCH_LATENCY_S
     running = max(last, key=lambda w: w["task_start"])
     rerun = [w for w in history["workers"] if (w["epoch"], w["chunk"]) == (running["epoch"], running["chunk"])
              and w["task_start"] > running["task_start"]]
