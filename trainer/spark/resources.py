@@ -34,8 +34,7 @@ from trainer.spark.connect import is_connect
 GPU = "gpu"
 
 __all__ = ["GPU", "check_gpus_per_worker", "check_gpus_offered", "in_one_process", "stage_profile",
-           "check_worker_resources",
-           "worker_resource_opts"]
+           "check_worker_resources", "worker_resource_opts"]
 
 
 def check_gpus_per_worker(value: Any) -> int:
