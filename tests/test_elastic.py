@@ -37,6 +37,7 @@ from trainer.fit.membership import Membership
 from trainer.options import FitOptions
 from trainer.ps.members import SILENT_S
 from trainer.spark.elastic_launch import ElasticPolicy, Floor
+from trainer.spark.launch import run_job, tasks_launched
 from trainer.ps import RemoteError
 
 DRIVER = Path(__file__).with_name("elastic_driver.py")
@@ -205,6 +206,43 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
         assert sum(w["rows"] for w in records) == 3000
     assert [e["epoch"] for e in history["epochs"]] == [0, 1, 2, 3]
     assert history["epochs"][-1]["loss"] < history["epochs"][0]["loss"]
+
+
+@pytest.mark.spark
+def test_tasks_launched_counts_the_tasks_of_the_tagged_job_spark_gave_a_slot(spark, tmp_path):
+    """What lets the next epoch's job start while a joiner's Python still starts (``next_when_launched``)."""
+    import concurrent.futures
+
+    def blocked_until(release: str):
+        def task(batches):
+            deadline = time.monotonic() + 60
+            while not Path(release).exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            yield from batches
+        return task
+
+    def started(job_tag: str, tasks: int, release: Path):
+        return pool.submit(run_job, spark.range(tasks).repartition(tasks), None, blocked_until(str(release)),
+                           "id long", description="tasks_launched test", barrier=False, job_tag=job_tag)
+
+    def active(job_tag: str) -> int:
+        jobs = list(spark.sparkContext._jsc.sc().statusTracker().getJobIdsForTag(job_tag))
+        job = spark.sparkContext.statusTracker().getJobInfo(max(jobs)) if jobs else None
+        stage = spark.sparkContext.statusTracker().getStageInfo(max(job.stageIds)) if job else None
+        return stage.numActiveTasks if stage else 0
+
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        job = started("launched-all", 2, tmp_path / "a")  # 2 tasks, 2 slots: both launched while they run
+        assert wait_for(lambda: tasks_launched(spark, "launched-all"), timeout=60)
+        (tmp_path / "a").touch()
+        assert len(job.result(timeout=60)) == 2
+        job = started("launched-some", 3, tmp_path / "b")  # 3 tasks, 2 slots: one waits for a slot
+        assert wait_for(lambda: active("launched-some") == 2, timeout=60)
+        assert tasks_launched(spark, "launched-some") is False
+        (tmp_path / "b").touch()
+        assert len(job.result(timeout=60)) == 3
+        assert tasks_launched(spark, "launched-some") is True  # done counts as launched
+    assert tasks_launched(spark, "no-such-job") is False
 
 
 def test_epochs_reach_the_callbacks_in_order_when_a_later_one_ends_first():

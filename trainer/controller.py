@@ -119,7 +119,8 @@ class StageController:
                     profile: Any = None, on_started: Callable[[], None] | None = None,
                     stopped: Callable[[], bool] = lambda: False, events: list[dict] | None = None,
                     watch: Callable[[], Any] = lambda: None, retire: Callable[[set[str]], Any] = lambda e: None,
-                    begun: Callable[[int], bool] = lambda epoch: False, lookahead: int = 0) -> StageResult:
+                    begun: Callable[[int], bool] = lambda epoch: False, lookahead: int = 0,
+                    next_when_launched: bool = False) -> StageResult:
         """Start `server` and run an elastic fit's jobs, one per epoch (inside `closing`, which stops it);
         `make_task(epoch)` returns the function each chunk task of that epoch runs."""
         server.start()
@@ -128,5 +129,6 @@ class StageController:
         start = time.time()
         jobs = run_epoch_jobs(frame, chunks, epochs, make_task, RESULT_DDL, policy=policy, description=description,
                               profile=profile, stopped=stopped, fatal=fatal, events=events, watch=watch,
-                              retire=retire, begun=begun, lookahead=lookahead)
+                              retire=retire, begun=begun, lookahead=lookahead,
+                              next_when_launched=next_when_launched)
         return StageResult(read_records(jobs.rows), start, time.time())

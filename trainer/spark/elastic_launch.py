@@ -31,10 +31,15 @@ own scheduling does the rest:
   SparkContext's own conf is set for the fit and put back after; not on Spark
   Connect, whose clients cannot reach it);
 * **no idle slots between epochs**: once every chunk of an epoch has begun
-  (``begun``), the next epoch's job starts beside it, so the slots its last
-  chunks leave idle (a straggler, a joiner building its model, a re-run) train
-  the next epoch's chunks; at most `LOOKAHEAD` + 1 epochs run at once (a caller may
-  allow more: an elastic search's rounds). An
+  (``begun``) or, for a fit (``next_when_launched``), once Spark has launched
+  every task of the epoch's job (its status tracker; a joiner's task is
+  launched seconds before its Python says HELLO), the next epoch's job starts
+  beside it, so the slots its last chunks leave idle (a straggler, a joiner
+  building its model, a re-run) train the next epoch's chunks. Not sooner: the
+  next job's tasks would otherwise take slots before the epoch's own pending
+  ones (Spark orders two jobs submitted together as it likes). At most
+  `LOOKAHEAD` + 1 epochs run at once (a caller may allow more: an elastic
+  search's rounds). An
   epoch's callbacks still run when its last chunk reports (and after the
   earlier epochs'): the later epochs' chunks already running follow their
   stop or new learning rate from their next exchange;
@@ -65,7 +70,7 @@ from pyspark.sql import DataFrame
 
 from trainer.errors import ClusterCapacityError, TrainingFailedError
 from trainer.spark.connect import is_connect
-from trainer.spark.launch import available_slots, cancel_tagged, is_infrastructure_failure, run_job
+from trainer.spark.launch import available_slots, cancel_tagged, is_infrastructure_failure, run_job, tasks_launched
 from trainer.spark.resources import in_one_process
 
 log = logging.getLogger("trainer.spark")
@@ -121,10 +126,11 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                    events: list[dict] | None = None, watch: Callable[[], Any] = lambda: None,
                    retire: Callable[[set[str]], Any] = lambda executors: None,
                    begun: Callable[[int], bool] = lambda epoch: False, lookahead: int = 0,
-                   poll_s: float = 0.5) -> EpochJobs:
+                   next_when_launched: bool = False, poll_s: float = 0.5) -> EpochJobs:
     """Run one job per epoch of `epochs` over `frame` cut into `chunks` partitions (the module docstring);
     ``stopped()`` after an epoch ends the loop (a callback stopped the fit); ``begun(epoch)`` says every chunk
-    of `epoch` has started, so the next epoch's job may start beside it; ``watch()`` runs every `poll_s` seconds
+    of `epoch` has started, so the next epoch's job may start beside it (so may every task of its job launched, with
+    `next_when_launched`); ``watch()`` runs every `poll_s` seconds
     while a job runs (the members' heartbeats) and returns the members that went silent, each a dict whose
     ``"executor"`` (when known) is released (`release_executor`; ``"executor_released"`` says whether Spark took
     it); ``retire(executors)`` hears the executors being decommissioned (`decommissioned_executors`); at most
@@ -177,7 +183,8 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                 while not _finished(job, poll_s):
                     on_wait()
                     for before, after in zip(ahead, ahead[1:]):  # its tasks take the slots left idle
-                        if after not in running and before in running and begun(before):
+                        if after not in running and before in running and (
+                                begun(before) or next_when_launched and tasks_launched(spark, _epoch_tag(tag, before))):
                             start(after)
                 running.pop(epoch)
                 done.rows.extend(job.result())
@@ -213,6 +220,10 @@ def _wind_down(spark, tag: str, jobs: list[concurrent.futures.Future], rows: lis
             rows.extend(job.result())
 
 
+def _epoch_tag(tag: str, epoch: int) -> str:
+    return f"{tag}-epoch-{epoch}"
+
+
 def _finished(job: concurrent.futures.Future, timeout: float) -> bool:
     try:
         job.exception(timeout=timeout)
@@ -226,7 +237,8 @@ def _epoch_job(cut: DataFrame, epoch: int, task: Callable, schema: str, policy: 
     """One epoch's job, run again after lost executors (the module docstring); its rows."""
     for attempt in range(policy.max_retries + 1):
         try:
-            return run_job(cut, None, task, schema, description=description, profile=profile, barrier=False, tag=tag)
+            return run_job(cut, None, task, schema, description=description, profile=profile, barrier=False, tag=tag,
+                           job_tag=_epoch_tag(tag, epoch))
         except TrainingFailedError as exc:
             problem = fatal()
             if problem is not None:

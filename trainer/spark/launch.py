@@ -133,10 +133,12 @@ def run_job(
     profile: Any = None,
     barrier: bool = True,
     tag: str | None = None,
+    job_tag: str | None = None,
 ) -> list:
     """Collect ``frame.repartition(N).mapInArrow(task, schema, barrier=barrier, profile=profile)`` (`frame`'s own
     partitions when `num_workers` is None); Ctrl-C, or an error `on_wait` raises, cancels it (job tags: `tag`, or
-    one of its own; `cancel_tagged` cancels them from another thread)."""
+    one of its own; `cancel_tagged` cancels them from another thread). `job_tag` also tags the job for
+    `tasks_launched` (classic sessions only)."""
     from pyspark import InheritableThread
 
     spark = frame.sparkSession
@@ -146,6 +148,8 @@ def run_job(
 
     def target() -> None:
         _tag_jobs(spark, tag, description)
+        if job_tag is not None and not is_connect(spark):
+            spark.sparkContext.addJobTag(job_tag)
         try:
             parts = frame if num_workers is None else frame.repartition(num_workers)
             stage = parts.mapInArrow(task, schema, barrier=barrier, **options)
@@ -154,6 +158,8 @@ def run_job(
             outcome["error"] = exc
         finally:
             _untag_jobs(spark, tag)
+            if job_tag is not None and not is_connect(spark):
+                spark.sparkContext.removeJobTag(job_tag)
 
     thread = InheritableThread(target=target, name=tag, daemon=True,
                                **({"session": spark} if is_connect(spark) else {}))
@@ -195,6 +201,23 @@ def _tag_jobs(spark: SparkSession, tag: str, description: str) -> None:
 def _untag_jobs(spark: SparkSession, tag: str) -> None:
     if _job_tags(spark):
         spark.removeTag(tag)
+
+
+def tasks_launched(spark: SparkSession, job_tag: str) -> bool | None:
+    """Whether every task of the newest job tagged `job_tag` (`run_job`'s) has been launched: its result stage
+    (the job's last) has as many tasks running or done as it has; None on Spark Connect (no status tracker) or
+    where Spark cannot tell."""
+    if is_connect(spark):
+        return None
+    try:
+        sc = spark.sparkContext
+        jobs = list(sc._jsc.sc().statusTracker().getJobIdsForTag(job_tag))
+        job = sc.statusTracker().getJobInfo(max(jobs)) if jobs else None
+        stage = sc.statusTracker().getStageInfo(max(job.stageIds)) if job is not None and job.stageIds else None
+    except Exception as exc:  # a Spark whose tracker moved: the caller's other signal decides
+        log.debug("Could not read the status of the jobs tagged %s (%s)", job_tag, exc)
+        return None
+    return stage is not None and stage.numActiveTasks + stage.numCompletedTasks >= stage.numTasks
 
 
 def cancel_tagged(spark: SparkSession, tag: str) -> None:
