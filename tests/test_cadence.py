@@ -63,6 +63,20 @@ def test_local_sgd_s_window_warms_up_at_one_step_then_grows_to_its_own_bound_not
     assert joiner.window == 4 and not joiner.warmup
 
 
+def test_a_worker_joining_an_asynchronous_fit_exchanges_after_its_first_step_then_at_the_fit_s_window():
+    first = WindowCadence("auto", epoch_batches=10_000, workers=3)
+    first.fit_at(0)  # the fit's own first workers: nothing to catch up with
+    assert first.window == 2 and not first.due(1)
+    joiner = WindowCadence("auto", epoch_batches=10_000, workers=3)
+    joiner.fit_at(40)
+    assert joiner.due(1)  # its first step, the compile with it, then the others' average
+    joiner.observe(1, 5.0, 0.01)  # that step is not a step time
+    assert joiner.window == 2 and joiner.step_s is None and not joiner.due(1)
+    fixed = WindowCadence(5)
+    fixed.fit_at(40)
+    assert fixed.window == 5  # a window the user set is theirs
+
+
 def test_auto_windows_belong_to_the_algorithms_whose_math_ignores_the_window():
     assert DOWNPOUR().window == "auto" and get_algorithm("downpour").describe() == "downpour(auto window)"
     assert DynSGD(window="auto").window == "auto"

@@ -96,6 +96,7 @@ class WindowCadence:
     def __init__(self, window: int | str | None, epoch_batches: int | None = None, workers: int = 1,
                  bound: int | None = None, warmup: int = 0) -> None:
         self.auto = window == AUTO
+        self.asynchronous = bound is None  # not rounds: a worker's exchanges wait for nobody
         self.max_window = max_auto_window(epoch_batches, workers) if bound is None else max(1, int(bound))
         self.warmup = int(warmup) if self.auto else 0
         self.window = 1 if self.warmup else min(FIRST_WINDOW, self.max_window) if self.auto else window
@@ -104,10 +105,14 @@ class WindowCadence:
         self._windows_seen = 0
 
     def fit_at(self, exchanges: int) -> None:
-        """The fit has made `exchanges` exchanges already (a worker that joins it): no warm-up the fit is past."""
+        """The fit has made `exchanges` exchanges already (a worker that joins it): no warm-up the fit is past; an
+        asynchronous automatic window exchanges first after one step, so that the joiner averages with the others
+        once its first step (its compile with it) is done, not a window later."""
         if self.warmup and exchanges >= self.warmup:
             self.warmup = 0
             self.window = min(FIRST_WINDOW, self.max_window)
+        if self.auto and self.asynchronous and exchanges > 0:
+            self.window = 1
 
     def due(self, since: int) -> bool:
         """Whether an exchange is due after `since` batches since the last one."""
@@ -129,6 +134,8 @@ class WindowCadence:
         if self.step_s:
             wanted = steps_per_exchange(self.exchange_s, self.step_s)
             self.window = max(min(MIN_WINDOW, self.max_window), min(self.max_window, wanted))
+        else:  # nothing timed yet: a joiner's one-step first window is over
+            self.window = max(self.window, min(FIRST_WINDOW, self.max_window))
 
     def describe(self) -> str:
         if self.auto:
