@@ -150,7 +150,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 #: The figures of a row that ``--publish`` keeps.
-PUBLISHED = ("mode", "workers", "algorithm", "seed", "epoch_time_s", "metric_value")
+PUBLISHED = ("mode", "workers", "algorithm", "seed", "epoch_time_s", "speedup", "efficiency", "metric_value")
 
 
 def published_figures(rows: list[dict]) -> dict:

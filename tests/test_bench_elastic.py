@@ -42,11 +42,12 @@ def test_join_figures_without_a_join_are_empty():
 
 def test_published_figures_summarize_each_worker_count_over_its_runs():
     rows = [{"mode": "plain keras", "workers": 0, "algorithm": "none", "seed": s, "epoch_time_s": 5.0,
-             "metric_value": v, "speedup": None} for s, v in enumerate((0.96, 0.98))]
+             "metric_value": v, "speedup": None, "updates": 0} for s, v in enumerate((0.96, 0.98))]
     rows.append({"mode": "elastic", "workers": 3, "algorithm": "downpour", "seed": 0, "epoch_time_s": 6.0,
                  "metric_value": 0.97})
     figures = published_figures(rows)
-    assert [r["seed"] for r in figures["rows"]] == [0, 1, 0] and "speedup" not in figures["rows"][0]
+    assert [r["seed"] for r in figures["rows"]] == [0, 1, 0] and "updates" not in figures["rows"][0]
+    assert figures["rows"][0]["speedup"] is None and figures["rows"][2]["efficiency"] is None
     keras, elastic = figures["accuracy"]
     assert (keras["workers"], keras["runs"], keras["min"], keras["max"]) == (0, 2, 0.96, 0.98)
     assert keras["mean"] == pytest.approx(0.97) and keras["sd"] == pytest.approx(0.0141421, abs=1e-6)

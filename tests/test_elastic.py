@@ -205,12 +205,15 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
                               {w["chunk"]: w["committed_batches"] for w in records}, 32) == []
         assert sum(w["rows"] for w in records) == 3000
     assert [e["epoch"] for e in history["epochs"]] == [0, 1, 2, 3]
+    for epoch in range(1, 4):  # an epoch's chunks start once one of the epoch before has begun (its model built)
+        assert min(w["task_start"] for (e, _), w in chunks.items() if e == epoch) > min(
+            w["model_built"] for (e, _), w in chunks.items() if e == epoch - 1)
     assert history["epochs"][-1]["loss"] < history["epochs"][0]["loss"]
 
 
 @pytest.mark.spark
 def test_tasks_launched_counts_the_tasks_of_the_tagged_job_spark_gave_a_slot(spark, tmp_path):
-    """What lets the next epoch's job start while a joiner's Python still starts (``next_when_launched``)."""
+    """What lets the next epoch's job start while a joiner's Python still starts (``one_begun``)."""
     import concurrent.futures
 
     def blocked_until(release: str):
@@ -222,7 +225,9 @@ def test_tasks_launched_counts_the_tasks_of_the_tagged_job_spark_gave_a_slot(spa
         return task
 
     def started(job_tag: str, tasks: int, release: Path):
-        return pool.submit(run_job, spark.range(tasks).repartition(tasks), None, blocked_until(str(release)),
+        frame = spark.range(tasks).repartition(tasks).persist()  # as an elastic fit's chunks after its first epoch
+        frame.count()
+        return pool.submit(run_job, frame, None, blocked_until(str(release)),
                            "id long", description="tasks_launched test", barrier=False, job_tag=job_tag)
 
     def active(job_tag: str) -> int:

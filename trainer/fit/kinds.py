@@ -343,7 +343,8 @@ class ElasticFit(ParameterServerFit):
             lambda epoch: self.chunk_task(plan, server, tasks, epoch), server=server, policy=policy,
             description=self.description(plan.model.name), profile=plan.profile, on_started=on_started,
             stopped=stopped, events=events, fatal=fatal, watch=self._watch, retire=self.membership.retire,
-            begun=lambda epoch: server.claimed_chunks(epoch) >= self.chunks, next_when_launched=True)
+            begun=lambda epoch: server.claimed_chunks(epoch) >= self.chunks,
+            one_begun=lambda epoch: server.claimed_chunks(epoch) > 0)
         for record in stage.records:  # what the server counted, whatever attempts of the chunk committed it
             record["committed_batches"] = server.committed_batches(record["epoch"], record["chunk"])
         return stage

@@ -31,10 +31,11 @@ own scheduling does the rest:
   SparkContext's own conf is set for the fit and put back after; not on Spark
   Connect, whose clients cannot reach it);
 * **no idle slots between epochs**: once every chunk of an epoch has begun
-  (``begun``) or, for a fit (``next_when_launched``), once Spark has launched
+  (``begun``) or, for a fit (``one_begun``), once one has and Spark has launched
   every task of the epoch's job (its status tracker; a joiner's task is
-  launched seconds before its Python says HELLO), the next epoch's job starts
-  beside it, so the slots its last chunks leave idle (a straggler, a joiner
+  launched seconds before its Python says HELLO; "one has begun" tells the
+  chunks' job from the shuffle Spark may run as a job of its own before it),
+  the next epoch's job starts beside it, so the slots its last chunks leave idle (a straggler, a joiner
   building its model, a re-run) train the next epoch's chunks. Not sooner: the
   next job's tasks would otherwise take slots before the epoch's own pending
   ones (Spark orders two jobs submitted together as it likes). At most
@@ -126,11 +127,11 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                    events: list[dict] | None = None, watch: Callable[[], Any] = lambda: None,
                    retire: Callable[[set[str]], Any] = lambda executors: None,
                    begun: Callable[[int], bool] = lambda epoch: False, lookahead: int = 0,
-                   next_when_launched: bool = False, poll_s: float = 0.5) -> EpochJobs:
+                   one_begun: Callable[[int], bool] | None = None, poll_s: float = 0.5) -> EpochJobs:
     """Run one job per epoch of `epochs` over `frame` cut into `chunks` partitions (the module docstring);
     ``stopped()`` after an epoch ends the loop (a callback stopped the fit); ``begun(epoch)`` says every chunk
-    of `epoch` has started, so the next epoch's job may start beside it (so may every task of its job launched, with
-    `next_when_launched`); ``watch()`` runs every `poll_s` seconds
+    of `epoch` has started, so the next epoch's job may start beside it (so may ``one_begun(epoch)``, a chunk of it
+    has, once Spark launched every task of its job); ``watch()`` runs every `poll_s` seconds
     while a job runs (the members' heartbeats) and returns the members that went silent, each a dict whose
     ``"executor"`` (when known) is released (`release_executor`; ``"executor_released"`` says whether Spark took
     it); ``retire(executors)`` hears the executors being decommissioned (`decommissioned_executors`); at most
@@ -144,6 +145,9 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
     released: set[str] = set()
     retired: set[str] = set()
     tag = f"trainer-elastic-{uuid.uuid4().hex[:12]}"
+
+    def launched(epoch: int) -> bool:
+        return one_begun is not None and one_begun(epoch) and bool(tasks_launched(spark, _epoch_tag(tag, epoch)))
 
     def on_wait() -> None:
         for silent in watch() or ():
@@ -183,8 +187,7 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                 while not _finished(job, poll_s):
                     on_wait()
                     for before, after in zip(ahead, ahead[1:]):  # its tasks take the slots left idle
-                        if after not in running and before in running and (
-                                begun(before) or next_when_launched and tasks_launched(spark, _epoch_tag(tag, before))):
+                        if after not in running and before in running and (begun(before) or launched(before)):
                             start(after)
                 running.pop(epoch)
                 done.rows.extend(job.result())

@@ -204,9 +204,9 @@ def _untag_jobs(spark: SparkSession, tag: str) -> None:
 
 
 def tasks_launched(spark: SparkSession, job_tag: str) -> bool | None:
-    """Whether every task of the newest job tagged `job_tag` (`run_job`'s) has been launched: its result stage
-    (the job's last) has as many tasks running or done as it has; None on Spark Connect (no status tracker) or
-    where Spark cannot tell."""
+    """Whether every task of the newest job tagged `job_tag` (`run_job`'s) has been launched: its last stage has as
+    many tasks running or done as it has; None on Spark Connect (no status tracker) or where Spark cannot tell. (A
+    query may run a shuffle as a job of its own before its result's: the caller tells which job it sees.)"""
     if is_connect(spark):
         return None
     try:
