@@ -37,7 +37,7 @@ from trainer.fit.membership import Membership
 from trainer.options import FitOptions
 from trainer.ps.members import SILENT_S
 from trainer.spark.elastic_launch import ElasticPolicy, Floor
-from trainer.spark.launch import run_job, tasks_launched
+from trainer.spark.launch import newest_stage, run_job, tasks_launched
 from trainer.ps import RemoteError
 
 DRIVER = Path(__file__).with_name("elastic_driver.py")
@@ -231,9 +231,7 @@ def test_tasks_launched_counts_the_tasks_of_the_tagged_job_spark_gave_a_slot(spa
                            "id long", description="tasks_launched test", barrier=False, job_tag=job_tag)
 
     def active(job_tag: str) -> int:
-        jobs = list(spark.sparkContext._jsc.sc().statusTracker().getJobIdsForTag(job_tag))
-        job = spark.sparkContext.statusTracker().getJobInfo(max(jobs)) if jobs else None
-        stage = spark.sparkContext.statusTracker().getStageInfo(max(job.stageIds)) if job else None
+        stage = newest_stage(spark, job_tag)
         return stage.numActiveTasks if stage else 0
 
     with concurrent.futures.ThreadPoolExecutor(1) as pool:

@@ -203,20 +203,28 @@ def _untag_jobs(spark: SparkSession, tag: str) -> None:
         spark.removeTag(tag)
 
 
-def tasks_launched(spark: SparkSession, job_tag: str) -> bool | None:
-    """Whether every task of the newest job tagged `job_tag` (`run_job`'s) has been launched: its last stage has as
-    many tasks running or done as it has; None on Spark Connect (no status tracker) or where Spark cannot tell. (A
-    query may run a shuffle as a job of its own before its result's: the caller tells which job it sees.)"""
+def newest_stage(spark: SparkSession, job_tag: str) -> Any:
+    """The status (pyspark's ``SparkStageInfo``) of the last stage of the newest job tagged `job_tag` (`run_job`'s),
+    or None: no such job yet, Spark Connect (no status tracker), or a Spark whose tracker moved. (A query may run a
+    shuffle as a job of its own before its result's: the caller tells which job it sees.)"""
     if is_connect(spark):
         return None
     try:
         sc = spark.sparkContext
         jobs = list(sc._jsc.sc().statusTracker().getJobIdsForTag(job_tag))
         job = sc.statusTracker().getJobInfo(max(jobs)) if jobs else None
-        stage = sc.statusTracker().getStageInfo(max(job.stageIds)) if job is not None and job.stageIds else None
+        return sc.statusTracker().getStageInfo(max(job.stageIds)) if job is not None and job.stageIds else None
     except Exception as exc:  # a Spark whose tracker moved: the caller's other signal decides
         log.debug("Could not read the status of the jobs tagged %s (%s)", job_tag, exc)
         return None
+
+
+def tasks_launched(spark: SparkSession, job_tag: str) -> bool | None:
+    """Whether every task of the newest job tagged `job_tag` has been launched: its last stage (`newest_stage`)
+    has as many tasks running or done as it has; None on Spark Connect, where Spark cannot tell."""
+    if is_connect(spark):
+        return None
+    stage = newest_stage(spark, job_tag)
     return stage is not None and stage.numActiveTasks + stage.numCompletedTasks >= stage.numTasks
 
 
