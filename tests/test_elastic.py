@@ -36,8 +36,8 @@ from trainer.fit.epoch_callbacks import EpochCallbacks
 from trainer.fit.membership import Membership
 from trainer.options import FitOptions
 from trainer.ps.members import SILENT_S
-from trainer.spark.elastic_launch import ElasticPolicy, Floor
-from trainer.spark.launch import newest_stage, run_job, tasks_launched
+from trainer.spark.elastic_launch import COLD_GRACE_S, COLD_KILLS, ColdTasks, ElasticPolicy, Floor
+from trainer.spark.launch import kill_task, newest_stage, run_job, running_tasks, tasks_launched
 from trainer.ps import RemoteError
 
 DRIVER = Path(__file__).with_name("elastic_driver.py")
@@ -74,8 +74,9 @@ def test_membership_counts_joins_and_leaves_and_caps_the_workers_training():
     members.heard({"event": "hello", "time": 1.0, "member": a})
     members.heard({"event": "hello", "time": 2.0, "member": b})
     assert members.admit(c) > 0 and members.admit(a) == 0  # two train: a third waits, a member's next task not
+    assert members.idle() == 0
     members.heard({"event": "bye", "time": 3.0, "member": a})  # a's task ended: it stays, idle
-    assert members.admit(c) == 0
+    assert members.admit(c) == 0 and members.idle() == 1
     members.heard({"event": "hello", "time": 4.0, "member": c})
     members.heard({"event": "lost", "time": 5.0, "member": b})
     assert [(e["event"], e["worker"], e["workers_before"], e["workers_after"]) for e in members.timeline()] == [
@@ -134,6 +135,27 @@ def test_the_fit_stops_once_the_slots_stay_under_the_minimum_longer_than_the_tim
 
 
 @pytest.mark.timeout(20)
+def test_only_the_last_tasks_all_cold_while_a_member_idles_are_killed_and_each_chunk_a_few_times():
+    in_hand, idle = {3: {0}}, [1]
+    cold = ColdTasks(lambda epoch: in_hand.get(epoch, set()), lambda: idle[0])
+    running = {3: [(40, 0), (41, 2)]}  # chunk 0's task trains (it said HELLO), chunk 2's starts
+    assert cold.pick(running, 0.0) == [] and cold.pick(running, 10.0) == []  # the slots are not idle
+    in_hand[3] = set()  # chunk 0 is done: only the cold one is left
+    running = {3: [(41, 2)]}
+    assert cold.pick(running, 10.0) == []  # seen cold now: not yet
+    idle[0] = 0
+    assert cold.pick(running, 10.0 + COLD_GRACE_S) == []  # no member idles (the fit's first tasks all start)
+    idle[0] = 1
+    assert cold.pick(running, 11.0) == [] and cold.pick(running, 11.0 + COLD_GRACE_S) == [(3, 41, 2)]
+    for attempt in range(COLD_KILLS):  # Spark may hand the re-run to the same starting executor
+        cold.killed_one(3, 41 + attempt, 2)
+        assert cold.pick({3: [(41 + attempt, 2)]}, 100.0 * (attempt + 1)) == []  # a killed task is not killed again
+        re_run = {3: [(42 + attempt, 2)]}
+        cold.pick(re_run, 100.0 * (attempt + 1))
+        picked = cold.pick(re_run, 100.0 * (attempt + 1) + COLD_GRACE_S)
+        assert picked == ([] if attempt == COLD_KILLS - 1 else [(3, 42 + attempt, 2)])
+
+
 def test_the_server_counts_each_chunk_admits_up_to_the_maximum_and_fences_a_replaced_task():
     members = Membership(1)
     heard: list[str] = []
@@ -149,12 +171,17 @@ def test_the_server_counts_each_chunk_admits_up_to_the_maximum_and_fences_a_repl
             first.commit(ones(), {"epoch": 0, "batches": 3})
             with client(ps, 1) as second:  # the maximum (1) trains: a second process waits
                 assert second.hello({"epoch": 0, "member": two})[1] == {"wait": 0.5}
+            assert ps.chunks_in_hand(0) == {0} and ps.chunks_in_hand(1) == set()
             with client(ps, 0) as rerun:  # Spark re-runs chunk 0 (its process's next task: admitted)
                 assert rerun.hello({"epoch": 0, "member": one})[1]["committed_batches"] == 3
                 with pytest.raises(RemoteError, match="replaced: a newer task of worker 0 in epoch 0"):
                     first.commit(ones(), {"epoch": 0, "batches": 1})  # the old task can no longer commit
                 rerun.commit(ones(), {"epoch": 0, "batches": 2})
+                assert ps.chunks_in_hand(0) == {0}
+                ps.drop_member("h:1")  # its process went silent (hung): it holds no chunk any more
+                assert ps.chunks_in_hand(0) == set()
         assert ps.committed_batches(0, 0) == 5 and ps.committed_batches(1, 0) == 0
+        assert wait_for(lambda: ps.chunks_in_hand(0) == set())  # its tasks ended
         assert ps.claimed_chunks(0) == 1 and ps.claimed_chunks(1) == 0  # the re-run took the same chunk again
         assert wait_for(lambda: heard == ["hello", "hello", "bye", "bye"])  # the waiting HELLO is not a member
         with client(ps, 1) as beating:  # a heartbeat is answered at once, with no center
@@ -212,8 +239,10 @@ def test_an_elastic_fit_grows_and_shrinks_under_dynamic_allocation_and_trains_ev
 
 
 @pytest.mark.spark
-def test_tasks_launched_counts_the_tasks_of_the_tagged_job_spark_gave_a_slot(spark, tmp_path):
-    """What lets the next epoch's job start while a joiner's Python still starts (``one_begun``)."""
+def test_a_tagged_job_s_status_counts_its_launched_tasks_lists_the_running_ones_and_a_killed_one_runs_again(
+        spark, tmp_path):
+    """What lets the next epoch's job start while a joiner's Python still starts (``one_begun``), and what moves
+    a cold task at a fit's end (``ColdTasks``): its id, and a kill that Spark answers with a re-run."""
     import concurrent.futures
 
     def blocked_until(release: str):
@@ -242,8 +271,13 @@ def test_tasks_launched_counts_the_tasks_of_the_tagged_job_spark_gave_a_slot(spa
         job = started("launched-some", 3, tmp_path / "b")  # 3 tasks, 2 slots: one waits for a slot
         assert wait_for(lambda: active("launched-some") == 2, timeout=60)
         assert tasks_launched(spark, "launched-some") is False
+        assert wait_for(lambda: len(running_tasks(spark, "launched-some") or []) == 2, timeout=30)
+        (victim, partition), _ = running_tasks(spark, "launched-some")
+        assert kill_task(spark, victim, "test: a cold task") is True
+        # the killed task's slot frees once its Python worker is gone: the waiting task, or the re-run, takes it
+        assert wait_for(lambda: {t for t, _ in running_tasks(spark, "launched-some") or []} - {victim}, timeout=60)
         (tmp_path / "b").touch()
-        assert len(job.result(timeout=60)) == 3
+        assert sorted(row.id for row in job.result(timeout=60)) == [0, 1, 2]  # the killed partition ran again
         assert tasks_launched(spark, "launched-some") is True  # done counts as launched
     assert tasks_launched(spark, "no-such-job") is False
 

@@ -120,7 +120,7 @@ class StageController:
                     stopped: Callable[[], bool] = lambda: False, events: list[dict] | None = None,
                     watch: Callable[[], Any] = lambda: None, retire: Callable[[set[str]], Any] = lambda e: None,
                     begun: Callable[[int], bool] = lambda epoch: False, lookahead: int = 0,
-                    one_begun: Callable[[int], bool] | None = None) -> StageResult:
+                    one_begun: Callable[[int], bool] | None = None, cold: Any = None) -> StageResult:
         """Start `server` and run an elastic fit's jobs, one per epoch (inside `closing`, which stops it);
         `make_task(epoch)` returns the function each chunk task of that epoch runs."""
         server.start()
@@ -130,5 +130,5 @@ class StageController:
         jobs = run_epoch_jobs(frame, chunks, epochs, make_task, RESULT_DDL, policy=policy, description=description,
                               profile=profile, stopped=stopped, fatal=fatal, events=events, watch=watch,
                               retire=retire, begun=begun, lookahead=lookahead,
-                              one_begun=one_begun)
+                              one_begun=one_begun, cold=cold)
         return StageResult(read_records(jobs.rows), start, time.time())

@@ -55,7 +55,7 @@ from trainer.runtime.collective.collective_task import CollectiveConfig, train_c
 from trainer.runtime.ps_worker.chunk_task import ChunkConfig, train_chunk
 from trainer.runtime.ps_worker.worker_task import WorkerConfig, train_partition
 from trainer.runtime.shipping import PickledSource
-from trainer.spark.elastic_launch import ElasticPolicy
+from trainer.spark.elastic_launch import ColdTasks, ElasticPolicy
 from trainer.spark.launch import RetryPolicy
 
 
@@ -344,7 +344,8 @@ class ElasticFit(ParameterServerFit):
             description=self.description(plan.model.name), profile=plan.profile, on_started=on_started,
             stopped=stopped, events=events, fatal=fatal, watch=self._watch, retire=self.membership.retire,
             begun=lambda epoch: server.claimed_chunks(epoch) >= self.chunks,
-            one_begun=lambda epoch: server.claimed_chunks(epoch) > 0)
+            one_begun=lambda epoch: server.claimed_chunks(epoch) > 0,
+            cold=ColdTasks(server.chunks_in_hand, self.membership.idle))
         for record in stage.records:  # what the server counted, whatever attempts of the chunk committed it
             record["committed_batches"] = server.committed_batches(record["epoch"], record["chunk"])
         return stage

@@ -69,6 +69,11 @@ class Membership:
             busy = sum(1 for other, open_ in self.training.items() if open_ and other != name)
         return 0.0 if busy < self.max_workers else 0.5
 
+    def idle(self) -> int:
+        """How many members are alive with no task training (a process between two tasks)."""
+        with self._lock:
+            return sum(1 for name in self.members if not self.training.get(name))
+
     def heard(self, event: dict[str, Any]) -> dict[str, Any] | None:
         """One event of the server (``hello``, ``beat``, ``bye``, ``lost``); returns the join or leave it makes, or
         None."""

@@ -74,6 +74,13 @@ class MemberTracking:
         with self._lock:
             return self._claimed[epoch]
 
+    def chunks_in_hand(self, epoch: int) -> set[int]:
+        """The chunks of `epoch` that a connected task holds: its HELLO was the newest of its chunk and epoch and
+        its process was not dropped (a task launched but still starting holds none, nor does a hung one)."""
+        with self._lock:
+            return {conn.claim[1] for conn in self._conns if conn.claim is not None and conn.claim[0] == epoch
+                    and self._claims.get(conn.claim) == conn.claim_token and not conn.dropped}
+
     def _count_batches_locked(self, epoch: int, worker: int, batches: int) -> None:
         self._worker_batches[(epoch, worker)] += batches
 
@@ -141,6 +148,7 @@ class MemberTracking:
         with self._lock:
             for conn in list(self._conns):
                 if member_id(conn.member or {}) == name:
+                    conn.dropped = True
                     self._release_claim_locked(conn)
 
     def _member_said_hello(self, conn: Any, member: dict[str, Any] | None) -> None:

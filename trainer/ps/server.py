@@ -95,6 +95,7 @@ class _Conn(Connection):
         self.claim: tuple[int, int] | None = None  # (epoch, worker) its HELLO took, if it named an epoch
         self.claim_token = 0  # which HELLO of that chunk and epoch it was (trainer.ps.members)
         self.heartbeat = False  # a member's heartbeat connection (trainer.ps.members)
+        self.dropped = False  # its process left by silence (trainer.ps.members): it holds no chunk
 
 
 class ParameterServer(AsynchronousCommits, SynchronousRounds, MemberTracking, AuthenticatedServer):

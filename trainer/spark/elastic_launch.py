@@ -48,6 +48,16 @@ own scheduling does the rest:
   for longer than `floor_timeout` seconds, the job is cancelled and the fit
   stops with `ClusterCapacityError` (its last checkpoint kept). Spark Connect
   clients cannot count slots: there the floor is not watched;
+* **a cold chunk at the end**: Spark gives an executor that is still
+  starting (a joiner, a hung one's replacement) a chunk as soon as it
+  registers, and the chunk waits for its Python worker, imports and model
+  (tens of seconds on a busy machine). Once every epoch's job has started and
+  the only tasks left are such cold ones (running, their chunk in no task's
+  hands) while a member idles, each is killed after `COLD_GRACE_S` (`ColdTasks`;
+  a kill is not a failure: Spark runs the task again on a free slot, a warm
+  one, or the same executor again, up to `COLD_KILLS` times). Not before the
+  last epoch's job: there the joiner's start-up costs the others nothing.
+  Not on Spark Connect;
 * **the end**: once training stopped, the jobs still running get
   `WIND_DOWN_S` to end (their running tasks were told to stop); those whose
   tasks still wait for a slot are then cancelled.
@@ -58,6 +68,7 @@ It knows nothing about Keras or the parameter server: tasks come from
 
 from __future__ import annotations
 
+import collections
 import concurrent.futures
 import contextlib
 import functools
@@ -71,7 +82,8 @@ from pyspark.sql import DataFrame
 
 from trainer.errors import ClusterCapacityError, TrainingFailedError
 from trainer.spark.connect import is_connect
-from trainer.spark.launch import available_slots, cancel_tagged, is_infrastructure_failure, run_job, tasks_launched
+from trainer.spark.launch import (available_slots, cancel_tagged, is_infrastructure_failure, kill_task, run_job,
+                                  running_tasks, tasks_launched)
 from trainer.spark.resources import in_one_process
 
 log = logging.getLogger("trainer.spark")
@@ -120,6 +132,46 @@ class Floor:
                 slots=slots)
 
 
+#: Seconds the tasks left of a fit's last epochs may all stay cold (`ColdTasks`) before they are killed: longer than a
+#: warm task takes from its launch to its HELLO (tenths of a second), shorter than a new process's start.
+COLD_GRACE_S = 3.0
+#: Times a chunk's task is killed for being cold: Spark may give the re-run to the same starting executor.
+COLD_KILLS = 3
+
+
+class ColdTasks:
+    """Which tasks to kill at a fit's end for running on an executor still starting (the module docstring).
+
+    Args:
+        in_hand: ``in_hand(epoch)``, the chunks of `epoch` a connected task holds (said HELLO for).
+        idle: ``idle()``, how many members are alive with no task training.
+    """
+
+    def __init__(self, in_hand: Callable[[int], set[int]], idle: Callable[[], int]) -> None:
+        self.in_hand, self.idle = in_hand, idle
+        self.since: dict[int, float] = {}  # task id -> when it was first seen cold with nothing else running
+        self.killed: set[int] = set()
+        self.kills: collections.Counter[tuple[int, int]] = collections.Counter()  # (epoch, chunk) -> kills
+
+    def pick(self, running: dict[int, list[tuple[int, int]]], now: float) -> list[tuple[int, int, int]]:
+        """The (epoch, task id, chunk) to kill now, given the (task id, chunk) running of each epoch's job: none
+        while a task holds its chunk or no member idles; then those cold for `COLD_GRACE_S`."""
+        tasks = [(epoch, task, chunk) for epoch, pairs in running.items() for task, chunk in pairs
+                 if task not in self.killed]
+        held = {epoch: self.in_hand(epoch) for epoch in running}
+        if not tasks or any(chunk in held[epoch] for epoch, _, chunk in tasks) or self.idle() < 1:
+            self.since.clear()
+            return []
+        for _, task, _ in tasks:
+            self.since.setdefault(task, now)
+        return [(epoch, task, chunk) for epoch, task, chunk in tasks
+                if now - self.since[task] >= COLD_GRACE_S and self.kills[(epoch, chunk)] < COLD_KILLS]
+
+    def killed_one(self, epoch: int, task: int, chunk: int) -> None:
+        self.killed.add(task)
+        self.kills[(epoch, chunk)] += 1
+
+
 def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Callable[[int], Callable], schema: str,
                    *, policy: ElasticPolicy, description: str, profile: Any = None,
                    stopped: Callable[[], bool] = lambda: False,
@@ -127,7 +179,8 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                    events: list[dict] | None = None, watch: Callable[[], Any] = lambda: None,
                    retire: Callable[[set[str]], Any] = lambda executors: None,
                    begun: Callable[[int], bool] = lambda epoch: False, lookahead: int = 0,
-                   one_begun: Callable[[int], bool] | None = None, poll_s: float = 0.5) -> EpochJobs:
+                   one_begun: Callable[[int], bool] | None = None, cold: ColdTasks | None = None,
+                   poll_s: float = 0.5) -> EpochJobs:
     """Run one job per epoch of `epochs` over `frame` cut into `chunks` partitions (the module docstring);
     ``stopped()`` after an epoch ends the loop (a callback stopped the fit); ``begun(epoch)`` says every chunk
     of `epoch` has started, so the next epoch's job may start beside it (so may ``one_begun(epoch)``, a chunk of it
@@ -135,7 +188,7 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
     while a job runs (the members' heartbeats) and returns the members that went silent, each a dict whose
     ``"executor"`` (when known) is released (`release_executor`; ``"executor_released"`` says whether Spark took
     it); ``retire(executors)`` hears the executors being decommissioned (`decommissioned_executors`); at most
-    `lookahead` (0: `LOOKAHEAD`) jobs start while an earlier one runs."""
+    `lookahead` (0: `LOOKAHEAD`) jobs start while an earlier one runs; `cold` kills the last epochs' cold tasks."""
     from pyspark import StorageLevel
 
     spark = frame.sparkSession
@@ -148,6 +201,23 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
 
     def launched(epoch: int) -> bool:
         return one_begun is not None and one_begun(epoch) and bool(tasks_launched(spark, _epoch_tag(tag, epoch)))
+
+    def move_cold() -> None:  # once every epoch's job has started (the module docstring)
+        now, tasks = time.monotonic(), {}
+        for epoch in running:
+            listed = running_tasks(spark, _epoch_tag(tag, epoch)) if tasks_launched(spark, _epoch_tag(tag, epoch)) \
+                else None
+            if listed is None:  # a task waits for a slot, or Spark cannot tell
+                return
+            tasks[epoch] = listed
+        for epoch, task, chunk in cold.pick(tasks, now):
+            if kill_task(spark, task, f"trainer: chunk {chunk} of epoch {epoch + 1} waited on a starting executor "
+                                      "while the others idled"):
+                cold.killed_one(epoch, task, chunk)
+                events.append({"time": time.time(), "event": "cold_task_killed", "epoch": epoch, "chunk": chunk,
+                               "task": task})
+                log.info("Chunk %d of epoch %d ran on an executor still starting: killed for a warm one", chunk,
+                         epoch + 1)
 
     def on_wait() -> None:
         for silent in watch() or ():
@@ -189,6 +259,8 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                     for before, after in zip(ahead, ahead[1:]):  # its tasks take the slots left idle
                         if after not in running and before in running and (begun(before) or launched(before)):
                             start(after)
+                    if cold is not None and order[-1] in running:
+                        move_cold()
                 running.pop(epoch)
                 done.rows.extend(job.result())
                 done.epochs.append({"epoch": epoch, "start": started, "end": time.time()})

@@ -228,6 +228,34 @@ def tasks_launched(spark: SparkSession, job_tag: str) -> bool | None:
     return stage is not None and stage.numActiveTasks + stage.numCompletedTasks >= stage.numTasks
 
 
+def running_tasks(spark: SparkSession, job_tag: str) -> list[tuple[int, int]] | None:
+    """The (task id, partition) of every task running in the last stage of the newest job tagged `job_tag`, as
+    Spark's status store has them (it may lag the scheduler by a few milliseconds); None on Spark Connect or where
+    Spark cannot tell."""
+    stage = newest_stage(spark, job_tag)
+    if stage is None:
+        return None
+    try:
+        tasks = spark.sparkContext._jsc.sc().statusStore().taskList(stage.stageId, stage.currentAttemptId, 1 << 16)
+        found = [tasks.apply(i) for i in range(tasks.size())]
+        return [(int(t.taskId()), int(t.index())) for t in found if t.status() == "RUNNING"]
+    except Exception as exc:  # a Spark whose status store moved: nothing is killed
+        log.debug("Could not list the running tasks of the jobs tagged %s (%s)", job_tag, exc)
+        return None
+
+
+def kill_task(spark: SparkSession, task_id: int, reason: str) -> bool:
+    """Kill one attempt of a task (Spark runs the task again, on whichever free slot it offers first: a kill is not
+    a failure); False on Spark Connect or where Spark refused."""
+    if is_connect(spark):
+        return False
+    try:
+        return bool(spark.sparkContext._jsc.sc().killTaskAttempt(task_id, True, reason))
+    except Exception as exc:
+        log.debug("Could not kill task %d (%s)", task_id, exc)
+        return False
+
+
 def cancel_tagged(spark: SparkSession, tag: str) -> None:
     """Cancel the running jobs tagged `tag` (`run_job`'s)."""
     if _job_tags(spark):
