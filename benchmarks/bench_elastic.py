@@ -36,7 +36,8 @@ the join to its first HELLO) over their rate before it; ``first_step_s`` the
 seconds from its model built to its first step done (the center loaded, the
 step compiled), and ``first_average_s`` from then to its first commit,
 against ``period_s``, the others' median seconds between two commits (the
-target: at most one period). The last
+target: at most one period). ``cold_kills`` counts the fit's tasks killed at its end
+for waiting on an executor still starting (``trainer.spark.elastic_launch.ColdTasks``). The last
 repeat's disturbed elastic fits are also drawn, workers and rows per second
 over time (``elastic-timeline.png``, ``elastic-localsgd-timeline.png``, beside the results and, with
 ``--publish``, in its folder: docs/faults.md shows it).
@@ -68,7 +69,7 @@ from trainer_jobs.support.report import markdown_table, write_results
 from trainer_jobs.support.timeline import fit_timeline, plot_timelines
 
 COLUMNS = ["run", "mode", "wall_s", "vs_undisturbed", "noticed_s", "joined_ready_s", "others_rate", "first_step_s",
-           "first_average_s", "period_s", "accuracy"]
+           "first_average_s", "period_s", "cold_kills", "accuracy"]
 MODES = ("fixed", "fixed, killed", "elastic", "elastic, killed", "elastic, paused", "elastic, joined")
 #: Seconds a paused worker stays paused: past the fit's SILENT_S, so it is dropped, then woken.
 PAUSE_S = 8.0
@@ -210,6 +211,7 @@ def main(argv: list[str] | None = None) -> int:
                        "noticed_s": noticed(fitted, at) if mode.endswith(("killed", "paused")) else None,
                        "joined_ready_s": joined[0]["ready_s"] if joined else None,
                        **(join_figures(fitted, at, commits) if mode.endswith("joined") and at else {}),
+                       "cold_kills": sum(e.get("event") == "cold_task_killed" for e in fitted.history.events),
                        "accuracy": fitted.evaluate(test)["accuracy"], "workers": 3, "speedup": None}
                 rows.append(row)
                 print(markdown_table([row], COLUMNS), flush=True)
