@@ -180,6 +180,11 @@ def test_the_server_counts_each_chunk_admits_up_to_the_maximum_and_fences_a_repl
                 assert ps.chunks_in_hand(0) == {0}
                 ps.drop_member("h:1")  # its process went silent (hung): it holds no chunk any more
                 assert ps.chunks_in_hand(0) == set()
+            ps.fence_task(17)  # the driver killed task attempt 17 (a cold task at the fit's end)
+            with client(ps, 1) as killed:  # its Python worker finished starting anyway
+                with pytest.raises(RemoteError, match="fenced: Spark task attempt 17 was killed"):
+                    killed.hello({"epoch": 0, "member": two, "task": 17})
+            assert ps.claimed_chunks(0) == 1
         assert ps.committed_batches(0, 0) == 5 and ps.committed_batches(1, 0) == 0
         assert wait_for(lambda: ps.chunks_in_hand(0) == set())  # its tasks ended
         assert ps.claimed_chunks(0) == 1 and ps.claimed_chunks(1) == 0  # the re-run took the same chunk again

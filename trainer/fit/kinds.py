@@ -345,7 +345,7 @@ class ElasticFit(ParameterServerFit):
             stopped=stopped, events=events, fatal=fatal, watch=self._watch, retire=self.membership.retire,
             begun=lambda epoch: server.claimed_chunks(epoch) >= self.chunks,
             one_begun=lambda epoch: server.claimed_chunks(epoch) > 0,
-            cold=ColdTasks(server.chunks_in_hand, self.membership.idle))
+            cold=ColdTasks(server.chunks_in_hand, self.membership.idle, server.fence_task))
         for record in stage.records:  # what the server counted, whatever attempts of the chunk committed it
             record["committed_batches"] = server.committed_batches(record["epoch"], record["chunk"])
         return stage

@@ -126,7 +126,7 @@ class Trainer(OptionAttributes):
             through CUDA_VISIBLE_DEVICES). 0 keeps the session's defaults. The
             session needs spark.executor.resource.gpu.amount, or fit fails
             before any Spark job with the settings to add (docs/clusters.md).
-        verbose: Bool. Progress bar and INFO logs on the driver.
+        verbose: Bool. The progress bar on the driver (its INFO logs: `TRAINER_LOG=info`).
         check_data: Bool. Scan the data once for nulls/NaN/inf and label ranges.
         share_epochs: Bool. With an asynchronous algorithm and a window, an
             epoch ends when all workers together have trained on as many

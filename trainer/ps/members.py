@@ -12,7 +12,8 @@ ready):
 * **claims**: the newest HELLO of a chunk and epoch owns it; requests on an
   older connection of the same chunk and epoch are refused (``replaced``), so
   a task Spark gave up on (a hung executor that wakes) cannot train rows its
-  re-run trains;
+  re-run trains; the HELLO of a task attempt the driver killed (`fence_task`)
+  is refused;
 * **admission**: ``admit(member)`` may answer ``{"wait": seconds}`` with no
   center (the fit trains on its maximum);
 * **heartbeats**: a HELLO with ``"heartbeat": True`` is answered at once with
@@ -63,6 +64,7 @@ class MemberTracking:
         self._elastic = on_member is not None or admit is not None
         # (epoch, worker) -> claim token of the chunk tasks training now: what an elastic round waits for
         self._training_claims: dict[tuple[int, int], int] = {}
+        self._fenced_tasks: set[int] = set()  # Spark task attempts the driver killed (`fence_task`)
 
     def committed_batches(self, epoch: int, worker: int) -> int:
         """The batches of `epoch` that `worker`'s applied commits counted (COMMIT meta ``"batches"``)."""
@@ -73,6 +75,12 @@ class MemberTracking:
         """How many chunks of `epoch` a task has taken (said HELLO for)."""
         with self._lock:
             return self._claimed[epoch]
+
+    def fence_task(self, task: int) -> None:
+        """Refuse the HELLO of Spark task attempt `task` from now on: the driver kills it (a cold task at a fit's
+        end), and its Python worker may still finish starting and say HELLO after its re-run took the chunk."""
+        with self._lock:
+            self._fenced_tasks.add(int(task))
 
     def chunks_in_hand(self, epoch: int) -> set[int]:
         """The chunks of `epoch` that a connected task holds: its HELLO was the newest of its chunk and epoch and
@@ -115,6 +123,13 @@ class MemberTracking:
             return True
         if member is None:
             return False
+        task = meta.get("task")
+        with self._lock:
+            fenced = type(task) is int and task in self._fenced_tasks
+        if fenced:
+            self._note("fenced_task", worker=conn.worker, epoch=epoch, task=task)
+            self._reply_error(conn, f"fenced: Spark task attempt {task} was killed; its chunk runs again elsewhere")
+            return True
         if meta.get("heartbeat"):
             conn.heartbeat = True
             conn.member = {k: member[k] for k in list(member)[:8]}

@@ -145,10 +145,13 @@ class ColdTasks:
     Args:
         in_hand: ``in_hand(epoch)``, the chunks of `epoch` a connected task holds (said HELLO for).
         idle: ``idle()``, how many members are alive with no task training.
+        fence: ``fence(task)``, called before a task is killed: its HELLO is refused from then on (a killed
+            task's Python worker may still finish starting).
     """
 
-    def __init__(self, in_hand: Callable[[int], set[int]], idle: Callable[[], int]) -> None:
-        self.in_hand, self.idle = in_hand, idle
+    def __init__(self, in_hand: Callable[[int], set[int]], idle: Callable[[], int],
+                 fence: Callable[[int], Any] = lambda task: None) -> None:
+        self.in_hand, self.idle, self.fence = in_hand, idle, fence
         self.since: dict[int, float] = {}  # task id -> when it was first seen cold with nothing else running
         self.killed: set[int] = set()
         self.kills: collections.Counter[tuple[int, int]] = collections.Counter()  # (epoch, chunk) -> kills
@@ -211,6 +214,7 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
                 return
             tasks[epoch] = listed
         for epoch, task, chunk in cold.pick(tasks, now):
+            cold.fence(task)
             if kill_task(spark, task, f"trainer: chunk {chunk} of epoch {epoch + 1} waited on a starting executor "
                                       "while the others idled"):
                 cold.killed_one(epoch, task, chunk)

@@ -113,17 +113,17 @@ def _train_chunk(config: ChunkConfig, batches: Iterator[pa.RecordBatch]) -> Iter
     client = connect_ps([(config.ps_host, config.ps_ports[0])], config.secret, chunk, config.attempt,
                         config.io_timeout, reply_codec=getattr(config.algorithm, "reply_codec", None))
     with client:
-        _one_pass(config, client, process, chunk, shard, validation, member, record)
+        _one_pass(config, client, process, chunk, shard, validation, member, record, start.ctx.taskAttemptId())
         record.update(bytes_sent=client.bytes_sent, bytes_received=client.bytes_received)
     shard.close()
     yield result_batch(chunk, record)
 
 
 def _one_pass(config: ChunkConfig, client, process: _Process, chunk: int, shard, validation, member: dict[str, Any],
-              record: dict[str, Any]) -> None:
+              record: dict[str, Any], task: int) -> None:
     """HELLO, then one pass over the chunk's batches its earlier attempts did not commit (the module docstring)."""
     model = process.model
-    center, meta = _hello(client, config.epoch, member, cold=process.cadence is None)
+    center, meta = _hello(client, config.epoch, member, cold=process.cadence is None, task=task)
     load_state(model, list(center), with_optimizer=config.algorithm.exchanges_optimizer_state, strict=False)
     skipped = int(meta.get("committed_batches", 0))
     order = np.random.default_rng([config.seed, config.epoch, chunk]).permutation(shard.rows)
@@ -186,11 +186,12 @@ def _beat(config: ChunkConfig, chunk: int, member: dict[str, Any]) -> None:
         return
 
 
-def _hello(client, epoch: int, member: dict[str, Any], cold: bool) -> tuple[list, dict[str, Any]]:
+def _hello(client, epoch: int, member: dict[str, Any], cold: bool, task: int) -> tuple[list, dict[str, Any]]:
     """HELLO until the server admits this task (it says wait while the fit trains on its maximum of workers);
-    `cold`: the process's first task, whose first step compiles (a round waits for it from its first commit)."""
+    `cold`: the process's first task, whose first step compiles (a round waits for it from its first commit);
+    `task`: its Spark task attempt, refused if the driver killed it (``trainer.ps.members``)."""
     while True:
-        center, meta = client.hello({"epoch": epoch, "member": member, "cold": cold})
+        center, meta = client.hello({"epoch": epoch, "member": member, "cold": cold, "task": task})
         if not meta.get("wait"):
             return center, meta
         time.sleep(WAIT_S)
