@@ -55,9 +55,11 @@ own scheduling does the rest:
   the only tasks left are such cold ones (running, their chunk in no task's
   hands) while a member idles, each is killed after `COLD_GRACE_S` (`ColdTasks`;
   a kill is not a failure: Spark runs the task again on a free slot, a warm
-  one, or the same executor again, up to `COLD_KILLS` times). Not before the
-  last epoch's job: there the joiner's start-up costs the others nothing.
-  Not on Spark Connect;
+  one, or the same executor again, up to `COLD_KILLS` times; the server
+  refuses the killed attempt's HELLO, should its process still finish
+  starting). Not before the last epoch's job has started: until then the
+  others train the next epochs' chunks while the joiner starts, and a kill
+  would throw its start-up away. Not on Spark Connect;
 * **the end**: once training stopped, the jobs still running get
   `WIND_DOWN_S` to end (their running tasks were told to stop); those whose
   tasks still wait for a slot are then cancelled.
@@ -171,6 +173,7 @@ class ColdTasks:
                 if now - self.since[task] >= COLD_GRACE_S and self.kills[(epoch, chunk)] < COLD_KILLS]
 
     def killed_one(self, epoch: int, task: int, chunk: int) -> None:
+        """Spark took the kill of `task` (chunk `chunk` of `epoch`)."""
         self.killed.add(task)
         self.kills[(epoch, chunk)] += 1
 
