@@ -84,8 +84,8 @@ from pyspark.sql import DataFrame
 
 from trainer.errors import ClusterCapacityError, TrainingFailedError
 from trainer.spark.connect import is_connect
-from trainer.spark.launch import (available_slots, cancel_tagged, is_infrastructure_failure, kill_task, run_job,
-                                  running_tasks, tasks_launched)
+from trainer.spark.launch import (all_launched, available_slots, cancel_tagged, is_infrastructure_failure, kill_task,
+                                  newest_stage, run_job, stage_running_tasks, tasks_launched)
 from trainer.spark.resources import in_one_process
 
 log = logging.getLogger("trainer.spark")
@@ -211,8 +211,8 @@ def run_epoch_jobs(frame: DataFrame, chunks: int, epochs: range, make_task: Call
     def move_cold() -> None:  # once every epoch's job has started (the module docstring)
         now, tasks = time.monotonic(), {}
         for epoch in running:
-            listed = running_tasks(spark, _epoch_tag(tag, epoch)) if tasks_launched(spark, _epoch_tag(tag, epoch)) \
-                else None
+            stage = newest_stage(spark, _epoch_tag(tag, epoch))
+            listed = stage_running_tasks(spark, stage) if stage is not None and all_launched(stage) else None
             if listed is None:  # a task waits for a slot, or Spark cannot tell
                 return
             tasks[epoch] = listed

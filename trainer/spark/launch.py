@@ -225,14 +225,23 @@ def tasks_launched(spark: SparkSession, job_tag: str) -> bool | None:
     if is_connect(spark):
         return None
     stage = newest_stage(spark, job_tag)
-    return stage is not None and stage.numActiveTasks + stage.numCompletedTasks >= stage.numTasks
+    return stage is not None and all_launched(stage)
+
+
+def all_launched(stage: Any) -> bool:
+    """Whether a stage (`newest_stage`'s) has as many tasks running or done as it has: none waits for a slot."""
+    return stage.numActiveTasks + stage.numCompletedTasks >= stage.numTasks
 
 
 def running_tasks(spark: SparkSession, job_tag: str) -> list[tuple[int, int]] | None:
     """The (task id, partition) of every task running in the last stage of the newest job tagged `job_tag`, as
     Spark's status store has them (it may lag the scheduler by a few milliseconds); None on Spark Connect or where
     Spark cannot tell."""
-    stage = newest_stage(spark, job_tag)
+    return stage_running_tasks(spark, newest_stage(spark, job_tag))
+
+
+def stage_running_tasks(spark: SparkSession, stage: Any) -> list[tuple[int, int]] | None:
+    """`running_tasks` of a stage already read (`newest_stage`'s; None gives None)."""
     if stage is None:
         return None
     try:
@@ -240,7 +249,7 @@ def running_tasks(spark: SparkSession, job_tag: str) -> list[tuple[int, int]] | 
         found = [tasks.apply(i) for i in range(tasks.size())]
         return [(int(t.taskId()), int(t.index())) for t in found if t.status() == "RUNNING"]
     except Exception as exc:  # a Spark whose status store moved: nothing is killed
-        log.debug("Could not list the running tasks of the jobs tagged %s (%s)", job_tag, exc)
+        log.debug("Could not list the running tasks of stage %s (%s)", stage.stageId, exc)
         return None
 
 
